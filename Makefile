@@ -1,0 +1,46 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   - the main job (creates .venv, installs vitkit, runs it)
+#   make test   - the test suite (same environment)
+# The CPU build of torch is pinned for the install (TORCH_PIN); the package itself accepts torch>=2.1.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_PIN ?= torch==2.13.0
+PEERS ?= .venv-peers
+PEERS_PIN ?= torch==2.14.1 torchvision==0.29.1
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test test-fast test-peers peers clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q $(TORCH_PIN)
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(BIN)/vitkit smoke
+	$(BIN)/vitkit info
+
+test: venv
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# timm and torchvision need a torch build that torchvision matches (large, CUDA; runs on the CPU).
+$(PEERS)/.installed: pyproject.toml
+	$(PY) -m venv $(PEERS)
+	$(PEERS)/bin/pip install -q $(PEERS_PIN)
+	$(PEERS)/bin/pip install -q timm -e '.[test]'
+	touch $@
+
+peers: $(PEERS)/.installed
+
+test-peers: peers
+	$(PEERS)/bin/python -m pytest -q -m peers $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) $(PEERS) build src/*.egg-info .pytest_cache

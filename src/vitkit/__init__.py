@@ -1,0 +1,13 @@
+"""vitkit: the Vision Transformer of Dosovitskiy et al. (ICLR 2021), all of it, in PyTorch."""
+from __future__ import annotations
+
+from .config import ConfigError, ViTConfig, list_models, parse_model_name, register_model
+from .models import VisionTransformer, adapt_state_dict, create_model, resize_pos_embed
+from .models.cost import cost
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError", "ViTConfig", "VisionTransformer", "adapt_state_dict", "cost", "create_model",
+    "list_models", "parse_model_name", "register_model", "resize_pos_embed", "__version__",
+]

@@ -1,0 +1,241 @@
+"""Model configuration: one frozen dataclass drives every ViT variant.
+
+Variants are data (Table 1 of the paper plus the Ti/S sizes used by later
+work); a name such as ``B/16``, ``vit_base_patch16_224`` or ``vit-b16`` is
+parsed into a :class:`ViTConfig`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Tuple
+
+POSEMB_KINDS = ("none", "learn", "learn2d", "relative", "sincos2d")
+POSEMB_WHERE = ("input", "every_layer", "every_layer_shared")
+POOL_KINDS = ("token", "gap")
+GELU_KINDS = ("exact", "tanh")
+RESIZE_METHODS = ("bilinear", "bicubic")  # bilinear = authors' aligned-corners resize
+
+# Table 1 (B, L, H) plus the Ti and S sizes (DeiT / "How to train your ViT").
+SIZES: Dict[str, Dict[str, int]] = {
+    "Ti": dict(width=192, depth=12, mlp_dim=768, num_heads=3),
+    "S": dict(width=384, depth=12, mlp_dim=1536, num_heads=6),
+    "B": dict(width=768, depth=12, mlp_dim=3072, num_heads=12),
+    "L": dict(width=1024, depth=24, mlp_dim=4096, num_heads=16),
+    "H": dict(width=1280, depth=32, mlp_dim=5120, num_heads=16),
+}
+SIZE_ALIASES = {
+    "ti": "Ti", "tiny": "Ti", "s": "S", "small": "S", "b": "B", "base": "B",
+    "l": "L", "large": "L", "h": "H", "huge": "H",
+}
+# The patch sizes of the paper's models; any other positive size is accepted.
+PAPER_MODELS = ("Ti/16", "S/32", "S/16", "B/32", "B/16", "B/8", "L/32", "L/16", "H/14")
+
+
+class ConfigError(ValueError):
+    """An inconsistent or unknown model configuration."""
+
+
+def _pair(v: Any, what: str) -> Tuple[int, int]:
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = (v, v)
+    try:
+        a, b = (int(x) for x in v)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what} must be an int or a pair of ints, got {v!r}") from None
+    if a <= 0 or b <= 0 or (a, b) != tuple(v):
+        raise ConfigError(f"{what} must be positive integers, got {v!r}")
+    return a, b
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Everything that defines a Vision Transformer (Eq. 1-4 and Appendix D options)."""
+
+    img_size: Tuple[int, int] = (224, 224)  # (height, width); an int means square
+    patch_size: Tuple[int, int] = (16, 16)
+    in_chans: int = 3
+    num_classes: int = 1000  # 0: no head, forward() returns the pooled features
+    width: int = 768  # D, the hidden size
+    depth: int = 12  # L, the number of encoder blocks
+    num_heads: int = 12
+    mlp_dim: int = 3072
+    class_token: bool = True
+    pool: str = "token"  # "token": read out token 0 (Eq. 4); "gap": mean of patch tokens (App. D.3)
+    posemb: str = "learn"  # none | learn (1D) | learn2d | relative | sincos2d (App. D.4)
+    posemb_where: str = "input"  # input | every_layer | every_layer_shared (Table 8)
+    representation_size: Optional[int] = None  # pre-logits layer (tanh) of the pre-training head
+    qkv_bias: bool = True
+    dropout: float = 0.0  # after position embedding and after every dense layer but qkv
+    attn_dropout: float = 0.0
+    drop_path: float = 0.0  # stochastic depth, rate grows linearly to this value over depth
+    ln_eps: float = 1e-6
+    gelu: str = "exact"  # exact (erf, PyTorch libraries) | tanh (Flax's nn.gelu default)
+    posemb_resize: str = "bilinear"  # bilinear (aligned corners, authors) | bicubic (timm)
+    dynamic_img_size: bool = False  # accept other input sizes, resizing position embeddings on the fly
+    dynamic_img_pad: bool = False  # pad inputs on the right/bottom up to a multiple of the patch size
+    name: Optional[str] = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
+        set_("img_size", _pair(self.img_size, "img_size"))
+        set_("patch_size", _pair(self.patch_size, "patch_size"))
+        if self.representation_size is not None:
+            set_("representation_size", int(self.representation_size))
+        for key, allowed in (("posemb", POSEMB_KINDS), ("posemb_where", POSEMB_WHERE),
+                             ("pool", POOL_KINDS), ("gelu", GELU_KINDS), ("posemb_resize", RESIZE_METHODS)):
+            value = getattr(self, key)
+            if value not in allowed:
+                hint = difflib.get_close_matches(str(value), allowed, n=1)
+                extra = f"; did you mean {hint[0]!r}?" if hint else ""
+                raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}{extra}")
+        for key in ("in_chans", "width", "depth", "num_heads", "mlp_dim"):
+            if int(getattr(self, key)) <= 0:
+                raise ConfigError(f"{key} must be a positive integer, got {getattr(self, key)!r}")
+        if self.num_classes < 0:
+            raise ConfigError(f"num_classes must be >= 0 (0 = no head), got {self.num_classes}")
+        if self.width % self.num_heads:
+            raise ConfigError(
+                f"width {self.width} is not divisible by num_heads {self.num_heads}: "
+                f"choose a head count that divides the width (e.g. {self.width // 64 or 1} heads of 64)")
+        if self.posemb == "sincos2d" and self.width % 4:
+            raise ConfigError(f"sincos2d position embeddings need a width divisible by 4, got {self.width}")
+        if self.posemb == "learn2d" and self.width % 2:
+            raise ConfigError(f"learn2d position embeddings need an even width, got {self.width}")
+        if self.pool == "token" and not self.class_token:
+            raise ConfigError("pool='token' reads out the class token: set class_token=True or pool='gap'")
+        for key in ("dropout", "attn_dropout", "drop_path"):
+            if not 0.0 <= float(getattr(self, key)) < 1.0:
+                raise ConfigError(f"{key} must be in [0, 1), got {getattr(self, key)!r}")
+        if self.ln_eps <= 0:
+            raise ConfigError(f"ln_eps must be positive, got {self.ln_eps}")
+        if not self.dynamic_img_pad:
+            (h, w), (ph, pw) = self.img_size, self.patch_size
+            if h % ph or w % pw:
+                raise ConfigError(
+                    f"image {h}x{w} is not divisible by patch {ph}x{pw}: choose an image size that is a "
+                    f"multiple of the patch size or pass dynamic_img_pad=True")
+
+    # --- derived quantities -------------------------------------------------
+    @property
+    def grid_size(self) -> Tuple[int, int]:
+        """Patch grid (rows, columns) at the built image size."""
+        return grid_for(self.img_size, self.patch_size, pad=self.dynamic_img_pad)
+
+    @property
+    def num_patches(self) -> int:
+        gh, gw = self.grid_size
+        return gh * gw
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return 1 if self.class_token else 0
+
+    @property
+    def seq_len(self) -> int:
+        return self.num_patches + self.num_prefix_tokens
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.num_heads
+
+    @property
+    def num_posemb_tables(self) -> int:
+        """How many separate position-embedding tables the model learns."""
+        return self.depth if self.posemb_where == "every_layer" else 1
+
+    # --- (de)serialisation ----------------------------------------------------
+    def replace(self, **overrides: Any) -> "ViTConfig":
+        check_fields(overrides)
+        return dataclasses.replace(self, **overrides)
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["img_size"] = list(self.img_size)
+        d["patch_size"] = list(self.patch_size)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "ViTConfig":
+        check_fields(d)
+        return cls(**d)
+
+
+def grid_for(img_size: Tuple[int, int], patch_size: Tuple[int, int], pad: bool = False) -> Tuple[int, int]:
+    (h, w), (ph, pw) = img_size, patch_size
+    if pad:
+        return -(-h // ph), -(-w // pw)
+    return h // ph, w // pw
+
+
+def check_fields(d: Dict[str, Any]) -> None:
+    names = [f.name for f in dataclasses.fields(ViTConfig)]
+    for k in d:
+        if k not in names:
+            hint = difflib.get_close_matches(k, names, n=1)
+            extra = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise ConfigError(f"unknown config field {k!r}{extra} (fields: {', '.join(names)})")
+
+
+# --- names ------------------------------------------------------------------
+_REGISTRY: Dict[str, Dict[str, Any]] = {}
+
+
+def register_model(name: str, **config: Any) -> None:
+    """Register a named configuration (e.g. a small model for 28 px images)."""
+    check_fields(config)
+    _REGISTRY[name] = dict(config)
+
+
+def list_models() -> list:
+    """Canonical names: the paper's models, then registered ones."""
+    return list(PAPER_MODELS) + sorted(_REGISTRY)
+
+
+_NAME_RE = re.compile(
+    r"^(?P<size>ti|tiny|s|small|b|base|l|large|h|huge)\|?(?:patch\|?)?(?P<patch>\d+)"
+    r"(?:\|(?P<res>\d+))?(?:\|(?:in21k|in1k|augreg|orig))*$")
+
+
+def parse_model_name(name: str) -> Dict[str, Any]:
+    """Turn a model name into config fields.
+
+    Accepts ``B/16``, ``ViT-B/16``, ``ViT-B_16``, ``vit-b16``, ``vit_b_16``,
+    ``vit_base_patch16_224``, ``google/vit-base-patch16-384`` and registered
+    names. Unknown names raise ConfigError with close suggestions.
+    """
+    if name in _REGISTRY:
+        return dict(_REGISTRY[name], name=name)
+    s = name.strip().lower()
+    s = re.sub(r"^google/", "", s)
+    tokens = [t for t in re.split(r"[-_/ .]+", s) if t]
+    if tokens and tokens[0] == "vit":
+        tokens = tokens[1:]
+    elif tokens and tokens[0].startswith("vit") and len(tokens[0]) > 3:
+        tokens[0] = tokens[0][3:]
+    m = _NAME_RE.match("|".join(tokens))
+    if not m:
+        known = list_models()
+        lowered = {k.lower(): k for k in known}
+        hint = difflib.get_close_matches(name.lower(), list(lowered), n=3, cutoff=0.4)
+        sugg = f" Did you mean {', '.join(repr(lowered[h]) for h in hint)}?" if hint else ""
+        raise ConfigError(
+            f"unknown model name {name!r}.{sugg} Names look like 'B/16', 'vit_base_patch16_224' or "
+            f"'vit-b16' (sizes Ti, S, B, L, H; any patch size); known: {', '.join(known)}")
+    size = SIZE_ALIASES[m.group("size")]
+    patch = int(m.group("patch"))
+    fields = dict(SIZES[size], patch_size=patch, name=f"{size}/{patch}")
+    if m.group("res"):
+        res = int(m.group("res"))
+        fields["img_size"] = res
+        fields["name"] = f"{size}/{patch}@{res}"
+    return fields
+
+
+def config_from_name(name: str, **overrides: Any) -> ViTConfig:
+    fields = parse_model_name(name)
+    check_fields(overrides)
+    fields.update(overrides)
+    return ViTConfig(**fields)

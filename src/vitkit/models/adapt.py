@@ -1,0 +1,82 @@
+"""Fit a vitkit state dict from one configuration to another: the one place where weights are adapted.
+
+Used when loading weights into a model built at another resolution (the
+position tables are resized on the 2D grid, Section 3.2) or for another
+number of classes (the head is replaced by a zero-initialised one, as the
+paper does for fine-tuning).
+"""
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..config import ViTConfig
+from .posemb import infer_square_grid, resize_grid, resize_pos_embed, resize_relative_table
+
+
+def adapt_state_dict(state: Dict[str, torch.Tensor], config: ViTConfig, *,
+                     source_grid: Optional[Sequence[int]] = None, method: Optional[str] = None,
+                     head: str = "auto") -> Tuple[Dict[str, torch.Tensor], List[str]]:
+    """Return (adapted copy of ``state``, list of human-readable changes).
+
+    - ``pos_embed`` / ``pos_embed_row|col`` / relative tables are resized to
+      ``config.grid_size`` with ``method`` (default: ``config.posemb_resize``).
+      A non-square source grid must be given as ``source_grid``.
+    - ``head``: "auto" re-initialises the head to zeros when the class count
+      differs (and drops it for ``num_classes=0``), "keep" leaves it alone
+      (a mismatch is then reported by ``load_state_dict``), "reset" always
+      re-initialises it.
+    - pre-logits weights are dropped when ``config.representation_size`` is
+      None (the fine-tuning head sits directly on the class token).
+    """
+    if head not in ("auto", "keep", "reset"):
+        raise ValueError(f"head={head!r}: use 'auto', 'keep' or 'reset'")
+    method = method or config.posemb_resize
+    out = dict(state)
+    notes: List[str] = []
+    new_grid = config.grid_size
+    prefix = config.num_prefix_tokens
+
+    pe = out.get("pos_embed")
+    if pe is not None:
+        if pe.ndim == 2:
+            pe = pe.unsqueeze(0)
+        if pe.shape[1] != config.seq_len:
+            old = tuple(source_grid) if source_grid is not None else infer_square_grid(pe.shape[1], prefix)
+            out["pos_embed"] = resize_pos_embed(pe, old, new_grid, prefix, method)
+            notes.append(f"pos_embed resized {old[0]}x{old[1]} -> {new_grid[0]}x{new_grid[1]} ({method})")
+    for key, axis in (("pos_embed_row", 0), ("pos_embed_col", 1)):
+        t = out.get(key)
+        if t is not None and t.shape[1] != new_grid[axis]:
+            if axis == 0:
+                out[key] = resize_grid(t.unsqueeze(2), (new_grid[0], 1), method).squeeze(2)
+            else:
+                out[key] = resize_grid(t.unsqueeze(1), (1, new_grid[1]), method).squeeze(1)
+            notes.append(f"{key} resized {t.shape[1]} -> {new_grid[axis]}")
+    want = (2 * new_grid[0] - 1, 2 * new_grid[1] - 1)
+    for key in [k for k in out if re.fullmatch(r"rel_pos\.\d+\.table", k)]:
+        t = out[key]
+        if tuple(t.shape[-2:]) != want:
+            out[key] = resize_relative_table(t, new_grid, method)
+            notes.append(f"{key} resized {tuple(t.shape[-2:])} -> {want}")
+
+    if config.representation_size is None and any(k.startswith("pre_logits.") for k in out):
+        for k in [k for k in out if k.startswith("pre_logits.")]:
+            del out[k]
+        notes.append("pre-logits layer dropped (model has none)")
+        if "head.weight" in out and out["head.weight"].shape[1] != config.width and head == "auto":
+            head = "reset"
+    if head != "keep" and "head.weight" in out:
+        in_features = config.representation_size or config.width
+        w = out["head.weight"]
+        if config.num_classes == 0:
+            del out["head.weight"]
+            out.pop("head.bias", None)
+            notes.append("head dropped (num_classes=0)")
+        elif head == "reset" or tuple(w.shape) != (config.num_classes, in_features):
+            out["head.weight"] = w.new_zeros(config.num_classes, in_features)
+            out["head.bias"] = w.new_zeros(config.num_classes)
+            notes.append(f"head re-initialised to zeros: {w.shape[0]} -> {config.num_classes} classes")
+    return out, notes

@@ -1,0 +1,113 @@
+"""Analytical cost model: parameters, tokens, multiply-adds and activation memory of a configuration.
+
+Counts every matrix product, the attention ones (QK^T and AV) included;
+elementwise work (LayerNorm, GELU, softmax) is left out, as usual. FLOPs are
+2 x MACs. Cross-checked in the tests against the model's real parameters and
+against torch's FlopCounterMode.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Dict, Optional, Sequence, Union
+
+from ..config import ViTConfig, grid_for
+
+
+@dataclass(frozen=True)
+class Cost:
+    img_size: tuple
+    grid: tuple
+    tokens: int
+    params: int
+    macs: int  # multiply-adds per image, forward
+    macs_breakdown: Dict[str, int]
+    act_inference_bytes: int  # peak live activations per image, forward without autograd (fused attention)
+    act_train_bytes: int  # activations stored for backward per image (fused attention)
+    state_train_bytes: int  # weights + gradients + Adam moments, fp32
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.macs
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["flops"] = self.flops
+        return d
+
+
+def param_count(cfg: ViTConfig) -> int:
+    d, m, c, r = cfg.width, cfg.mlp_dim, cfg.num_classes, cfg.representation_size
+    gh, gw = cfg.grid_size
+    ph, pw = cfg.patch_size
+    n = cfg.in_chans * ph * pw * d + d  # patch embedding (conv kernel + bias)
+    n += d if cfg.class_token else 0
+    if cfg.posemb == "learn":
+        n += cfg.num_posemb_tables * cfg.seq_len * d
+    elif cfg.posemb == "learn2d":
+        n += cfg.num_posemb_tables * (gh + gw) * (d // 2)
+    elif cfg.posemb == "relative":
+        tables = 1 if cfg.posemb_where == "every_layer_shared" else cfg.depth
+        n += tables * cfg.num_heads * ((2 * gh - 1) * (2 * gw - 1) + (3 if cfg.class_token else 0))
+    block = 4 * d  # two LayerNorms
+    block += 3 * d * d + (3 * d if cfg.qkv_bias else 0) + d * d + d  # qkv + out projection
+    block += d * m + m + m * d + d  # MLP
+    n += cfg.depth * block + 2 * d  # blocks + final LayerNorm
+    if r:
+        n += d * r + r
+    if c:
+        n += (r or d) * c + c
+    return n
+
+
+def cost(cfg: ViTConfig, img_size: Union[None, int, Sequence[int]] = None) -> Cost:
+    """Cost of one image through ``cfg`` (optionally at another input size)."""
+    if img_size is not None:
+        size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    else:
+        size = cfg.img_size
+    gh, gw = grid_for(size, cfg.patch_size, pad=cfg.dynamic_img_pad)
+    if img_size is not None and not cfg.dynamic_img_pad and (size[0] % cfg.patch_size[0] or size[1] % cfg.patch_size[1]):
+        raise ValueError(f"image {size[0]}x{size[1]} is not divisible by patch {cfg.patch_size[0]}x{cfg.patch_size[1]}")
+    n = gh * gw
+    t = n + cfg.num_prefix_tokens
+    d, m, h, L = cfg.width, cfg.mlp_dim, cfg.num_heads, cfg.depth
+    ph, pw = cfg.patch_size
+    br = {
+        "patch_embed": n * cfg.in_chans * ph * pw * d,
+        "qkv": L * t * d * 3 * d,
+        "attn_scores": L * t * t * d,  # QK^T over all heads
+        "attn_values": L * t * t * d,  # AV over all heads
+        "attn_proj": L * t * d * d,
+        "mlp": L * 2 * t * d * m,
+        "head": ((d * cfg.representation_size) if cfg.representation_size else 0)
+        + (cfg.representation_size or d) * cfg.num_classes,
+    }
+    f32 = 4
+    img = cfg.in_chans * size[0] * size[1]
+    # forward without autograd: the residual stream plus the largest transient (attention or MLP)
+    attn_live = t * d + 3 * t * d + 3 * t * d + t * d  # LN out, qkv, q/k/v views made contiguous, output
+    mlp_live = t * d + 2 * t * m
+    act_inf = f32 * (img + t * d + max(attn_live, mlp_live))
+    # stored for backward per block: LN inputs/outputs, qkv, attention output, softmax statistics, MLP hidden
+    per_block = 8 * t * d + 2 * t * m + h * t
+    act_train = f32 * (img + 2 * t * d + L * per_block)
+    params = param_count(cfg.replace(img_size=size, dynamic_img_pad=cfg.dynamic_img_pad))
+    return Cost(img_size=tuple(size), grid=(gh, gw), tokens=t, params=params, macs=sum(br.values()),
+                macs_breakdown=br, act_inference_bytes=act_inf, act_train_bytes=act_train,
+                state_train_bytes=4 * f32 * params)
+
+
+def format_cost(name: str, c: Cost, batch: int = 1) -> str:
+    mib = 1024 ** 2
+    return "\n".join([
+        f"model            {name}",
+        f"image size       {c.img_size[0]}x{c.img_size[1]}  (patch grid {c.grid[0]}x{c.grid[1]})",
+        f"tokens           {c.tokens}",
+        f"parameters       {c.params:,}",
+        f"multiply-adds    {c.macs / 1e9:.2f} GMACs per image",
+        f"FLOPs            {c.flops / 1e9:.2f} GFLOPs per image (2 x MACs)",
+        "  of which        " + ", ".join(f"{k} {v / 1e9:.3f}G" for k, v in c.macs_breakdown.items()),
+        f"activations      inference peak ~{batch * c.act_inference_bytes / mib:.1f} MiB, "
+        f"training ~{batch * c.act_train_bytes / mib:.1f} MiB stored for backward (fp32, batch {batch})",
+        f"training state   ~{c.state_train_bytes / mib:.1f} MiB (weights, gradients, Adam moments; fp32)",
+    ])

@@ -1,0 +1,119 @@
+"""Building blocks of the encoder: patch embedding (Eq. 1), MSA, MLP and the pre-norm block (Eq. 2-3)."""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class PatchEmbed(nn.Module):
+    """Eq. 1's linear projection E of flattened P x P patches, as a conv with kernel = stride = P.
+
+    Returns the patch grid [B, D, rows, cols]; flattening it row-major gives
+    the token sequence. ``pad=True`` pads right/bottom to a multiple of P.
+    """
+
+    def __init__(self, patch_size: Tuple[int, int], in_chans: int, width: int, pad: bool = False):
+        super().__init__()
+        self.patch_size = tuple(patch_size)
+        self.pad = pad
+        self.proj = nn.Conv2d(in_chans, width, kernel_size=self.patch_size, stride=self.patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pad:
+            ph, pw = self.patch_size
+            h, w = x.shape[-2:]
+            x = F.pad(x, (0, (-w) % pw, 0, (-h) % ph))
+        return self.proj(x)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with one fused q/k/v projection.
+
+    ``need_weights=False`` uses ``F.scaled_dot_product_attention`` (fused
+    kernel); ``need_weights=True`` computes softmax(QK^T/sqrt(d) + bias) V
+    explicitly for this call and also returns the weights [B, heads, T, T].
+    """
+
+    def __init__(self, width: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0,
+                 proj_drop: float = 0.0):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = width // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(width, 3 * width, bias=qkv_bias)
+        self.attn_drop = attn_drop
+        self.proj = nn.Linear(width, width)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        weights = None
+        if need_weights:
+            logits = (q * self.scale) @ k.transpose(-2, -1)
+            if bias is not None:
+                logits = logits + bias
+            weights = logits.softmax(dim=-1)
+            out = F.dropout(weights, self.attn_drop, self.training) @ v
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),
+                dropout_p=self.attn_drop if self.training else 0.0)
+        out = out.transpose(1, 2).reshape(b, t, d)
+        return self.proj_drop(self.proj(out)), weights
+
+
+class Mlp(nn.Module):
+    """The MLP of Eq. 3: Linear -> GELU -> Linear, dropout after each dense layer."""
+
+    def __init__(self, width: int, hidden: int, gelu: str = "exact", drop: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(width, hidden)
+        self.act = nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
+        self.fc2 = nn.Linear(hidden, width)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
+    """Stochastic depth: drop the whole residual branch per sample, rescale the rest."""
+    if rate == 0.0 or not training:
+        return x
+    keep = 1.0 - rate
+    mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+    return x * mask.div_(keep)
+
+
+class Block(nn.Module):
+    """Pre-norm encoder block: z' = z + MSA(LN(z)) (Eq. 2); z = z' + MLP(LN(z')) (Eq. 3)."""
+
+    def __init__(self, width: int, num_heads: int, mlp_dim: int, *, qkv_bias: bool = True,
+                 dropout: float = 0.0, attn_dropout: float = 0.0, drop_path: float = 0.0,
+                 ln_eps: float = 1e-6, gelu: str = "exact"):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(width, eps=ln_eps)
+        self.attn = Attention(width, num_heads, qkv_bias, attn_dropout, dropout)
+        self.norm2 = nn.LayerNorm(width, eps=ln_eps)
+        self.mlp = Mlp(width, mlp_dim, gelu, dropout)
+        self.drop_path = drop_path
+
+    def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        y, weights = self.attn(self.norm1(x), bias, need_weights)
+        x = x + drop_path(y, self.drop_path, self.training)
+        x = x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training)
+        return x, weights
+
+
+def lecun_normal_(t: torch.Tensor) -> torch.Tensor:
+    """Flax's default kernel init: truncated normal with variance 1/fan_in."""
+    fan_in = t[0].numel()
+    std = math.sqrt(1.0 / fan_in) / 0.87962566103423978  # stddev correction of a [-2, 2] truncation
+    return nn.init.trunc_normal_(t, std=std, a=-2 * std, b=2 * std)

@@ -1,0 +1,294 @@
+"""The Vision Transformer (Eq. 1-4), driven entirely by a ViTConfig."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..config import ViTConfig
+from .layers import Block, PatchEmbed, lecun_normal_
+from .posemb import RelativePositionBias, resize_grid, resize_pos_embed, resize_relative_table, sincos_2d
+
+Grid = Tuple[int, int]
+
+
+class VisionTransformer(nn.Module):
+    """ViT: patch embedding, class token, position embeddings, L pre-norm blocks, final LN, head.
+
+    >>> model = VisionTransformer(ViTConfig(img_size=32, patch_size=4, width=64, depth=2,
+    ...                                     num_heads=4, mlp_dim=128, num_classes=10))
+    >>> model(torch.randn(2, 3, 32, 32)).shape
+    torch.Size([2, 10])
+    """
+
+    def __init__(self, config: Optional[ViTConfig] = None, **overrides: Any):
+        super().__init__()
+        cfg = config if config is not None else ViTConfig()
+        if overrides:
+            cfg = cfg.replace(**overrides)
+        self.config = cfg
+        d, gh_gw = cfg.width, cfg.grid_size
+        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, d, pad=cfg.dynamic_img_pad)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.class_token else None
+
+        # Position embeddings (Appendix D.4): a table per layer for "every_layer", else one.
+        n_tab = cfg.num_posemb_tables
+        self.pos_embed = self.pos_embed_row = self.pos_embed_col = None
+        self.rel_pos = None
+        if cfg.posemb == "learn":
+            self.pos_embed = nn.Parameter(torch.zeros(n_tab, cfg.seq_len, d))
+        elif cfg.posemb == "learn2d":
+            self.pos_embed_row = nn.Parameter(torch.zeros(n_tab, gh_gw[0], d // 2))
+            self.pos_embed_col = nn.Parameter(torch.zeros(n_tab, gh_gw[1], d // 2))
+        elif cfg.posemb == "relative":
+            n_rel = 1 if cfg.posemb_where == "every_layer_shared" else cfg.depth
+            self.rel_pos = nn.ModuleList(
+                RelativePositionBias(gh_gw, cfg.num_heads, cfg.class_token) for _ in range(n_rel))
+        elif cfg.posemb == "sincos2d":
+            self.register_buffer("pos_embed_fixed", self._sincos(gh_gw), persistent=False)
+        self.pos_drop = nn.Dropout(cfg.dropout)
+
+        rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # linear stochastic depth
+        self.blocks = nn.ModuleList(
+            Block(d, cfg.num_heads, cfg.mlp_dim, qkv_bias=cfg.qkv_bias, dropout=cfg.dropout,
+                  attn_dropout=cfg.attn_dropout, drop_path=r, ln_eps=cfg.ln_eps, gelu=cfg.gelu)
+            for r in rates)
+        self.norm = nn.LayerNorm(d, eps=cfg.ln_eps)
+
+        rep = cfg.representation_size
+        self.pre_logits = (nn.Sequential(OrderedDict(fc=nn.Linear(d, rep), act=nn.Tanh()))
+                           if rep else nn.Identity())
+        self.head = nn.Linear(rep or d, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.grad_checkpointing = False
+        self.reset_parameters()
+
+    # --- initialisation (the authors' Flax initialisers) ---------------------
+    def reset_parameters(self) -> None:
+        d = self.config.width
+        lecun_normal_(self.patch_embed.proj.weight)
+        nn.init.zeros_(self.patch_embed.proj.bias)
+        for p in (self.pos_embed, self.pos_embed_row, self.pos_embed_col):
+            if p is not None:
+                nn.init.normal_(p, std=0.02)
+        if self.cls_token is not None:
+            nn.init.zeros_(self.cls_token)
+        for blk in self.blocks:
+            for i in range(3):  # q, k and v each get their own Xavier-uniform [D, D] kernel
+                nn.init.xavier_uniform_(blk.attn.qkv.weight[i * d:(i + 1) * d])
+            if blk.attn.qkv.bias is not None:
+                nn.init.zeros_(blk.attn.qkv.bias)
+            nn.init.xavier_uniform_(blk.attn.proj.weight)
+            nn.init.zeros_(blk.attn.proj.bias)
+            for fc in (blk.mlp.fc1, blk.mlp.fc2):
+                nn.init.xavier_uniform_(fc.weight)
+                nn.init.normal_(fc.bias, std=1e-6)
+        if isinstance(self.pre_logits, nn.Sequential):
+            lecun_normal_(self.pre_logits.fc.weight)
+            nn.init.zeros_(self.pre_logits.fc.bias)
+        if isinstance(self.head, nn.Linear):  # the paper's zero-initialised head
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> "VisionTransformer":
+        """Recompute block activations in backward instead of storing them (saves memory)."""
+        self.grad_checkpointing = enable
+        return self
+
+    # --- position embeddings ---------------------------------------------------
+    def _sincos(self, grid: Grid, device=None, dtype=torch.float32) -> torch.Tensor:
+        pe = sincos_2d(grid, self.config.width, dtype=dtype, device=device)
+        if self.config.class_token:
+            pe = torch.cat([pe.new_zeros(1, pe.shape[1]), pe], dim=0)
+        return pe.unsqueeze(0)
+
+    def position_embedding(self, grid: Optional[Grid] = None) -> Optional[torch.Tensor]:
+        """The additive table [n_tables, tokens, D] for a patch grid (class slot first), or None."""
+        cfg = self.config
+        built = cfg.grid_size
+        grid = tuple(grid) if grid is not None else built
+        if cfg.posemb == "learn":
+            if grid == built:
+                return self.pos_embed
+            return resize_pos_embed(self.pos_embed, built, grid, cfg.num_prefix_tokens, cfg.posemb_resize)
+        if cfg.posemb == "learn2d":
+            row = resize_grid(self.pos_embed_row.unsqueeze(2), (grid[0], 1), cfg.posemb_resize).squeeze(2)
+            col = resize_grid(self.pos_embed_col.unsqueeze(1), (1, grid[1]), cfg.posemb_resize).squeeze(1)
+            n, h = row.shape[0], row.shape[-1]
+            pe = torch.cat([row[:, :, None].expand(n, grid[0], grid[1], h),
+                            col[:, None].expand(n, grid[0], grid[1], h)], dim=-1).reshape(n, -1, 2 * h)
+            if cfg.class_token:
+                pe = torch.cat([pe.new_zeros(n, 1, 2 * h), pe], dim=1)
+            return pe
+        if cfg.posemb == "sincos2d":
+            fixed = self.pos_embed_fixed
+            return fixed if grid == built else self._sincos(grid, fixed.device, fixed.dtype)
+        return None
+
+    def set_img_size(self, img_size: Union[int, Tuple[int, int]]) -> "VisionTransformer":
+        """Rebuild for a new input resolution, resizing every learned position table on the 2D grid."""
+        old, cfg = self.config.grid_size, self.config.replace(img_size=img_size)
+        new = cfg.grid_size
+        with torch.no_grad():
+            if self.pos_embed is not None:
+                self.pos_embed = nn.Parameter(
+                    resize_pos_embed(self.pos_embed, old, new, cfg.num_prefix_tokens, cfg.posemb_resize))
+            if self.pos_embed_row is not None:
+                self.pos_embed_row = nn.Parameter(
+                    resize_grid(self.pos_embed_row.unsqueeze(2), (new[0], 1), cfg.posemb_resize).squeeze(2))
+                self.pos_embed_col = nn.Parameter(
+                    resize_grid(self.pos_embed_col.unsqueeze(1), (1, new[1]), cfg.posemb_resize).squeeze(1))
+            for rel in self.rel_pos or []:
+                rel.table = nn.Parameter(resize_relative_table(rel.table, new, cfg.posemb_resize))
+                rel.grid = new
+        self.config = cfg
+        if cfg.posemb == "sincos2d":
+            self.pos_embed_fixed = self._sincos(new, self.pos_embed_fixed.device, self.pos_embed_fixed.dtype)
+        return self
+
+    # --- forward pieces ----------------------------------------------------------
+    def _check_input(self, x: torch.Tensor) -> None:
+        cfg = self.config
+        if x.ndim != 4:
+            raise ValueError(
+                f"expected a batch of images [batch, channels, height, width], got a {x.ndim}-D tensor of "
+                f"shape {tuple(x.shape)}" + (": add a batch axis with x.unsqueeze(0)" if x.ndim == 3 else ""))
+        if x.shape[1] != cfg.in_chans:
+            raise ValueError(
+                f"the model takes {cfg.in_chans}-channel images, got {x.shape[1]} channels (shape "
+                f"{tuple(x.shape)}): convert the images (e.g. grayscale to RGB with x.expand(-1, 3, -1, -1)) "
+                f"or build the model with in_chans={x.shape[1]}")
+        (h, w), (ph, pw) = x.shape[-2:], cfg.patch_size
+        if (h % ph or w % pw) and not cfg.dynamic_img_pad:
+            raise ValueError(
+                f"image {h}x{w} is not divisible by patch {ph}x{pw}: resize or crop it to a multiple of "
+                f"{ph}x{pw}, or build the model with dynamic_img_pad=True")
+        if (h, w) != cfg.img_size and not cfg.dynamic_img_size:
+            bh, bw = cfg.img_size
+            raise ValueError(
+                f"the model was built for {bh}x{bw} images, got {h}x{w}: resize the input, call "
+                f"model.set_img_size(({h}, {w})) to resize the position embeddings once, or build the model "
+                f"with dynamic_img_size=True to resize them on the fly")
+
+    def embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
+        """Eq. 1 without positions: [B, C, H, W] -> tokens [B, prefix + N, D] and the patch grid."""
+        self._check_input(x)
+        x = self.patch_embed(x)
+        grid = (x.shape[-2], x.shape[-1])
+        x = x.flatten(2).transpose(1, 2)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
+        return x, grid
+
+    def _run_blocks(self, x: torch.Tensor, grid: Grid, keep: Sequence[int] = (), need_weights: bool = False,
+                    stop_after: Optional[int] = None) -> Tuple[torch.Tensor, Dict[int, torch.Tensor],
+                                                              Dict[int, torch.Tensor]]:
+        cfg = self.config
+        pe = self.position_embedding(grid)
+        if pe is not None:
+            pe = pe.to(x.dtype)
+        every = cfg.posemb_where != "input"
+        if pe is not None and not every:
+            x = x + pe
+        x = self.pos_drop(x)
+        biases = None
+        if self.rel_pos is not None:
+            biases = [rel(grid, cfg.posemb_resize) for rel in self.rel_pos]
+        saved, maps = {}, {}
+        keep = set(keep)
+        ckpt = self.grad_checkpointing and self.training and torch.is_grad_enabled() and not need_weights
+        for i, blk in enumerate(self.blocks):
+            if pe is not None and every:
+                x = x + pe[i if pe.shape[0] > 1 else 0]
+            bias = None if biases is None else biases[i if len(biases) > 1 else 0]
+            if ckpt:
+                x, w = checkpoint(blk, x, bias, False, use_reentrant=False)
+            else:
+                x, w = blk(x, bias, need_weights and i in keep)
+            if i in keep:
+                saved[i] = x
+                if w is not None:
+                    maps[i] = w
+            if stop_after is not None and i >= stop_after:
+                break
+        return x, saved, maps
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """All tokens after the final LayerNorm: [B, prefix + N, D]."""
+        x, grid = self.embed(x)
+        x, _, _ = self._run_blocks(x, grid)
+        return self.norm(x)
+
+    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Eq. 4's read-out: token 0, or the mean of the patch tokens (GAP)."""
+        if self.config.pool == "token":
+            return tokens[:, 0]
+        return tokens[:, self.config.num_prefix_tokens:].mean(dim=1)
+
+    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Pool the final tokens, apply the pre-logits layer, then (unless ``pre_logits``) the head."""
+        feats = self.pre_logits(self.pool(tokens))
+        return feats if pre_logits else self.head(feats)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False):
+        """Logits [B, classes]; with ``return_attention=True`` also the list of L attention maps
+        [B, heads, T, T], computed by the explicit path for this call only."""
+        if return_attention:
+            out = self.forward_intermediates(x, return_attention=True)
+            return self.forward_head(out["features"]), out["attention"]
+        return self.forward_head(self.forward_features(x))
+
+    def _resolve_indices(self, indices: Union[None, int, Sequence[int]]) -> List[int]:
+        depth = len(self.blocks)
+        if indices is None:
+            return list(range(depth))
+        if isinstance(indices, int):
+            if not 0 < indices <= depth:
+                raise ValueError(f"asked for the last {indices} blocks of a {depth}-block model")
+            return list(range(depth - indices, depth))
+        out = []
+        for i in indices:
+            j = i + depth if i < 0 else i
+            if not 0 <= j < depth:
+                raise ValueError(f"block index {i} is out of range for a {depth}-block model")
+            out.append(j)
+        return sorted(set(out))
+
+    def forward_intermediates(self, x: torch.Tensor, indices: Union[None, int, Sequence[int]] = None, *,
+                              return_attention: bool = False, norm: bool = False,
+                              stop_early: bool = False) -> Dict[str, Any]:
+        """Outputs of chosen blocks (and their attention maps), keyed by name.
+
+        ``indices``: None for every block, an int n for the last n, or a list
+        (negative indices count from the end). Returns a dict with
+        ``indices``, ``intermediates`` (tokens after each chosen block, final
+        LN applied if ``norm``), ``attention`` (maps [B, heads, T, T] of the
+        chosen blocks, when asked), ``grid`` and ``features`` (final normed
+        tokens; None when ``stop_early`` stops after the last chosen block).
+        """
+        idx = self._resolve_indices(indices)
+        tokens, grid = self.embed(x)
+        last = max(idx) if stop_early else None
+        tokens, saved, maps = self._run_blocks(tokens, grid, idx, return_attention, last)
+        inter = [self.norm(saved[i]) if norm else saved[i] for i in idx]
+        feats = None if stop_early and last < len(self.blocks) - 1 else self.norm(tokens)
+        out = {"indices": idx, "intermediates": inter, "grid": grid, "features": feats}
+        if return_attention:
+            out["attention"] = [maps[i] for i in idx]
+        return out
+
+    # --- bookkeeping ------------------------------------------------------------------
+    def num_params(self, trainable_only: bool = False) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+    def no_weight_decay(self) -> set:
+        """Names of parameters the paper's recipes exclude from weight decay."""
+        return {n for n, p in self.named_parameters()
+                if p.ndim <= 1 or n.startswith(("cls_token", "pos_embed")) or ".table" in n or n.endswith(".cls")}
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (f"name={c.name}, img_size={c.img_size}, patch_size={c.patch_size}, width={c.width}, "
+                f"depth={c.depth}, heads={c.num_heads}, posemb={c.posemb}, pool={c.pool}")

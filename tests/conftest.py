@@ -1,0 +1,23 @@
+import pytest
+import torch
+
+from vitkit import ViTConfig
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def tiny_cfg():
+    """A ViT small enough for unit tests: 32 px images, 4 px patches, width 64, 2 blocks."""
+    return ViTConfig(img_size=32, patch_size=4, width=64, depth=2, num_heads=4, mlp_dim=128, num_classes=10)
+
+
+def randomize_head(model):
+    """The paper's zero head blocks gradients to the backbone; tests that need them give it weights."""
+    with torch.no_grad():
+        for p in model.head.parameters():
+            p.normal_(std=0.02)
+    return model

@@ -1,0 +1,105 @@
+"""Cross-check against Hugging Face transformers' ViT with random weights (no network).
+
+The weights go through ``save_pretrained`` so the key names are those of the
+files people download (transformers 5 renames modules in memory but writes the
+classic layout). A minimal key mapping lives here; the full converters belong
+to vitkit.checkpoints.
+"""
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vitkit import VisionTransformer, ViTConfig
+
+transformers = pytest.importorskip("transformers")
+
+
+def hf_to_vitkit(sd, depth):
+    out = {
+        "cls_token": sd["embeddings.cls_token"],
+        "pos_embed": sd["embeddings.position_embeddings"],
+        "patch_embed.proj.weight": sd["embeddings.patch_embeddings.projection.weight"],
+        "patch_embed.proj.bias": sd["embeddings.patch_embeddings.projection.bias"],
+        "norm.weight": sd["layernorm.weight"], "norm.bias": sd["layernorm.bias"],
+    }
+    for i in range(depth):
+        p, q = f"encoder.layer.{i}.", f"blocks.{i}."
+        att = p + "attention.attention."
+        out[q + "attn.qkv.weight"] = torch.cat([sd[att + n + ".weight"] for n in ("query", "key", "value")])
+        out[q + "attn.qkv.bias"] = torch.cat([sd[att + n + ".bias"] for n in ("query", "key", "value")])
+        for ours, theirs in (("attn.proj", "attention.output.dense"), ("norm1", "layernorm_before"),
+                             ("norm2", "layernorm_after"), ("mlp.fc1", "intermediate.dense"),
+                             ("mlp.fc2", "output.dense")):
+            out[q + ours + ".weight"] = sd[p + theirs + ".weight"]
+            out[q + ours + ".bias"] = sd[p + theirs + ".bias"]
+    if "pooler.dense.weight" in sd:
+        out["pre_logits.fc.weight"] = sd["pooler.dense.weight"]
+        out["pre_logits.fc.bias"] = sd["pooler.dense.bias"]
+    return out
+
+
+def hf_config(**kw):
+    base = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=128,
+                image_size=32, patch_size=4, num_channels=3, hidden_act="gelu", layer_norm_eps=1e-12,
+                attn_implementation="eager")
+    base.update(kw)
+    attn = base.pop("attn_implementation")
+    cfg = transformers.ViTConfig(**base)
+    cfg._attn_implementation = attn
+    return cfg
+
+
+def ours_from(cfg, **kw):
+    return ViTConfig(img_size=cfg.image_size, patch_size=cfg.patch_size, width=cfg.hidden_size,
+                     depth=cfg.num_hidden_layers, num_heads=cfg.num_attention_heads, mlp_dim=cfg.intermediate_size,
+                     ln_eps=cfg.layer_norm_eps, **kw)
+
+
+def saved_state(model, tmp_path):
+    model.save_pretrained(tmp_path)
+    return load_file(str(tmp_path / "model.safetensors"))
+
+
+def assert_rel_close(a, b, rtol=1e-5):
+    err = ((a - b).abs().max() / b.abs().max()).item()
+    assert err < rtol, f"max relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_vit_model_features_and_pooler(attn, tmp_path):
+    torch.manual_seed(0)
+    cfg = hf_config(attn_implementation=attn)
+    hf = transformers.ViTModel(cfg, add_pooling_layer=True).eval()
+    for p in hf.parameters():  # random, non-trivial values everywhere
+        torch.nn.init.normal_(p, std=0.1)
+    ours = VisionTransformer(ours_from(cfg, num_classes=0, representation_size=64)).eval()
+    ours.load_state_dict(hf_to_vitkit(saved_state(hf, tmp_path), cfg.num_hidden_layers))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ref = hf(pixel_values=x)
+        tokens = ours.forward_features(x)
+        assert_rel_close(tokens, ref.last_hidden_state)
+        # HF's pooler (dense + tanh on token 0) is the paper's pre-logits layer
+        assert_rel_close(ours.forward_head(tokens, pre_logits=True), ref.pooler_output)
+        _, maps = ours(x, return_attention=True)
+        hf_eager = transformers.ViTModel(hf_config(), add_pooling_layer=True).eval()
+        hf_eager.load_state_dict(hf.state_dict())
+        ref_maps = hf_eager(pixel_values=x, output_attentions=True).attentions
+    for a, b in zip(maps, ref_maps):
+        assert_rel_close(a, b)
+
+
+def test_image_classification_logits(tmp_path):
+    torch.manual_seed(1)
+    cfg = hf_config(num_labels=7, image_size=48, patch_size=8)
+    hf = transformers.ViTForImageClassification(cfg).eval()
+    for p in hf.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    sd = {k.removeprefix("vit."): v for k, v in saved_state(hf, tmp_path).items()}
+    mapped = hf_to_vitkit(sd, cfg.num_hidden_layers)
+    mapped["head.weight"], mapped["head.bias"] = sd["classifier.weight"], sd["classifier.bias"]
+    ours = VisionTransformer(ours_from(cfg, num_classes=7)).eval()
+    ours.load_state_dict(mapped)
+    x = torch.randn(3, 3, 48, 48)
+    with torch.no_grad():
+        assert_rel_close(ours(x), hf(pixel_values=x).logits)

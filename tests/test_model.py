@@ -1,0 +1,260 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitkit
+from vitkit import VisionTransformer, create_model
+from conftest import randomize_head
+
+POSEMB_VARIANTS = [
+    dict(posemb="none"), dict(posemb="learn"), dict(posemb="learn2d"), dict(posemb="relative"),
+    dict(posemb="sincos2d"), dict(posemb="learn", posemb_where="every_layer"),
+    dict(posemb="learn", posemb_where="every_layer_shared"), dict(posemb="learn2d", posemb_where="every_layer"),
+    dict(posemb="relative", posemb_where="every_layer_shared"),
+]
+POOL_VARIANTS = [dict(pool="token"), dict(pool="gap"), dict(pool="gap", class_token=False)]
+
+
+@pytest.mark.parametrize("patch", [32, 16, 14, 8])
+def test_paper_patch_sizes_shapes(patch):
+    size = {32: 64, 16: 32, 14: 28, 8: 16}[patch] * 2
+    model = create_model(f"Ti/{patch}", img_size=size, depth=1, num_classes=5).eval()
+    out = model.forward_features(torch.randn(2, 3, size, size))
+    assert out.shape == (2, 1 + (size // patch) ** 2, 192)
+    assert model(torch.randn(2, 3, size, size)).shape == (2, 5)
+
+
+@pytest.mark.parametrize("name", ["Ti/16", "vit_small_patch16_224", "vit-b16"])
+def test_full_size_models_at_224(name):
+    model = create_model(name, depth=1).eval()
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 224, 224)).shape == (1, 1000)
+
+
+def test_small_patches_any_channels_and_classes(tiny_cfg):
+    for patch, chans in ((2, 1), (4, 4)):
+        model = VisionTransformer(tiny_cfg.replace(patch_size=patch, in_chans=chans, img_size=(16, 24),
+                                                   num_classes=3))
+        assert model(torch.randn(2, chans, 16, 24)).shape == (2, 3)
+        assert model.forward_features(torch.randn(1, chans, 16, 24)).shape[1] == 1 + (16 // patch) * (24 // patch)
+
+
+def test_conv_patch_embedding_equals_flatten_and_linear(tiny_cfg):
+    """Eq. 1: the stride-P conv is the linear map E applied to each flattened P x P x C patch."""
+    model = VisionTransformer(tiny_cfg.replace(img_size=(32, 48)))
+    x = torch.randn(2, 3, 32, 48)
+    p, d = 4, tiny_cfg.width
+    conv = model.patch_embed(x).flatten(2).transpose(1, 2)
+    b, c, h, w = x.shape
+    patches = x.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5).reshape(b, -1, c * p * p)
+    E = model.patch_embed.proj.weight.reshape(d, -1)
+    linear = patches @ E.T + model.patch_embed.proj.bias
+    torch.testing.assert_close(conv, linear, rtol=1e-5, atol=1e-5)
+    # row-major patch order: token k is patch (k // cols, k % cols)
+    torch.testing.assert_close(conv[:, 1 * 12 + 5], F.linear(x[:, :, 4:8, 20:24].reshape(b, -1), E,
+                                                             model.patch_embed.proj.bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", POSEMB_VARIANTS + POOL_VARIANTS + [dict(representation_size=32)],
+                         ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()))
+def test_fused_equals_explicit_attention(tiny_cfg, variant):
+    model = randomize_head(VisionTransformer(tiny_cfg.replace(**variant)))
+    if model.rel_pos is not None:  # non-zero relative biases so the bias path is exercised
+        for rel in model.rel_pos:
+            torch.nn.init.normal_(rel.table, std=0.5)
+            if rel.cls is not None:
+                torch.nn.init.normal_(rel.cls, std=0.5)
+    x = torch.randn(3, 3, 32, 32)
+    for mode in ("eval", "train"):  # train mode with all dropout rates 0 must agree too
+        getattr(model, mode)()
+        fused = model(x)
+        explicit, maps = model(x, return_attention=True)
+        torch.testing.assert_close(explicit, fused, rtol=1e-5, atol=1e-5)
+    assert len(maps) == tiny_cfg.depth
+    t = model.config.seq_len
+    assert maps[0].shape == (3, tiny_cfg.num_heads, t, t)
+    torch.testing.assert_close(maps[1].sum(-1), torch.ones(3, tiny_cfg.num_heads, t))
+
+
+@pytest.mark.parametrize("variant", POSEMB_VARIANTS + POOL_VARIANTS,
+                         ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()))
+def test_every_option_forward_and_backward(tiny_cfg, variant):
+    model = randomize_head(VisionTransformer(tiny_cfg.replace(**variant, dropout=0.1, attn_dropout=0.1,
+                                                              drop_path=0.1))).train()
+    loss = F.cross_entropy(model(torch.randn(4, 3, 32, 32)), torch.tensor([0, 1, 2, 3]))
+    loss.backward()
+    # With class-token read-out, the last block's output matters only at token 0, whose relative
+    # biases are the class-token ones: the last layer's patch-offset table gets no gradient.
+    unused = {f"rel_pos.{tiny_cfg.depth - 1}.table"} if variant.get("posemb") == "relative" and \
+        variant.get("posemb_where") is None else set()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        if name in unused:
+            assert p.grad.abs().sum() == 0
+        else:
+            assert p.grad.abs().sum() > 0, f"no gradient reaches {name}"
+
+
+def test_no_class_token_with_gap(tiny_cfg):
+    model = VisionTransformer(tiny_cfg.replace(class_token=False, pool="gap"))
+    assert model.cls_token is None
+    tokens = model.forward_features(torch.randn(2, 3, 32, 32))
+    assert tokens.shape == (2, 64, 64)
+    torch.testing.assert_close(model.forward_head(tokens), model.head(tokens.mean(1)))
+
+
+def test_gap_with_class_token_averages_patches_only(tiny_cfg):
+    model = randomize_head(VisionTransformer(tiny_cfg.replace(pool="gap")))
+    tokens = model.forward_features(torch.randn(2, 3, 32, 32))
+    assert tokens.shape[1] == 65
+    torch.testing.assert_close(model.forward_head(tokens, pre_logits=True), tokens[:, 1:].mean(1))
+
+
+def test_pre_logits_head(tiny_cfg):
+    model = VisionTransformer(tiny_cfg.replace(representation_size=32))
+    tokens = model.forward_features(torch.randn(2, 3, 32, 32))
+    rep = model.forward_head(tokens, pre_logits=True)
+    assert rep.shape == (2, 32) and rep.abs().max() <= 1  # tanh
+    torch.testing.assert_close(rep, torch.tanh(model.pre_logits.fc(tokens[:, 0])))
+    assert model.head.in_features == 32
+
+
+def test_head_is_zero_initialised_and_num_classes_zero(tiny_cfg):
+    model = VisionTransformer(tiny_cfg)
+    assert model.head.weight.abs().sum() == 0 and model.head.bias.abs().sum() == 0
+    feats = VisionTransformer(tiny_cfg.replace(num_classes=0))(torch.randn(2, 3, 32, 32))
+    assert feats.shape == (2, 64)
+
+
+def test_sincos_has_no_parameters_and_is_fixed(tiny_cfg):
+    model = VisionTransformer(tiny_cfg.replace(posemb="sincos2d"))
+    assert not any("pos" in n for n, _ in model.named_parameters())
+    assert "pos_embed_fixed" not in model.state_dict()
+    pe = model.position_embedding()
+    assert pe.shape == (1, 65, 64) and torch.all(pe[0, 0] == 0)
+
+
+def test_position_every_layer_variants_are_used_per_block(tiny_cfg):
+    every = VisionTransformer(tiny_cfg.replace(posemb_where="every_layer"))
+    assert every.pos_embed.shape == (2, 65, 64)
+    shared = VisionTransformer(tiny_cfg.replace(posemb_where="every_layer_shared"))
+    assert shared.pos_embed.shape == (1, 65, 64)
+    # changing table 1 changes only what block 1 sees
+    x = torch.randn(1, 3, 32, 32)
+    before = every.forward_intermediates(x, [0, 1])["intermediates"]
+    with torch.no_grad():
+        every.pos_embed[1].add_(1.0)
+    after = every.forward_intermediates(x, [0, 1])["intermediates"]
+    torch.testing.assert_close(before[0], after[0])
+    assert not torch.allclose(before[1], after[1])
+
+
+def test_layernorm_eps_and_gelu_are_config_fields(tiny_cfg):
+    model = VisionTransformer(tiny_cfg.replace(ln_eps=1e-12, gelu="tanh"))
+    assert all(m.eps == 1e-12 for m in model.modules() if isinstance(m, torch.nn.LayerNorm))
+    assert model.blocks[0].mlp.act.approximate == "tanh"
+    exact = VisionTransformer(tiny_cfg)
+    exact.load_state_dict(randomize_head(model).state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    diff = (model(x) - exact(x)).abs().max()
+    assert 0 < diff < 1e-2  # the two GELU flavours differ, but only slightly
+
+
+def test_stochastic_depth_rates_and_determinism(tiny_cfg):
+    model = randomize_head(VisionTransformer(tiny_cfg.replace(depth=5, drop_path=0.2)))
+    assert [b.drop_path for b in model.blocks] == pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2])
+    x = torch.randn(8, 3, 32, 32)
+    model.train()
+    assert not torch.allclose(model(x), model(x))
+    model.eval()
+    torch.testing.assert_close(model(x), model(x))
+
+
+def test_gradient_checkpointing_gives_same_gradients(tiny_cfg):
+    model = randomize_head(VisionTransformer(tiny_cfg)).train()
+    x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 2])
+    F.cross_entropy(model(x), y).backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    F.cross_entropy(model(x), y).backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref[n], rtol=1e-5, atol=1e-6)
+
+
+def test_forward_intermediates(tiny_cfg):
+    model = VisionTransformer(tiny_cfg.replace(depth=4)).eval()
+    x = torch.randn(2, 3, 32, 32)
+    out = model.forward_intermediates(x, [1, -1], norm=True, return_attention=True)
+    assert out["indices"] == [1, 3] and out["grid"] == (8, 8)
+    torch.testing.assert_close(out["intermediates"][1], out["features"])
+    torch.testing.assert_close(out["features"], model.forward_features(x))
+    assert len(out["attention"]) == 2
+    last2 = model.forward_intermediates(x, 2)
+    assert last2["indices"] == [2, 3]
+    early = model.forward_intermediates(x, [0], stop_early=True)
+    assert early["features"] is None and early["intermediates"][0].shape == (2, 65, 64)
+    with pytest.raises(ValueError, match="out of range"):
+        model.forward_intermediates(x, [7])
+
+
+def test_input_errors_name_problem_and_fix(tiny_cfg):
+    model = VisionTransformer(tiny_cfg)
+    with pytest.raises(ValueError, match=r"got a 3-D tensor.*unsqueeze\(0\)"):
+        model(torch.randn(3, 32, 32))
+    with pytest.raises(ValueError, match=r"3-channel images, got 1 channels.*in_chans=1"):
+        model(torch.randn(2, 1, 32, 32))
+    with pytest.raises(ValueError, match=r"image 30x32 is not divisible by patch 4x4.*dynamic_img_pad=True"):
+        model(torch.randn(2, 3, 30, 32))
+    with pytest.raises(ValueError, match=r"built for 32x32 images, got 48x48.*dynamic_img_size=True"):
+        model(torch.randn(2, 3, 48, 48))
+
+
+def test_dynamic_img_pad(tiny_cfg):
+    model = randomize_head(VisionTransformer(tiny_cfg.replace(img_size=30, dynamic_img_pad=True))).eval()
+    assert model.config.grid_size == (8, 8)
+    x = torch.randn(2, 3, 30, 30)
+    padded = F.pad(x, (0, 2, 0, 2))
+    ref = VisionTransformer(tiny_cfg).eval()
+    ref.load_state_dict(model.state_dict())
+    torch.testing.assert_close(model(x), ref(padded))
+
+
+@pytest.mark.parametrize("posemb", ["learn", "learn2d", "relative", "sincos2d"])
+def test_dynamic_img_size_equals_resized_model(tiny_cfg, posemb):
+    model = randomize_head(VisionTransformer(tiny_cfg.replace(posemb=posemb, dynamic_img_size=True))).eval()
+    if model.rel_pos is not None:
+        for rel in model.rel_pos:
+            torch.nn.init.normal_(rel.table, std=0.5)
+    x = torch.randn(2, 3, 48, 40)
+    dynamic = model(x)
+    fixed = VisionTransformer(model.config)
+    fixed.load_state_dict(model.state_dict())
+    fixed.set_img_size((48, 40)).eval()
+    assert fixed.config.grid_size == (12, 10)
+    torch.testing.assert_close(dynamic, fixed(x), rtol=1e-5, atol=1e-5)
+
+
+def test_set_img_size_matches_adapt_state_dict(tiny_cfg):
+    model = VisionTransformer(tiny_cfg)
+    big_cfg = tiny_cfg.replace(img_size=(48, 64))
+    state, notes = vitkit.adapt_state_dict(model.state_dict(), big_cfg)
+    assert notes == ["pos_embed resized 8x8 -> 12x16 (bilinear)"]
+    loaded = VisionTransformer(big_cfg)
+    loaded.load_state_dict(state)
+    model.set_img_size((48, 64))
+    torch.testing.assert_close(loaded.pos_embed, model.pos_embed)
+    assert model.config.img_size == (48, 64)
+
+
+def test_adapt_state_dict_head_and_pre_logits(tiny_cfg):
+    src = randomize_head(VisionTransformer(tiny_cfg.replace(representation_size=32)))
+    state, notes = vitkit.adapt_state_dict(src.state_dict(), tiny_cfg.replace(num_classes=3))
+    assert "pre-logits layer dropped (model has none)" in notes
+    assert state["head.weight"].shape == (3, 64) and state["head.weight"].abs().sum() == 0
+    model = VisionTransformer(tiny_cfg.replace(num_classes=3))
+    model.load_state_dict(state)  # strict: every key fits
+    state0, _ = vitkit.adapt_state_dict(src.state_dict(), tiny_cfg.replace(num_classes=0))
+    assert "head.weight" not in state0
+    kept, _ = vitkit.adapt_state_dict(src.state_dict(), tiny_cfg.replace(representation_size=32))
+    torch.testing.assert_close(kept["head.weight"], src.head.weight)
