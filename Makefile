@@ -10,7 +10,8 @@ PEERS ?= .venv-peers
 PEERS_PIN ?= torch==2.14.1 torchvision==0.29.1
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-fast test-peers peers clean
+.PHONY: venv data demo test test-fast test-peers peers clean
+FMNIST ?= /usr/share/datasets/fashion-mnist
 
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,14 +21,23 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# Fashion-MNIST from Debian's package when it is missing and we are root; otherwise say how to get it.
+data:
+	@if [ -f $(FMNIST)/train-images-idx3-ubyte.gz ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
+	   (apt-get update -qq >/dev/null && apt-get install -y -qq dataset-fashion-mnist >/dev/null)) && \
+	  echo "installed Fashion-MNIST into $(FMNIST)"; \
+	else echo "Fashion-MNIST is not in $(FMNIST): run 'sudo apt-get install dataset-fashion-mnist'"; fi
+
 demo: venv
 	$(BIN)/vitkit smoke
 	$(BIN)/vitkit info
 
-test: venv
+test: venv data
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-test-fast: venv
+test-fast: venv data
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 # timm and torchvision need a torch build that torchvision matches (large, CUDA; runs on the CPU).
@@ -39,7 +49,7 @@ $(PEERS)/.installed: pyproject.toml
 
 peers: $(PEERS)/.installed
 
-test-peers: peers
+test-peers: peers data
 	$(PEERS)/bin/python -m pytest -q -m peers $(PYTEST_ARGS)
 
 clean:
