@@ -30,6 +30,8 @@ def save_model(model: VisionTransformer, path: PathLike, *, labels: Optional[Lis
     folder.mkdir(parents=True, exist_ok=True)
     if labels is not None and model.config.num_classes and len(labels) != model.config.num_classes:
         raise ValueError(f"{len(labels)} labels given for a {model.config.num_classes}-class model")
+    if preprocessing is not None and hasattr(preprocessing, "to_dict"):
+        preprocessing = preprocessing.to_dict()
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     with atomic_path(folder / WEIGHTS) as tmp:
         save_file(state, str(tmp), metadata={"format": "pt", "producer": FORMAT})
@@ -65,6 +67,26 @@ def read_meta(path: PathLike) -> Dict[str, Any]:
     if int(d.get("version", 0)) > VERSION:
         raise ValueError(f"{meta} has format version {d['version']}; this vitkit reads up to {VERSION}: upgrade vitkit")
     return d
+
+
+def read_native(path: PathLike):
+    """The folder as a :class:`~vitkit.checkpoints.base.Checkpoint` (weights, config, labels, preprocessing)."""
+    from .base import Checkpoint
+
+    p = Path(path)
+    folder = p if p.is_dir() else p.parent
+    meta = read_meta(folder)
+    config = ViTConfig.from_dict(meta["config"])
+    weights = folder / WEIGHTS
+    try:
+        state = load_file(str(weights))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{weights} not found next to {META}") from None
+    except Exception as err:
+        raise ValueError(f"{weights} could not be read ({err}): the file is truncated or corrupt") from None
+    extra = meta.get("extra") or {}
+    return Checkpoint(state, config, FORMAT, labels=meta.get("labels"), preprocessing=meta.get("preprocessing"),
+                      layout=dict(extra.get("source_layout") or {}), source=str(folder))
 
 
 def load_model(path: PathLike, map_location: str = "cpu") -> VisionTransformer:

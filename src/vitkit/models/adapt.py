@@ -80,3 +80,27 @@ def adapt_state_dict(state: Dict[str, torch.Tensor], config: ViTConfig, *,
             out["head.bias"] = w.new_zeros(config.num_classes)
             notes.append(f"head re-initialised to zeros: {w.shape[0]} -> {config.num_classes} classes")
     return out, notes
+
+
+def compare_state_dict(state: Dict[str, torch.Tensor], expected: Dict[str, torch.Tensor]) -> Dict[str, List[str]]:
+    """Keys ``state`` lacks, keys it has extra, and shape mismatches ("key: [got] vs [want]") against
+    ``expected`` (e.g. ``model.state_dict()``)."""
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    mismatched = [f"{k}: {list(state[k].shape)} vs model {list(expected[k].shape)}"
+                  for k in expected if k in state and tuple(state[k].shape) != tuple(expected[k].shape)]
+    return {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
+
+
+def check_state_dict(state: Dict[str, torch.Tensor], expected: Dict[str, torch.Tensor], source: str = "weights",
+                     strict: bool = True) -> Dict[str, List[str]]:
+    """Strict loading: raise a ValueError listing every missing / unexpected / mis-shaped key by name.
+    With ``strict=False`` only shape mismatches raise (they can never load); the report is returned."""
+    report = compare_state_dict(state, expected)
+    bad = report["mismatched"] or (strict and (report["missing"] or report["unexpected"]))
+    if bad:
+        parts = [f"{name} ({len(keys)}): {', '.join(keys[:12])}{' ...' if len(keys) > 12 else ''}"
+                 for name, keys in report.items() if keys and (strict or name == "mismatched")]
+        raise ValueError(f"{source} does not fit the model: " + "; ".join(parts) +
+                         ". Build the model with the checkpoint's config, or pass strict=False to load what fits")
+    return report

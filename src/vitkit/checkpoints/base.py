@@ -1,0 +1,131 @@
+"""What every format reader returns, and the config inference they share.
+
+A :class:`Checkpoint` is weights already in vitkit's key layout, the config
+they imply, and what the source said about labels and preprocessing. The
+``layout`` dict remembers how the source spelled things (npz flavour and
+prefix, whether the position table had a class slot, ...) so that writing
+back to the same format reproduces the original tensors exactly.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from ..config import SIZES, ViTConfig
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class Checkpoint:
+    state: Dict[str, Tensor]
+    config: ViTConfig
+    format: str  # vitkit | npz | torchvision | timm | hf
+    labels: Optional[List[str]] = None
+    preprocessing: Optional[Dict[str, Any]] = None  # a Preset.to_dict(), or None
+    layout: Dict[str, Any] = field(default_factory=dict)
+    source: Optional[str] = None
+    notes: List[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        c = self.config
+        return (f"{self.format} checkpoint{' ' + self.layout.get('flavour') if self.layout.get('flavour') else ''}: "
+                f"width {c.width}, depth {c.depth}, heads {c.num_heads}, patch {c.patch_size[0]}, "
+                f"{c.img_size[0]}x{c.img_size[1]} px, {c.num_classes} classes"
+                f"{', pre-logits ' + str(c.representation_size) if c.representation_size else ''}")
+
+
+def guess_num_heads(width: int) -> int:
+    """Heads are not stored in torchvision/timm weights: the standard size with this width, else 64-dim heads."""
+    for dims in SIZES.values():
+        if dims["width"] == width:
+            return dims["num_heads"]
+    if width % 64 == 0:
+        return width // 64
+    raise ValueError(f"cannot guess the number of heads for width {width}: pass num_heads=")
+
+
+def square_grid(n: int) -> Optional[int]:
+    side = int(round(math.sqrt(n)))
+    return side if side * side == n and n > 0 else None
+
+
+def add_class_slot(state: Dict[str, Tensor]) -> bool:
+    """If the position table has no slot for the class token (big_vision, timm no_embed_class), add a zero
+    one: the class token then gets no position, exactly as in the source. Returns whether it was added."""
+    pe, cls = state.get("pos_embed"), state.get("cls_token")
+    if pe is None or cls is None:
+        return False
+    n = pe.shape[-2]
+    if square_grid(n) and not square_grid(n - 1):
+        state["pos_embed"] = torch.cat([pe.new_zeros(pe.shape[0], 1, pe.shape[-1]), pe], dim=1)
+        return True
+    return False
+
+
+def drop_class_slot(state: Dict[str, Tensor]) -> Dict[str, Tensor]:
+    """The inverse of :func:`add_class_slot` for writing: the slot's value is folded into the class token
+    (the sum is what the model adds), so the function computed is unchanged."""
+    out = dict(state)
+    pe = out.get("pos_embed")
+    if pe is None or out.get("cls_token") is None:
+        return out
+    slot = pe[:, :1]
+    if bool(slot.any()):
+        out["cls_token"] = out["cls_token"] + slot
+    out["pos_embed"] = pe[:, 1:].contiguous()
+    return out
+
+
+def infer_config(state: Dict[str, Tensor], *, num_heads: Optional[int] = None, img_size=None,
+                 **fixed: Any) -> ViTConfig:
+    """Build the ViTConfig a vitkit-keyed state dict implies (shapes only), plus ``fixed`` fields.
+
+    The image size comes from the square position table times the patch size
+    unless ``img_size`` is given (non-square tables need it).
+    """
+    try:
+        w = state["patch_embed.proj.weight"]
+    except KeyError:
+        raise ValueError("no patch embedding in the weights: not a ViT checkpoint") from None
+    width, in_chans, ph, pw = (int(s) for s in w.shape)
+    depth = 0
+    while f"blocks.{depth}.norm1.weight" in state:
+        depth += 1
+    if depth == 0:
+        raise ValueError("no encoder blocks in the weights: not a ViT checkpoint")
+    class_token = "cls_token" in state
+    prefix = 1 if class_token else 0
+    fields: Dict[str, Any] = dict(
+        width=width, in_chans=in_chans, patch_size=(ph, pw), depth=depth,
+        mlp_dim=int(state["blocks.0.mlp.fc1.weight"].shape[0]),
+        num_heads=num_heads or guess_num_heads(width), class_token=class_token,
+        pool="token" if class_token else "gap",
+        qkv_bias="blocks.0.attn.qkv.bias" in state)
+    pe = state.get("pos_embed")
+    if img_size is not None:
+        fields["img_size"] = img_size
+    elif pe is not None:
+        side = square_grid(pe.shape[-2] - prefix)
+        if side is None:
+            raise ValueError(
+                f"the position table has {pe.shape[-2]} slots, not a square grid plus {prefix} class slot: "
+                f"pass img_size=(height, width) of the checkpoint")
+        fields["img_size"] = (side * ph, side * pw)
+    if pe is None:
+        fields["posemb"] = "none"
+    if "pre_logits.fc.weight" in state:
+        fields["representation_size"] = int(state["pre_logits.fc.weight"].shape[0])
+    fields["num_classes"] = int(state["head.weight"].shape[0]) if "head.weight" in state else 0
+    fields.update(fixed)
+    return ViTConfig(**fields)
+
+
+def layout_for(ckpt: Checkpoint, fmt: str) -> Dict[str, Any]:
+    """How ``ckpt`` was spelled in ``fmt`` when it came from there (directly or via a vitkit folder)."""
+    if ckpt.format == fmt or ckpt.layout.get("source_format") == fmt:
+        return dict(ckpt.layout)
+    return {}

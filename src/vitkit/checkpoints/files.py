@@ -1,0 +1,182 @@
+"""Safe reading and atomic writing of weight files, recognised by their bytes, never their names.
+
+Nothing here executes code from a file: safetensors and ``.npz`` (without
+pickle) hold plain arrays, and PyTorch files go through
+``torch.load(weights_only=True)``, which refuses any pickle that names a
+function or class outside plain tensors and containers. Truncated or corrupt
+files raise a ValueError naming the file and the problem.
+"""
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+import zipfile
+from pathlib import Path
+from typing import Any, Dict, Tuple
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..utils import PathLike, atomic_path
+
+Tensor = torch.Tensor
+
+# kinds of file, from their first bytes
+SAFETENSORS, NPZ, TORCH_ZIP, TORCH_LEGACY, JSON, UNKNOWN = (
+    "safetensors", "npz", "torch-zip", "torch-legacy", "json", "unknown")
+
+
+def sniff(path: PathLike) -> str:
+    """What a file is, from its contents."""
+    p = Path(path)
+    with open(p, "rb") as f:
+        head = f.read(16)
+    if len(head) == 0:
+        raise ValueError(f"{p} is empty (0 bytes): the download or copy did not complete")
+    if head[:4] == b"PK\x03\x04" or head[:4] == b"PK\x05\x06":
+        try:
+            with zipfile.ZipFile(p) as z:
+                names = z.namelist()
+        except (zipfile.BadZipFile, OSError, EOFError) as err:
+            raise ValueError(f"{p} is a truncated or corrupt zip archive ({err}): download it again") from None
+        if names and all(n.endswith(".npy") for n in names):
+            return NPZ
+        if any(n.endswith("data.pkl") for n in names):
+            return TORCH_ZIP
+        return UNKNOWN
+    if head[:1] == b"\x80" and head[1:2] and head[1] <= 5:
+        return TORCH_LEGACY
+    if len(head) >= 9:
+        (n,) = struct.unpack("<Q", head[:8])
+        if head[8:9] == b"{" and 0 < n < 100_000_000:
+            return SAFETENSORS
+    if head.lstrip()[:1] in (b"{", b"["):
+        return JSON
+    return UNKNOWN
+
+
+def read_safetensors(path: PathLike) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
+    p = Path(path)
+    try:
+        out = {}
+        with safe_open(str(p), framework="pt", device="cpu") as f:
+            meta = f.metadata() or {}
+            for k in f.keys():
+                out[k] = f.get_tensor(k)
+        return out, meta
+    except Exception as err:  # safetensors raises its own error types for bad headers / short files
+        raise ValueError(f"{p} could not be read as safetensors ({err}): the file is truncated or corrupt, "
+                         f"download it again") from None
+
+
+def read_npz(path: PathLike) -> Dict[str, np.ndarray]:
+    p = Path(path)
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except ValueError as err:
+        if "pickle" in str(err).lower():
+            raise ValueError(f"refused {p}: it holds pickled Python objects, which would run code when "
+                             f"loaded; a weights .npz holds plain arrays only") from None
+        raise ValueError(f"{p} could not be read as .npz ({err}): the file is truncated or corrupt") from None
+    except (zipfile.BadZipFile, EOFError, OSError, KeyError) as err:
+        raise ValueError(f"{p} could not be read as .npz ({err or type(err).__name__}): the file is truncated "
+                         f"or corrupt, download it again") from None
+
+
+def read_torch(path: PathLike) -> Any:
+    """``torch.load(weights_only=True)``: plain tensors and containers only; anything else is refused."""
+    p = Path(path)
+    try:
+        return torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).split("\n")
+        detail = next((ln.strip() for ln in first if "GLOBAL" in ln or "Unsupported" in ln), first[0])
+        raise ValueError(
+            f"refused {p}: loading it would execute code from the file ({detail}). vitkit loads only plain "
+            f"tensors (torch.load weights_only=True). If you trust its author, re-save just the weights in a "
+            f"trusted session: torch.save(torch.load(path, weights_only=False)['state_dict'], 'clean.pth') "
+            f"or convert it to safetensors") from None
+    except (EOFError, RuntimeError, zipfile.BadZipFile, OSError, ValueError, struct.error) as err:
+        msg = str(err).split("\n")[0] or type(err).__name__
+        raise ValueError(f"{p} could not be read as a PyTorch file ({msg}): the file is truncated or "
+                         f"corrupt, download it again") from None
+
+
+def read_json(path: PathLike) -> Any:
+    p = Path(path)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{p} is not valid JSON ({err}): the file is truncated or corrupt") from None
+
+
+def unwrap_state(obj: Any, source: str) -> Dict[str, Tensor]:
+    """The state dict inside a loaded PyTorch object: a bare one, or under 'state_dict' / 'model' /
+    'model_ema' / 'module' / 'params' of a training checkpoint; a shared 'module.' prefix (DDP) is removed."""
+    seen = 0
+    while isinstance(obj, dict) and not _is_state(obj) and seen < 4:
+        for key in ("state_dict", "model", "model_ema", "state_dict_ema", "module", "params", "net"):
+            if isinstance(obj.get(key), dict):
+                obj = obj[key]
+                break
+        else:
+            break
+        seen += 1
+    if not isinstance(obj, dict) or not _is_state(obj):
+        what = type(obj).__name__
+        keys = f" with keys {sorted(map(str, obj))[:10]}" if isinstance(obj, dict) else ""
+        raise ValueError(f"{source} holds a {what}{keys}, not a state dict of tensors: save "
+                         f"model.state_dict() instead of the whole model or trainer")
+    state = {str(k): v for k, v in obj.items() if isinstance(v, Tensor)}
+    for prefix in ("module.", "_orig_mod."):
+        if state and all(k.startswith(prefix) for k in state):
+            state = {k[len(prefix):]: v for k, v in state.items()}
+    return state
+
+
+def _is_state(d: dict) -> bool:
+    values = list(d.values())
+    return bool(values) and sum(isinstance(v, Tensor) for v in values) >= max(1, len(values) // 2)
+
+
+def read_tensors(path: PathLike) -> Tuple[str, Dict[str, Any], Dict[str, str]]:
+    """(kind, name -> array/tensor, metadata) of a single weights file, recognised from its bytes."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{p} does not exist")
+    kind = sniff(p)
+    if kind == SAFETENSORS:
+        state, meta = read_safetensors(p)
+        return kind, state, meta
+    if kind == NPZ:
+        return kind, read_npz(p), {}
+    if kind in (TORCH_ZIP, TORCH_LEGACY):
+        return kind, unwrap_state(read_torch(p), str(p)), {}
+    raise ValueError(f"{p} is not a weights file vitkit knows (safetensors, .npz, PyTorch .pth/.bin): "
+                     f"its first bytes are {open(p, 'rb').read(8)!r}")
+
+
+def write_safetensors(state: Dict[str, Tensor], path: PathLike, metadata: Dict[str, str] = None) -> Path:
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp), metadata=metadata)
+    return path
+
+
+def write_torch(state: Dict[str, Tensor], path: PathLike) -> Path:
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        torch.save({k: v.detach().contiguous().cpu() for k, v in state.items()}, tmp)
+    return path
+
+
+def write_npz(arrays: Dict[str, np.ndarray], path: PathLike) -> Path:
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+    return path

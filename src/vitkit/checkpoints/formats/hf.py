@@ -1,0 +1,147 @@
+"""Hugging Face ``ViTModel`` / ``ViTForImageClassification``: a folder (``config.json`` +
+``model.safetensors`` / ``pytorch_model.bin``, possibly sharded) or a raw state dict.
+
+Key names are the classic file layout (``vit.encoder.layer.{i}.attention.attention.query`` ...),
+which ``save_pretrained`` still writes; transformers 5's in-memory names
+(``vit.layers.{i}.attention.q_proj`` ...) are read too. HF's pooler (dense +
+tanh on token 0) is the paper's pre-logits layer. The config carries width,
+depth, heads, LayerNorm epsilon (1e-12 in HF configs), GELU flavour, image
+and patch size and the labels.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from ...utils import write_json_atomic
+from ..base import Checkpoint, infer_config
+from ..files import write_safetensors
+from ..keymap import QKV_CAT, Context, Rule, count_blocks, from_vitkit, linear, rule, to_vitkit
+from .torchvision import check
+
+NAME = "hf"
+E = "encoder.layer.{i}."
+N = "layers.{i}."  # transformers 5 in-memory names
+RULES: List[Rule] = [
+    *linear("patch_embed.proj", "embeddings.patch_embeddings.projection"),
+    rule("cls_token", "embeddings.cls_token"),
+    rule("pos_embed", "embeddings.position_embeddings"),
+    *linear("blocks.{i}.norm1", E + "layernorm_before", aliases=[N + "layernorm_before"]),
+    rule("blocks.{i}.attn.qkv.weight", [E + f"attention.attention.{n}.weight" for n in ("query", "key", "value")],
+         QKV_CAT, aliases=[[N + f"attention.{n}_proj.weight" for n in "qkv"]]),
+    rule("blocks.{i}.attn.qkv.bias", [E + f"attention.attention.{n}.bias" for n in ("query", "key", "value")],
+         QKV_CAT, aliases=[[N + f"attention.{n}_proj.bias" for n in "qkv"]], optional=True),
+    *linear("blocks.{i}.attn.proj", E + "attention.output.dense", aliases=[N + "attention.o_proj"]),
+    *linear("blocks.{i}.norm2", E + "layernorm_after", aliases=[N + "layernorm_after"]),
+    *linear("blocks.{i}.mlp.fc1", E + "intermediate.dense", aliases=[N + "mlp.fc1"]),
+    *linear("blocks.{i}.mlp.fc2", E + "output.dense", aliases=[N + "mlp.fc2"]),
+    *linear("norm", "layernorm"),
+    *linear("pre_logits.fc", "pooler.dense", optional=True),
+    *linear("head", "classifier", optional=True),
+]
+ACTS = {"gelu": "exact", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
+GENERIC_LABEL = re.compile(r"^LABEL_\d+$")
+
+
+def rules(layout: Optional[Dict[str, Any]] = None) -> List[Rule]:
+    return RULES
+
+
+def strip_prefix(tensors: Dict[str, Any]) -> Dict[str, Any]:
+    """ViTForImageClassification keeps the backbone under ``vit.`` and the classifier at the top."""
+    return {k[4:] if k.startswith("vit.") else k: v for k, v in tensors.items()}
+
+
+def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, num_heads: Optional[int] = None,
+         source: str = "") -> Checkpoint:
+    tensors = strip_prefix(tensors)
+    depth = max(count_blocks(tensors, E + "layernorm_before.weight"), count_blocks(tensors, N + "layernorm_before.weight"))
+    mapped = to_vitkit(tensors, RULES, depth, Context(1, 1))
+    check(mapped, source)
+    fixed: Dict[str, Any] = {"ln_eps": 1e-12, "gelu": "exact"}
+    labels = None
+    notes = []
+    if config:
+        if config.get("model_type", "vit") != "vit":
+            raise ValueError(f"{source}: config.json is for model_type={config.get('model_type')!r}, not 'vit'")
+        act = config.get("hidden_act", "gelu")
+        if act not in ACTS:
+            raise ValueError(f"{source}: hidden_act={act!r} is not a GELU; vitkit's ViT supports {sorted(ACTS)}")
+        fixed.update(ln_eps=float(config.get("layer_norm_eps", 1e-12)), gelu=ACTS[act])
+        heads = int(config.get("num_attention_heads", 0)) or None
+        num_heads = num_heads or heads
+        size = config.get("image_size")
+        if size is not None:
+            fixed["img_size"] = size
+        labels = labels_from_config(config, mapped.state)
+    else:
+        notes.append("no config.json: LayerNorm eps 1e-12 and exact GELU (HF's defaults) assumed")
+    cfg = infer_config(mapped.state, num_heads=num_heads, **fixed)
+    if config and int(config.get("patch_size", cfg.patch_size[0])) != cfg.patch_size[0]:
+        raise ValueError(f"{source}: config.json says patch_size={config['patch_size']} but the weights have "
+                         f"{cfg.patch_size[0]}: the folder mixes two models")
+    return Checkpoint(mapped.state, cfg, NAME, labels=labels, preprocessing=preprocessing(cfg),
+                      layout={"flavour": "hf", "model_class": "classification" if "head.weight" in mapped.state
+                              else "model"}, source=source, notes=notes)
+
+
+def labels_from_config(config: Dict[str, Any], state) -> Optional[List[str]]:
+    id2label = config.get("id2label") or {}
+    n = int(state["head.weight"].shape[0]) if "head.weight" in state else 0
+    if not id2label or not n or len(id2label) != n:
+        return None
+    names = [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(n)]
+    return None if all(GENERIC_LABEL.match(x) for x in names) else names
+
+
+def preprocessing(cfg) -> Dict[str, Any]:
+    from ...data.preprocess import get_preset
+    return get_preset("hf", cfg.img_size).to_dict()
+
+
+def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
+    """Write a ``save_pretrained``-style folder: config.json, model.safetensors, preprocessor_config.json."""
+    cfg = ckpt.config
+    problems = []
+    if not cfg.class_token or cfg.pool != "token":
+        problems.append("a class token read-out")
+    if cfg.posemb != "learn" or cfg.posemb_where != "input":
+        problems.append("learned 1D position embeddings at the input")
+    if cfg.representation_size and cfg.num_classes:
+        problems.append("no pre-logits layer under a classifier (HF's pooler is only in ViTModel, which has no "
+                        "classifier); drop it with representation_size=None or num_classes=0")
+    if cfg.representation_size and cfg.representation_size != cfg.width:
+        problems.append("a pooler as wide as the model")
+    if cfg.img_size[0] != cfg.img_size[1] or cfg.patch_size[0] != cfg.patch_size[1]:
+        problems.append("square images and patches")
+    if problems:
+        raise ValueError(f"Hugging Face's ViT needs {'; '.join(problems)}: this model cannot be written as an "
+                         f"HF folder")
+    mapped = from_vitkit(ckpt.state, RULES, cfg.depth, Context(cfg.width, cfg.num_heads))
+    classify = cfg.num_classes > 0
+    state = {(k if k.startswith("classifier") or not classify else "vit." + k): v for k, v in mapped.state.items()}
+    folder = Path(dst)
+    folder.mkdir(parents=True, exist_ok=True)
+    labels = ckpt.labels or [f"LABEL_{i}" for i in range(cfg.num_classes)]
+    config = {
+        "architectures": ["ViTForImageClassification" if classify else "ViTModel"], "model_type": "vit",
+        "hidden_size": cfg.width, "num_hidden_layers": cfg.depth, "num_attention_heads": cfg.num_heads,
+        "intermediate_size": cfg.mlp_dim, "hidden_act": "gelu" if cfg.gelu == "exact" else "gelu_pytorch_tanh",
+        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "initializer_range": 0.02,
+        "layer_norm_eps": cfg.ln_eps, "image_size": cfg.img_size[0], "patch_size": cfg.patch_size[0],
+        "num_channels": cfg.in_chans, "qkv_bias": cfg.qkv_bias, "encoder_stride": cfg.patch_size[0],
+        "pooler_output_size": cfg.width, "pooler_act": "tanh", "torch_dtype": "float32",
+    }
+    if classify:
+        config["id2label"] = {str(i): name for i, name in enumerate(labels)}
+        config["label2id"] = {name: i for i, name in enumerate(labels)}
+    write_safetensors(state, folder / "model.safetensors", metadata={"format": "pt"})
+    write_json_atomic(folder / "config.json", config)
+    from ...data.preprocess import get_preset
+    pre = get_preset(ckpt.preprocessing) if ckpt.preprocessing else get_preset("hf", cfg.img_size)
+    write_json_atomic(folder / "preprocessor_config.json", {
+        "image_processor_type": "ViTImageProcessor", "do_resize": True,
+        "size": {"height": pre.size[0], "width": pre.size[1]}, "resample": 2, "do_rescale": True,
+        "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(pre.mean), "image_std": list(pre.std)})
+    return folder

@@ -1,0 +1,87 @@
+"""torchvision's ``VisionTransformer`` state dicts (``vit_b_16-c867db91.pth`` ...).
+
+Packed attention (``in_proj_weight`` rows q; k; v, the same order as vitkit's
+fused qkv), ``mlp.0`` / ``mlp.3`` (older files: ``mlp.linear_1`` /
+``mlp.linear_2``), ``heads.head`` and the optional ``heads.pre_logits``.
+torchvision uses LayerNorm eps 1e-6 and exact GELU; the number of heads is not
+stored in the weights (the standard size for the width is assumed).
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from ..base import Checkpoint, infer_config
+from ..files import write_safetensors, write_torch
+from ..keymap import Context, Mapped, Rule, count_blocks, from_vitkit, linear, rule, to_vitkit
+
+NAME = "torchvision"
+L = "encoder.layers.encoder_layer_{i}."
+RULES: List[Rule] = [
+    *linear("patch_embed.proj", "conv_proj"),
+    rule("cls_token", "class_token"),
+    rule("pos_embed", "encoder.pos_embedding"),
+    *linear("blocks.{i}.norm1", L + "ln_1"),
+    rule("blocks.{i}.attn.qkv.weight", L + "self_attention.in_proj_weight"),
+    rule("blocks.{i}.attn.qkv.bias", L + "self_attention.in_proj_bias"),
+    *linear("blocks.{i}.attn.proj", L + "self_attention.out_proj"),
+    *linear("blocks.{i}.norm2", L + "ln_2"),
+    *linear("blocks.{i}.mlp.fc1", L + "mlp.0", aliases=[L + "mlp.linear_1"]),
+    *linear("blocks.{i}.mlp.fc2", L + "mlp.3", aliases=[L + "mlp.linear_2"]),
+    *linear("norm", "encoder.ln"),
+    *linear("pre_logits.fc", "heads.pre_logits", optional=True),
+    *linear("head", "heads.head", optional=True),
+]
+DEPTH_KEY = L + "ln_1.weight"
+
+
+def rules(layout: Optional[Dict[str, Any]] = None) -> List[Rule]:
+    return RULES
+
+
+def read(tensors: Dict[str, Any], *, num_heads: Optional[int] = None, source: str = "") -> Checkpoint:
+    depth = count_blocks(tensors, DEPTH_KEY)
+    mapped = to_vitkit(tensors, RULES, depth, Context(1, 1))
+    check(mapped, source)
+    cfg = infer_config(mapped.state, num_heads=num_heads, ln_eps=1e-6, gelu="exact")
+    return Checkpoint(mapped.state, cfg, NAME, layout={"flavour": "torchvision"}, source=source)
+
+
+def check(mapped: Mapped, source: str) -> None:
+    if mapped.unused or mapped.missing:
+        from ..detect import layout_error
+        raise layout_error(source, NAME, mapped)
+
+
+def write(ckpt: Checkpoint, dst: Path, *, safetensors: bool = False) -> Path:
+    cfg = ckpt.config
+    _require(cfg)
+    mapped = from_vitkit(ckpt.state, RULES, cfg.depth, Context(cfg.width, cfg.num_heads))
+    if mapped.unused:
+        raise ValueError(f"torchvision has no place for {mapped.unused}")
+    return write_safetensors(mapped.state, dst) if safetensors else write_torch(mapped.state, dst)
+
+
+def _require(cfg) -> None:
+    hard = []
+    if not cfg.class_token or cfg.pool != "token":
+        hard.append("a class token read-out (pool='token')")
+    if cfg.posemb != "learn" or cfg.posemb_where != "input":
+        hard.append("learned 1D position embeddings added at the input")
+    if not cfg.qkv_bias:
+        hard.append("qkv biases")
+    if cfg.img_size[0] != cfg.img_size[1] or cfg.patch_size[0] != cfg.patch_size[1]:
+        hard.append("square images and patches")
+    if hard:
+        raise ValueError(f"torchvision's VisionTransformer needs {'; '.join(hard)}: this model cannot be "
+                         f"written in its layout (use --to vitkit, or hf / timm where they fit)")
+    warn_numerics(cfg, "torchvision", ln_eps=1e-6, gelu="exact")
+
+
+def warn_numerics(cfg, target: str, ln_eps: float, gelu: str) -> None:
+    """The tensors convert exactly, but the target library computes with its own epsilon / GELU."""
+    if cfg.ln_eps != ln_eps or cfg.gelu != gelu:
+        warnings.warn(f"{target} computes with LayerNorm eps {ln_eps} and {gelu} GELU; these weights come from "
+                      f"a model with eps {cfg.ln_eps} and {cfg.gelu} GELU, so its logits there will differ "
+                      f"slightly (the tensors themselves are copied exactly)", stacklevel=3)

@@ -1,0 +1,252 @@
+"""One entry point for weights from anywhere: read, adapt, build; and the way back out.
+
+``read_checkpoint(path)`` recognises the format from the contents and returns
+a :class:`Checkpoint` in vitkit's layout. ``load_weights(name_or_path, ...)``
+also adapts it to the model you ask for (resolution, classes, pre-logits; in
+``vitkit.models.adapt``, the one place for that) and builds the model, or
+returns ``(state, config)`` for a training engine. ``save_weights`` /
+``convert`` write any format; converting A -> B -> A gives identical tensors.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from ..config import ViTConfig
+from ..models import VisionTransformer
+from ..models.adapt import adapt_state_dict, check_state_dict
+from ..utils import PathLike
+from . import native
+from .base import Checkpoint
+from .detect import detect_layout
+from .files import NPZ, read_json, read_tensors
+from .formats import FORMATS
+from .registry import get_known, locate, verify
+
+TARGETS = ("vitkit", "npz", "torchvision", "timm", "hf")
+_KEEP = object()
+DEFAULT_PRESET = {"torchvision": "torchvision", "timm": "timm", "npz": "authors", "hf": "hf"}
+HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def read_checkpoint(path: PathLike, *, num_heads: Optional[int] = None) -> Checkpoint:
+    """Read weights in any supported format (recognised from the contents) as a vitkit-layout Checkpoint."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"{p} does not exist")
+    if p.is_dir():
+        ckpt = _read_folder(p, num_heads)
+    elif native.is_native(p) and p.name == native.WEIGHTS:
+        ckpt = native.read_native(p.parent)
+    else:
+        ckpt = _read_file(p, num_heads)
+    ckpt.layout.setdefault("source_format", ckpt.format)
+    if ckpt.preprocessing is None and ckpt.format in DEFAULT_PRESET:
+        from ..data.preprocess import get_preset
+        ckpt.preprocessing = get_preset(DEFAULT_PRESET[ckpt.format], ckpt.config.img_size).to_dict()
+    if ckpt.labels is None and ckpt.config.num_classes == 1000 and ckpt.format != "vitkit":
+        from ..data.preprocess import imagenet_classes
+        ckpt.labels = imagenet_classes()
+        ckpt.notes.append("1000 classes and no names in the file: ImageNet-1k class names assumed")
+    return ckpt
+
+
+def _read_folder(p: Path, num_heads: Optional[int]) -> Checkpoint:
+    if native.is_native(p):
+        return native.read_native(p)
+    if (p / "config.json").is_file():
+        config = read_json(p / "config.json")
+        tensors = _read_hf_weights(p)
+        ckpt = FORMATS["hf"].read(tensors, config=config, num_heads=num_heads, source=str(p))
+        pre = p / "preprocessor_config.json"
+        if pre.is_file():
+            ckpt.preprocessing = _hf_preprocessing(read_json(pre), ckpt) or ckpt.preprocessing
+        return ckpt
+    files = sorted(x.name for x in p.iterdir())[:12]
+    raise ValueError(f"{p} is a folder but neither a vitkit checkpoint ({native.META}) nor a Hugging Face one "
+                     f"(config.json + model.safetensors); it holds {files}: pass the weights file itself")
+
+
+def _read_hf_weights(p: Path) -> Dict[str, Any]:
+    for name in HF_WEIGHTS:
+        f = p / name
+        if not f.is_file():
+            continue
+        if name.endswith(".index.json"):
+            shards = sorted(set(read_json(f).get("weight_map", {}).values()))
+            if not shards:
+                raise ValueError(f"{f} lists no weight files")
+            out: Dict[str, Any] = {}
+            for shard in shards:
+                out.update(read_tensors(p / shard)[1])
+            return out
+        return read_tensors(f)[1]
+    raise FileNotFoundError(f"{p} has config.json but no weights: expected one of {', '.join(HF_WEIGHTS)}")
+
+
+def _hf_preprocessing(pre: Dict[str, Any], ckpt: Checkpoint) -> Optional[Dict[str, Any]]:
+    from ..data.preprocess import get_preset
+    size = pre.get("size") or {}
+    h = size.get("height") or size.get("shortest_edge")
+    w = size.get("width") or h
+    if not h:
+        return None
+    base = get_preset("hf", (int(h), int(w)))
+    return dataclasses.replace(base, mean=tuple(pre.get("image_mean", base.mean)),
+                               std=tuple(pre.get("image_std", base.std))).to_dict()
+
+
+def _read_file(p: Path, num_heads: Optional[int]) -> Checkpoint:
+    kind, tensors, _meta = read_tensors(p)
+    if kind == NPZ:
+        return FORMATS["npz"].read(tensors, num_heads=num_heads, source=str(p))
+    fmt = detect_layout(tensors, str(p))
+    kwargs: Dict[str, Any] = {"num_heads": num_heads, "source": str(p)}
+    if fmt == "hf":
+        sibling = p.with_name("config.json")
+        if sibling.is_file():
+            kwargs["config"] = read_json(sibling)
+    return FORMATS[fmt].read(tensors, **kwargs)
+
+
+# --- load into a model ------------------------------------------------------------
+def load_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike] = None,
+                 model: Optional[VisionTransformer] = None, img_size: Union[None, int, Tuple[int, int]] = None,
+                 num_classes: Optional[int] = None, labels: Optional[List[str]] = None,
+                 representation_size: Any = _KEEP, head: str = "auto", resize: Optional[str] = None,
+                 num_heads: Optional[int] = None, strict: bool = True, return_state: bool = False,
+                 cache_dir: Optional[PathLike] = None, check_hash: bool = False, **overrides: Any):
+    """Load weights from a path (any format) or a known name, adapted to the model you want.
+
+    - ``img_size``: build at another resolution; position tables are resized on
+      the 2D grid with ``resize`` ("bilinear" = the authors' aligned-corners
+      resize, the default; "bicubic" = timm / HF ``interpolate_pos_encoding``).
+    - ``num_classes``: a new head, re-initialised to zeros (the paper's
+      fine-tuning head); 0 drops it. ``labels`` names the new classes.
+    - ``representation_size``: ``None`` drops a pre-logits layer (as the paper
+      does for fine-tuning); by default it is kept as in the checkpoint.
+    - ``model``: load into this existing model (its config is the target).
+    - other keyword arguments override config fields (``drop_path=0.1``, ...).
+    - ``strict``: missing, unexpected or mis-shaped keys raise, listed by name.
+
+    Returns the model in eval mode with ``.labels``, ``.preprocessing`` (a preset
+    dict for its resolution) and ``.checkpoint`` (format, source, notes); with
+    ``return_state=True`` returns ``(state_dict, config)`` instead.
+    """
+    path, entry = _resolve(name_or_path, file, cache_dir)
+    if entry is not None and check_hash:
+        verify(entry, path)
+    ckpt = read_checkpoint(path, num_heads=num_heads)
+    if entry is not None:
+        from ..data.preprocess import get_preset, imagenet_classes
+        ckpt.preprocessing = get_preset(entry.preset, ckpt.config.img_size).to_dict()
+        if entry.labels == "imagenet1k" and ckpt.config.num_classes == 1000 and ckpt.labels is None:
+            ckpt.labels = imagenet_classes()
+    return build(ckpt, model=model, img_size=img_size, num_classes=num_classes, labels=labels,
+                 representation_size=representation_size, head=head, resize=resize, strict=strict,
+                 return_state=return_state, **overrides)
+
+
+def build(ckpt: Checkpoint, *, model: Optional[VisionTransformer] = None, img_size=None, num_classes=None,
+          labels=None, representation_size: Any = _KEEP, head: str = "auto", resize: Optional[str] = None,
+          strict: bool = True, return_state: bool = False, **overrides: Any):
+    """Adapt a read Checkpoint to the target config and build the model (see :func:`load_weights`)."""
+    src = ckpt.config
+    if model is not None:
+        target = model.config
+    else:
+        fields: Dict[str, Any] = dict(overrides)
+        if img_size is not None:
+            fields["img_size"] = img_size
+        if num_classes is not None:
+            fields["num_classes"] = num_classes
+        if representation_size is not _KEEP:
+            fields["representation_size"] = representation_size
+        if resize is not None:
+            fields["posemb_resize"] = resize
+        target = src.replace(**fields) if fields else src
+    state, notes = adapt_state_dict(ckpt.state, target, source_grid=src.grid_size, method=resize, head=head)
+    m = model if model is not None else VisionTransformer(target)
+    check_state_dict(state, m.state_dict(), ckpt.source or "weights", strict=strict)
+    notes = ckpt.notes + notes
+    if labels is not None and target.num_classes and len(labels) != target.num_classes:
+        raise ValueError(f"{len(labels)} labels given for a {target.num_classes}-class model")
+    same_head = target.num_classes == src.num_classes and not any(n.startswith("head re-init") for n in notes)
+    out_labels = list(labels) if labels is not None else (ckpt.labels if same_head else None)
+    pre = _preprocessing_for(ckpt.preprocessing, target)
+    if return_state:
+        return state, target
+    m.load_state_dict(state, strict=strict)
+    m.labels = out_labels
+    m.preprocessing = pre
+    m.checkpoint = {"format": ckpt.format, "source": ckpt.source, "layout": ckpt.layout, "notes": notes}
+    return m.eval()
+
+
+def _preprocessing_for(pre: Optional[Dict[str, Any]], cfg: ViTConfig) -> Optional[Dict[str, Any]]:
+    if pre is None:
+        return None
+    from ..data.preprocess import get_preset
+    return get_preset(pre, cfg.img_size).to_dict()
+
+
+def _resolve(name_or_path, file, cache_dir) -> Tuple[Path, Any]:
+    p = Path(str(name_or_path)).expanduser()
+    entry = get_known(str(name_or_path))
+    if entry is not None and (file is not None or not p.exists()):
+        return locate(entry, file, cache_dir), entry
+    if p.exists():
+        return p, None
+    from .registry import KNOWN
+    import difflib
+    hint = difflib.get_close_matches(str(name_or_path), list(KNOWN), n=3, cutoff=0.5)
+    raise FileNotFoundError(
+        f"{name_or_path!r} is neither a file or folder nor a known checkpoint name"
+        + (f" (did you mean {', '.join(hint)}?)" if hint else "") + ": run 'vitkit weights' to list the known ones")
+
+
+# --- write -----------------------------------------------------------------------
+def checkpoint_of(model: VisionTransformer) -> Checkpoint:
+    """A model as a Checkpoint (its labels, preprocessing and source layout kept)."""
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    info = getattr(model, "checkpoint", None) or {}
+    return Checkpoint(state, model.config, "vitkit", labels=getattr(model, "labels", None),
+                      preprocessing=getattr(model, "preprocessing", None), layout=dict(info.get("layout") or {}),
+                      source=info.get("source"))
+
+
+def save_weights(obj: Union[VisionTransformer, Checkpoint], dst: PathLike, to: str = "vitkit", *,
+                 safetensors: bool = False, flavour: Optional[str] = None, prefix: Optional[str] = None) -> Path:
+    """Write a model (or Checkpoint) in format ``to``: vitkit (folder), npz, torchvision / timm (.pth, or
+    .safetensors with ``safetensors=True``), hf (folder). ``flavour`` / ``prefix`` choose the npz layout
+    ("vit_jax" or "big_vision"; e.g. "params/"); by default the layout it was read in is kept."""
+    ckpt = obj if isinstance(obj, Checkpoint) else checkpoint_of(obj)
+    to = to.lower()
+    if to not in TARGETS:
+        raise ValueError(f"--to {to!r}: use one of {', '.join(TARGETS)}")
+    dst = Path(dst).expanduser()
+    if to == "vitkit":
+        m = VisionTransformer(ckpt.config)
+        check_state_dict(ckpt.state, m.state_dict(), ckpt.source or "weights")
+        m.load_state_dict(ckpt.state)
+        layout = dict(ckpt.layout)
+        layout.setdefault("source_format", ckpt.format)
+        return native.save_model(m, dst, labels=ckpt.labels, preprocessing=ckpt.preprocessing,
+                                 extra={"source_layout": layout})
+    writer = FORMATS[to].write
+    kwargs: Dict[str, Any] = {}
+    if to in ("torchvision", "timm"):
+        kwargs["safetensors"] = safetensors
+    if to == "npz":
+        kwargs.update(flavour=flavour, prefix=prefix)
+    return writer(ckpt, dst, **kwargs)
+
+
+def convert(src: PathLike, dst: PathLike, to: str = "vitkit", *, num_heads: Optional[int] = None,
+            **kwargs: Any) -> Path:
+    """Read ``src`` in any format and write it to ``dst`` in format ``to`` (no adaptation, exact tensors)."""
+    return save_weights(read_checkpoint(src, num_heads=num_heads), dst, to, **kwargs)
+
+
+__all__ = ["TARGETS", "build", "checkpoint_of", "convert", "load_weights", "read_checkpoint", "save_weights"]

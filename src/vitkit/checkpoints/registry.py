@@ -1,0 +1,148 @@
+"""Known pretrained checkpoints: where each file comes from and how it must be used.
+
+Like torchvision's weight metadata, each entry carries the resolution, the
+preprocessing preset, the label set and the accuracy its publishers report.
+vitkit never needs the network: :func:`locate` finds the file on disk (given
+explicitly, or in the cache folder) and otherwise says exactly which address
+to fetch and where to put the file. ``sha256`` holds what the publisher
+states: torchvision file names carry the first 8 hex digits of the file's
+SHA-256, which :func:`verify` checks; the others publish none.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from ..utils import PathLike
+
+DEFAULT_CACHE = Path("~/.cache/vitkit/checkpoints")
+
+
+@dataclass(frozen=True)
+class KnownCheckpoint:
+    name: str
+    source: str  # torchvision | vit_jax | big_vision | hf | timm
+    file: str  # the file (or folder, for hf) to put in the cache
+    url: str  # where people who are online fetch it
+    model: str  # vitkit model name (config)
+    img_size: int
+    preset: str  # preprocessing preset
+    labels: str  # imagenet1k | imagenet21k
+    num_classes: int
+    params: Optional[int] = None  # reported parameter count
+    top1: Optional[float] = None  # reported ImageNet-1k top-1 (%)
+    top5: Optional[float] = None
+    sha256: Optional[str] = None  # full digest or published prefix
+    representation_size: Optional[int] = None
+    reference: str = ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+TV = "https://download.pytorch.org/models/"
+JAX = "https://storage.googleapis.com/vit_models/"
+HF = "https://huggingface.co/"
+_TV_DOC = "torchvision.models.ViT_*_Weights"
+
+
+def _tv(name, file, model, size, preset, params, top1, top5):
+    return KnownCheckpoint(name, "torchvision", file, TV + file, model, size, preset, "imagenet1k", 1000, params,
+                           top1, top5, file.rsplit("-", 1)[1].split(".")[0], None, _TV_DOC)
+
+
+KNOWN: Dict[str, KnownCheckpoint] = {k.name: k for k in (
+    _tv("torchvision/vit_b_16", "vit_b_16-c867db91.pth", "B/16", 224, "torchvision", 86567656, 81.072, 95.318),
+    _tv("torchvision/vit_b_16-swag-e2e", "vit_b_16_swag-9ac1b537.pth", "B/16", 384, "torchvision-swag", 86859496,
+        85.304, 97.650),
+    _tv("torchvision/vit_b_16-swag-linear", "vit_b_16_lc_swag-4e70ced5.pth", "B/16", 224, "torchvision-swag",
+        86567656, 81.886, 96.180),
+    _tv("torchvision/vit_b_32", "vit_b_32-d86f8d99.pth", "B/32", 224, "torchvision", 88224232, 75.912, 92.466),
+    _tv("torchvision/vit_l_16", "vit_l_16-852ce7e3.pth", "L/16", 224, "torchvision", 304326632, 79.662, 94.638),
+    _tv("torchvision/vit_l_16-swag-e2e", "vit_l_16_swag-4f3808c9.pth", "L/16", 512, "torchvision-swag", 305174504,
+        88.064, 98.512),
+    _tv("torchvision/vit_l_16-swag-linear", "vit_l_16_lc_swag-4d563306.pth", "L/16", 224, "torchvision-swag",
+        304326632, 85.146, 97.422),
+    _tv("torchvision/vit_l_32", "vit_l_32-c7638314.pth", "L/32", 224, "torchvision", 306535400, 76.972, 93.07),
+    _tv("torchvision/vit_h_14-swag-e2e", "vit_h_14_swag-80465313.pth", "H/14", 518, "torchvision-swag", 633470440,
+        88.552, 98.694),
+    _tv("torchvision/vit_h_14-swag-linear", "vit_h_14_lc_swag-c1eb923e.pth", "H/14", 224, "torchvision-swag",
+        632045800, 85.708, 97.730),
+    # The paper's released checkpoints (google-research/vision_transformer): ImageNet-21k pre-training
+    # (with the pre-logits layer, 21843 classes) and its ImageNet fine-tuning at 384 px (paper Table 5).
+    KnownCheckpoint("vit_jax/ViT-B_16-i21k", "vit_jax", "ViT-B_16.npz", JAX + "imagenet21k/ViT-B_16.npz", "B/16",
+                    224, "authors", "imagenet21k", 21843, representation_size=768,
+                    reference="paper, ImageNet-21k pre-training"),
+    KnownCheckpoint("vit_jax/ViT-B_16", "vit_jax", "ViT-B_16-imagenet2012.npz",
+                    JAX + "imagenet21k+imagenet2012/ViT-B_16.npz", "B/16", 384, "authors", "imagenet1k", 1000,
+                    top1=83.97, reference="paper Table 5 (ImageNet-21k pre-training, fine-tuned at 384)"),
+    KnownCheckpoint("vit_jax/ViT-B_32", "vit_jax", "ViT-B_32-imagenet2012.npz",
+                    JAX + "imagenet21k+imagenet2012/ViT-B_32.npz", "B/32", 384, "authors", "imagenet1k", 1000,
+                    reference="paper (ImageNet-21k pre-training, fine-tuned at 384)"),
+    KnownCheckpoint("vit_jax/ViT-L_16-i21k", "vit_jax", "ViT-L_16.npz", JAX + "imagenet21k/ViT-L_16.npz", "L/16",
+                    224, "authors", "imagenet21k", 21843, representation_size=1024,
+                    reference="paper, ImageNet-21k pre-training"),
+    KnownCheckpoint("vit_jax/ViT-L_16", "vit_jax", "ViT-L_16-imagenet2012.npz",
+                    JAX + "imagenet21k+imagenet2012/ViT-L_16.npz", "L/16", 384, "authors", "imagenet1k", 1000,
+                    top1=85.15, reference="paper Table 5 (ImageNet-21k pre-training, fine-tuned at 384)"),
+    KnownCheckpoint("vit_jax/augreg-B_16-i21k-ft-in1k-224", "vit_jax",
+                    "B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-"
+                    "res_224.npz", JAX + "augreg/B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0--"
+                    "imagenet2012-steps_20k-lr_0.01-res_224.npz", "B/16", 224, "authors", "imagenet1k", 1000,
+                    reference="How to train your ViT (AugReg)"),
+    KnownCheckpoint("hf/google/vit-base-patch16-224", "hf", "google--vit-base-patch16-224",
+                    HF + "google/vit-base-patch16-224/tree/main", "B/16", 224, "hf", "imagenet1k", 1000,
+                    reference="files config.json and model.safetensors in one folder"),
+    KnownCheckpoint("hf/google/vit-base-patch16-224-in21k", "hf", "google--vit-base-patch16-224-in21k",
+                    HF + "google/vit-base-patch16-224-in21k/tree/main", "B/16", 224, "hf", "imagenet21k", 0,
+                    representation_size=768, reference="files config.json and model.safetensors; no classifier"),
+    KnownCheckpoint("timm/vit_base_patch16_224.augreg2_in21k_ft_in1k", "timm",
+                    "vit_base_patch16_224.augreg2_in21k_ft_in1k.safetensors",
+                    HF + "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k/resolve/main/model.safetensors",
+                    "B/16", 224, "timm", "imagenet1k", 1000, reference="timm (save model.safetensors under this name)"),
+)}
+
+
+def list_known() -> List[KnownCheckpoint]:
+    return list(KNOWN.values())
+
+
+def get_known(name: str) -> Optional[KnownCheckpoint]:
+    if name in KNOWN:
+        return KNOWN[name]
+    low = {k.lower(): v for k, v in KNOWN.items()}
+    return low.get(name.lower())
+
+
+def locate(entry: KnownCheckpoint, file: Optional[PathLike] = None, cache_dir: Optional[PathLike] = None) -> Path:
+    """The local file for a known checkpoint, or a FileNotFoundError saying what to fetch and where."""
+    if file is not None:
+        p = Path(file).expanduser()
+        if not p.exists():
+            raise FileNotFoundError(f"{p} (given for {entry.name}) does not exist")
+        return p
+    folder = Path(cache_dir or DEFAULT_CACHE).expanduser()
+    p = folder / entry.file
+    if p.exists():
+        return p
+    what = "the files config.json and model.safetensors of" if entry.source == "hf" else "the file"
+    raise FileNotFoundError(
+        f"checkpoint {entry.name!r} is not on this machine and vitkit does not download: fetch {what} {entry.url} "
+        f"and save it as {p}{'/' if entry.source == 'hf' else ''} (or pass its path with file= / --weights-file)")
+
+
+def verify(entry: KnownCheckpoint, path: PathLike) -> Optional[bool]:
+    """Check the file against the published SHA-256 (or its prefix); None when nothing is published."""
+    if not entry.sha256 or Path(path).is_dir():
+        return None
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    digest = h.hexdigest()
+    if not digest.startswith(entry.sha256):
+        raise ValueError(f"{path} has SHA-256 {digest[:16]}..., but {entry.name} is published with "
+                         f"{entry.sha256}...: the file is corrupt or a different one; download it again")
+    return True

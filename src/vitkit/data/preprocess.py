@@ -1,0 +1,319 @@
+"""Image decoding and the preprocessing presets that match each checkpoint family exactly.
+
+A preset is data: how to resize (shorter side or squash to a square), with
+which filter, the centre crop, and the normalisation. The presets reproduce
+the evaluation pipelines of the checkpoints' owners on PIL images:
+
+- ``torchvision`` (IMAGENET1K_V1 weights): shorter side to 256, bilinear
+  (PIL, so antialiased), centre crop 224, ImageNet mean/std.
+- ``torchvision-swag``: shorter side to the model size, bicubic, centre crop,
+  ImageNet mean/std (the SWAG E2E / linear-classifier weights).
+- ``authors``: the paper's code (``vit_jax``): squash to the model size with a
+  plain bilinear resize (TF's ``tf.image.resize``: half-pixel centres, no
+  antialias), then ``(x - 127.5) / 127.5``, i.e. mean = std = 0.5.
+- ``hf``: Hugging Face ``ViTImageProcessor``: squash to the model size with
+  PIL bilinear, mean = std = 0.5.
+- ``timm``: shorter side to ``floor(size / 0.9)``, bicubic, centre crop,
+  mean = std = 0.5 (timm's ViT pretrained configs); ``timm-imagenet`` is the
+  same with ImageNet mean/std (DeiT-style weights).
+
+``load_image`` turns any file PIL reads into an RGB image: grayscale,
+palette, RGBA / LA (composited on white), CMYK and 16-bit / float images are
+converted, and a corrupt or unreadable file raises :class:`ImageError`
+(a ValueError) naming the file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image, ImageOps
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+HALF = (0.5, 0.5, 0.5)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm")
+_PIL_FILTERS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST,
+                "lanczos": Image.LANCZOS}
+
+ImageLike = Union[str, Path, Image.Image]
+
+
+class ImageError(ValueError):
+    """A file that is not a readable image (corrupt, truncated, unknown format)."""
+
+
+# --- decoding -----------------------------------------------------------------
+def to_rgb(img: Image.Image, background: Tuple[int, int, int] = (255, 255, 255)) -> Image.Image:
+    """Convert any PIL mode to 8-bit RGB.
+
+    Transparent images are composited on ``background``; 16-bit and 32-bit
+    integer images are scaled to 8 bits (not clipped); float images are taken
+    as [0, 1] when their maximum is at most 1, else as [0, 255].
+    """
+    mode = img.mode
+    if mode == "RGB":
+        return img
+    if mode == "P":
+        img = img.convert("RGBA" if "transparency" in img.info else "RGB")
+        mode = img.mode
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = img.convert("RGBA")
+        canvas = Image.new("RGBA", rgba.size, background + (255,))
+        return Image.alpha_composite(canvas, rgba).convert("RGB")
+    if mode.startswith("I") or mode == "F":
+        arr = np.asarray(img).astype(np.float64)
+        if mode == "F":
+            peak = float(np.nanmax(arr)) if arr.size else 0.0
+            arr = arr * 255.0 if peak <= 1.0 else arr
+        elif mode in ("I;16", "I;16B", "I;16L", "I;16N") or (arr.size and arr.max() > 255):
+            arr = arr / 257.0  # 65535 -> 255
+        arr = np.clip(np.nan_to_num(arr), 0, 255).round().astype(np.uint8)
+        return Image.fromarray(arr, mode="L").convert("RGB")
+    return img.convert("RGB")  # L, 1, CMYK, YCbCr, LAB, HSV
+
+
+def load_image(source: ImageLike, *, exif_transpose: bool = True) -> Image.Image:
+    """Read an image file (or take a PIL image) and return it as 8-bit RGB.
+
+    ``exif_transpose`` applies the EXIF orientation tag (photos from phones);
+    the reference pipelines of torchvision and timm do not, so pass False to
+    reproduce them bit for bit on such files.
+    """
+    if isinstance(source, Image.Image):
+        img = source
+    else:
+        path = Path(source)
+        if not path.exists():
+            raise FileNotFoundError(f"image {path} does not exist")
+        if path.is_dir():
+            raise ImageError(f"{path} is a folder, not an image")
+        try:
+            with Image.open(path) as opened:
+                opened.load()  # decode now, so truncated data fails here and not later
+                img = opened.copy()
+        except Image.DecompressionBombError as err:
+            raise ImageError(f"{path}: refused, the image is implausibly large ({err})") from None
+        except Exception as err:  # PIL raises OSError, SyntaxError, ValueError... for bad data
+            reason = str(err) or type(err).__name__
+            raise ImageError(f"{path} is not a readable image ({reason}): the file is corrupt, truncated "
+                             f"or not an image") from None
+    if exif_transpose:
+        try:
+            img = ImageOps.exif_transpose(img)
+        except Exception:  # a broken EXIF block must not stop classification
+            pass
+    return to_rgb(img)
+
+
+def find_images(paths: Sequence[Union[str, Path]], recursive: bool = True) -> List[Path]:
+    """Expand files and folders into a sorted list of image files (folders by extension)."""
+    out: List[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            pattern = "**/*" if recursive else "*"
+            found = sorted(q for q in p.glob(pattern) if q.is_file() and q.suffix.lower() in IMAGE_EXTENSIONS)
+            if not found:
+                raise FileNotFoundError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) in folder {p}")
+            out.extend(found)
+        elif p.exists():
+            out.append(p)
+        else:
+            raise FileNotFoundError(f"{p} does not exist")
+    return out
+
+
+# --- presets --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Preset:
+    """One evaluation pipeline: resize -> centre crop -> [0, 1] -> normalise.
+
+    ``resize_mode``: "shorter" resizes the shorter side to ``resize`` keeping
+    the aspect ratio, then centre-crops ``size``; "squash" resizes straight to
+    ``size`` (no crop). ``backend``: "pil" resizes the 8-bit image with PIL
+    (antialiased, as torchvision / timm / HF do on PIL images); "tensor" resizes
+    the float image with ``F.interpolate`` without antialias (TF's resize, as
+    the authors' code does).
+    """
+
+    name: str
+    size: Tuple[int, int] = (224, 224)  # (height, width) reaching the model
+    resize: Optional[int] = 256  # shorter-side target for resize_mode="shorter"
+    resize_mode: str = "shorter"  # shorter | squash
+    interpolation: str = "bilinear"  # bilinear | bicubic | nearest | lanczos
+    backend: str = "pil"  # pil | tensor
+    mean: Tuple[float, float, float] = IMAGENET_MEAN
+    std: Tuple[float, float, float] = IMAGENET_STD
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        size = self.size if isinstance(self.size, (tuple, list)) else (self.size, self.size)
+        object.__setattr__(self, "size", (int(size[0]), int(size[1])))
+        object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
+        object.__setattr__(self, "std", tuple(float(v) for v in self.std))
+        if self.resize_mode not in ("shorter", "squash"):
+            raise ValueError(f"resize_mode={self.resize_mode!r}: use 'shorter' or 'squash'")
+        if self.interpolation not in _PIL_FILTERS:
+            raise ValueError(f"interpolation={self.interpolation!r}: use one of {', '.join(_PIL_FILTERS)}")
+        if self.backend not in ("pil", "tensor"):
+            raise ValueError(f"backend={self.backend!r}: use 'pil' or 'tensor'")
+        if self.backend == "tensor" and self.interpolation not in ("bilinear", "bicubic", "nearest"):
+            raise ValueError("the tensor backend resizes with bilinear, bicubic or nearest")
+        if self.resize_mode == "shorter" and not self.resize:
+            raise ValueError("resize_mode='shorter' needs a resize size")
+        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
+            raise ValueError(f"mean and std need 3 values each, std > 0 (got {self.mean}, {self.std})")
+
+    @property
+    def crop_pct(self) -> float:
+        return 1.0 if self.resize_mode == "squash" else min(self.size) / float(self.resize)
+
+    def with_size(self, size: Union[int, Sequence[int]]) -> "Preset":
+        """The same pipeline for another model resolution (the crop fraction is kept)."""
+        size = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+        if size == self.size:
+            return self
+        resize = None if self.resize_mode == "squash" else int(math.floor(min(size) / self.crop_pct))
+        return dataclasses.replace(self, size=size, resize=resize)
+
+    # --- the pipeline -----------------------------------------------------------
+    def crop(self, img: ImageLike) -> torch.Tensor:
+        """Resize and crop: the pixels that reach the model, float [3, H, W] in 0..255 (before normalising)."""
+        img = load_image(img) if not isinstance(img, Image.Image) else to_rgb(img)
+        if self.backend == "pil":
+            out = self._pil_resize_crop(img)
+            return torch.from_numpy(np.array(out, dtype=np.uint8)).permute(2, 0, 1).float()
+        x = torch.from_numpy(np.array(img, dtype=np.uint8)).permute(2, 0, 1).float()[None]
+        if self.resize_mode == "squash":
+            x = _interp(x, self.size, self.interpolation)
+        else:
+            x = _interp(x, _shorter_side(x.shape[-1], x.shape[-2], self.resize)[::-1], self.interpolation)
+            x = _center_crop_tensor(x, self.size)
+        return x[0]
+
+    def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
+        """0..255 pixels [..., 3, H, W] -> the model's input."""
+        mean = torch.tensor(self.mean, dtype=torch.float32).view(3, 1, 1)
+        std = torch.tensor(self.std, dtype=torch.float32).view(3, 1, 1)
+        return (pixels.float() / 255.0 - mean) / std
+
+    def __call__(self, img: ImageLike) -> torch.Tensor:
+        """Image (path or PIL) -> normalised tensor [3, H, W]."""
+        return self.normalize(self.crop(img))
+
+    def _pil_resize_crop(self, img: Image.Image) -> Image.Image:
+        flt = _PIL_FILTERS[self.interpolation]
+        if self.resize_mode == "squash":
+            h, w = self.size
+            return img.resize((w, h), flt) if img.size != (w, h) else img
+        new_w, new_h = _shorter_side(img.width, img.height, self.resize)
+        if (new_w, new_h) != img.size:
+            img = img.resize((new_w, new_h), flt)
+        return _center_crop_pil(img, self.size)
+
+    # --- (de)serialisation (stored in vitkit.json) ---------------------------------
+    def to_dict(self) -> Dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["size"], d["mean"], d["std"] = list(self.size), list(self.mean), list(self.std)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Preset":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown preprocessing fields {unknown} (known: {sorted(names)})")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def _shorter_side(w: int, h: int, target: int) -> Tuple[int, int]:
+    """(new_w, new_h) with the shorter side = target (torchvision's rounding: int() of the long side)."""
+    if w <= h:
+        return target, int(target * h / w)
+    return int(target * w / h), target
+
+
+def _center_crop_pil(img: Image.Image, size: Tuple[int, int]) -> Image.Image:
+    ch, cw = size
+    if img.width < cw or img.height < ch:  # pad with black, as torchvision does
+        canvas = Image.new("RGB", (max(cw, img.width), max(ch, img.height)))
+        canvas.paste(img, ((canvas.width - img.width) // 2, (canvas.height - img.height) // 2))
+        img = canvas
+    top = int(round((img.height - ch) / 2.0))
+    left = int(round((img.width - cw) / 2.0))
+    return img.crop((left, top, left + cw, top + ch))
+
+
+def _center_crop_tensor(x: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
+    ch, cw = size
+    h, w = x.shape[-2:]
+    if h < ch or w < cw:
+        ph, pw = max(ch - h, 0), max(cw - w, 0)
+        x = F.pad(x, (pw // 2, pw - pw // 2, ph // 2, ph - ph // 2))
+        h, w = x.shape[-2:]
+    top, left = int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
+    return x[..., top:top + ch, left:left + cw]
+
+
+def _interp(x: torch.Tensor, size: Sequence[int], mode: str) -> torch.Tensor:
+    size = (int(size[0]), int(size[1]))
+    if tuple(x.shape[-2:]) == size:
+        return x
+    kw = {} if mode == "nearest" else {"align_corners": False}
+    return F.interpolate(x, size=size, mode=mode, **kw)
+
+
+PRESETS: Dict[str, Preset] = {p.name: p for p in (
+    Preset("torchvision", (224, 224), 256, "shorter", "bilinear", "pil", IMAGENET_MEAN, IMAGENET_STD,
+           "torchvision IMAGENET1K_V1: shorter side 256 bilinear (antialiased), centre crop 224, ImageNet mean/std"),
+    Preset("torchvision-swag", (384, 384), 384, "shorter", "bicubic", "pil", IMAGENET_MEAN, IMAGENET_STD,
+           "torchvision SWAG weights: shorter side to the model size, bicubic, centre crop, ImageNet mean/std"),
+    Preset("authors", (224, 224), None, "squash", "bilinear", "tensor", HALF, HALF,
+           "the paper's code (vit_jax): squash to the model size, TF-style bilinear, (x - 127.5) / 127.5"),
+    Preset("hf", (224, 224), None, "squash", "bilinear", "pil", HALF, HALF,
+           "Hugging Face ViTImageProcessor: squash to the model size, PIL bilinear, mean = std = 0.5"),
+    Preset("timm", (224, 224), 248, "shorter", "bicubic", "pil", HALF, HALF,
+           "timm ViT: shorter side floor(size / 0.9) bicubic, centre crop, mean = std = 0.5"),
+    Preset("timm-imagenet", (224, 224), 248, "shorter", "bicubic", "pil", IMAGENET_MEAN, IMAGENET_STD,
+           "timm / DeiT: shorter side floor(size / 0.9) bicubic, centre crop, ImageNet mean/std"),
+)}
+_ALIASES = {"imagenet1k_v1": "torchvision", "tv": "torchvision", "swag": "torchvision-swag",
+            "vit_jax": "authors", "big_vision": "authors", "jax": "authors", "npz": "authors",
+            "huggingface": "hf", "transformers": "hf", "deit": "timm-imagenet"}
+
+
+def list_presets() -> List[str]:
+    return list(PRESETS)
+
+
+def get_preset(name: Union[str, Preset, Dict[str, Any]], img_size: Union[None, int, Sequence[int]] = None) -> Preset:
+    """A preset by name (or a dict from vitkit.json), adapted to ``img_size`` when given.
+
+    >>> get_preset("torchvision").resize, get_preset("torchvision", 384).resize
+    (256, 438)
+    """
+    if isinstance(name, Preset):
+        preset = name
+    elif isinstance(name, dict):
+        preset = Preset.from_dict(name)
+    else:
+        key = _ALIASES.get(str(name).lower(), str(name).lower())
+        if key not in PRESETS:
+            raise ValueError(f"unknown preprocessing preset {name!r}: use one of {', '.join(PRESETS)}")
+        preset = PRESETS[key]
+    return preset.with_size(img_size) if img_size is not None else preset
+
+
+def imagenet_classes() -> List[str]:
+    """The 1000 ImageNet-1k class names in index order (the torchvision spelling)."""
+    text = (Path(__file__).with_name("imagenet_classes.txt")).read_text(encoding="utf-8")
+    names = [line for line in text.splitlines() if line]
+    if len(names) != 1000:
+        raise RuntimeError(f"imagenet_classes.txt has {len(names)} names, expected 1000: reinstall vitkit")
+    return names
