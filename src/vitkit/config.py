@@ -17,6 +17,8 @@ POSEMB_WHERE = ("input", "every_layer", "every_layer_shared")
 POOL_KINDS = ("token", "gap")
 GELU_KINDS = ("exact", "tanh")
 RESIZE_METHODS = ("bilinear", "bicubic")  # bilinear = authors' aligned-corners resize
+BACKBONES = ("resnet",)  # hybrid front-ends (Section 3.1); None = patches of the raw image
+STD_CONV_STYLES = ("std", "var")  # (w-mean)/(std+eps): authors' Flax; (w-mean)/sqrt(var+eps): timm
 
 # Table 1 (B, L, H) plus the Ti and S sizes (DeiT / "How to train your ViT").
 SIZES: Dict[str, Dict[str, int]] = {
@@ -32,6 +34,10 @@ SIZE_ALIASES = {
 }
 # The patch sizes of the paper's models; any other positive size is accepted.
 PAPER_MODELS = ("Ti/16", "S/32", "S/16", "B/32", "B/16", "B/8", "L/32", "L/16", "H/14")
+# Hybrids (Section 3.1, Table 6): BiT ResNet + ViT on 1x1 patches of its feature map. "/16" keeps three
+# stages (R50: stage 4's units moved into stage 3, (3, 4, 9)); "/32" keeps all four (stride 32).
+HYBRID_MODELS = ("R26+S/32", "R26+B/32", "R50+B/16", "R50+B/32", "R50+L/32")
+RESNET_DEPTHS = {26: (2, 2, 2, 2), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}
 
 
 class ConfigError(ValueError):
@@ -76,18 +82,28 @@ class ViTConfig:
     posemb_resize: str = "bilinear"  # bilinear (aligned corners, authors) | bicubic (timm)
     dynamic_img_size: bool = False  # accept other input sizes, resizing position embeddings on the fly
     dynamic_img_pad: bool = False  # pad inputs on the right/bottom up to a multiple of the patch size
+    # Hybrid (Section 3.1): patches (usually 1x1) of a BiT ResNet feature map instead of the image.
+    backbone: Optional[str] = None  # None (pure ViT) | "resnet"
+    backbone_layers: Tuple[int, ...] = (3, 4, 9)  # bottleneck units per stage; () = root only
+    backbone_width: int = 64  # root channels (64 x BiT width factor); stage i has width * 2**i
+    std_conv_eps: float = 1e-5  # weight standardisation eps: 1e-5 authors (style std), 1e-8 timm (var)
+    std_conv_style: str = "std"  # std: (w-mean)/(std+eps) authors' Flax | var: (w-mean)/sqrt(var+eps) timm
+    gn_eps: float = 1e-6  # GroupNorm eps: 1e-6 authors' Flax, 1e-5 timm
     name: Optional[str] = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
         set_("img_size", _pair(self.img_size, "img_size"))
         set_("patch_size", _pair(self.patch_size, "patch_size"))
+        set_("backbone_layers", _layers(self.backbone_layers))
         if self.representation_size is not None:
             set_("representation_size", int(self.representation_size))
         for key, allowed in (("posemb", POSEMB_KINDS), ("posemb_where", POSEMB_WHERE),
-                             ("pool", POOL_KINDS), ("gelu", GELU_KINDS), ("posemb_resize", RESIZE_METHODS)):
+                             ("pool", POOL_KINDS), ("gelu", GELU_KINDS), ("posemb_resize", RESIZE_METHODS),
+                             ("backbone", (None,) + BACKBONES), ("std_conv_style", STD_CONV_STYLES)):
             value = getattr(self, key)
             if value not in allowed:
+                allowed = tuple(a for a in allowed if a is not None)
                 hint = difflib.get_close_matches(str(value), allowed, n=1)
                 extra = f"; did you mean {hint[0]!r}?" if hint else ""
                 raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}{extra}")
@@ -111,18 +127,43 @@ class ViTConfig:
                 raise ConfigError(f"{key} must be in [0, 1), got {getattr(self, key)!r}")
         if self.ln_eps <= 0:
             raise ConfigError(f"ln_eps must be positive, got {self.ln_eps}")
+        for key in ("std_conv_eps", "gn_eps"):
+            if not float(getattr(self, key)) > 0:
+                raise ConfigError(f"{key} must be positive, got {getattr(self, key)!r}")
+        if self.backbone_width <= 0 or self.backbone_width % 32:
+            raise ConfigError(f"backbone_width must be a positive multiple of 32 (GroupNorm has 32 groups), "
+                              f"got {self.backbone_width}")
         if not self.dynamic_img_pad:
-            (h, w), (ph, pw) = self.img_size, self.patch_size
+            (h, w), (ph, pw) = self.feature_size(self.img_size), self.patch_size
             if h % ph or w % pw:
+                what = "image" if self.backbone is None else f"backbone feature map (stride {self.feature_stride})"
                 raise ConfigError(
-                    f"image {h}x{w} is not divisible by patch {ph}x{pw}: choose an image size that is a "
+                    f"{what} {h}x{w} is not divisible by patch {ph}x{pw}: choose an image size that is a "
                     f"multiple of the patch size or pass dynamic_img_pad=True")
 
     # --- derived quantities -------------------------------------------------
     @property
+    def feature_stride(self) -> int:
+        """Downsampling before patching: 1 for a pure ViT, the ResNet's total stride for a hybrid."""
+        if self.backbone is None:
+            return 1
+        return 4 * 2 ** max(len(self.backbone_layers) - 1, 0)
+
+    def feature_size(self, img_size: Tuple[int, int]) -> Tuple[int, int]:
+        """Size of the map that is cut into patches (SAME padding: ceil at every stride-2 step)."""
+        s = self.feature_stride
+        return -(-img_size[0] // s), -(-img_size[1] // s)
+
+    @property
+    def pixel_patch_size(self) -> Tuple[int, int]:
+        """Pixels per token side: the patch size times the backbone stride ("/16" of R50+B/16)."""
+        s = self.feature_stride
+        return self.patch_size[0] * s, self.patch_size[1] * s
+
+    @property
     def grid_size(self) -> Tuple[int, int]:
         """Patch grid (rows, columns) at the built image size."""
-        return grid_for(self.img_size, self.patch_size, pad=self.dynamic_img_pad)
+        return grid_for(self.feature_size(self.img_size), self.patch_size, pad=self.dynamic_img_pad)
 
     @property
     def num_patches(self) -> int:
@@ -155,12 +196,23 @@ class ViTConfig:
         d = dataclasses.asdict(self)
         d["img_size"] = list(self.img_size)
         d["patch_size"] = list(self.patch_size)
+        d["backbone_layers"] = list(self.backbone_layers)
         return d
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "ViTConfig":
         check_fields(d)
         return cls(**d)
+
+
+def _layers(v: Any) -> Tuple[int, ...]:
+    try:
+        out = tuple(int(n) for n in v)
+    except (TypeError, ValueError):
+        raise ConfigError(f"backbone_layers must be a sequence of ints, got {v!r}") from None
+    if any(n <= 0 for n in out) or out != tuple(v):
+        raise ConfigError(f"backbone_layers must be positive integers (units per stage), got {v!r}")
+    return out
 
 
 def grid_for(img_size: Tuple[int, int], patch_size: Tuple[int, int], pad: bool = False) -> Tuple[int, int]:
@@ -190,8 +242,8 @@ def register_model(name: str, **config: Any) -> None:
 
 
 def list_models() -> list:
-    """Canonical names: the paper's models, then registered ones."""
-    return list(PAPER_MODELS) + sorted(_REGISTRY)
+    """Canonical names: the paper's models, the hybrids, then registered ones."""
+    return list(PAPER_MODELS) + list(HYBRID_MODELS) + sorted(_REGISTRY)
 
 
 _NAME_RE = re.compile(
@@ -210,6 +262,9 @@ def parse_model_name(name: str) -> Dict[str, Any]:
         return dict(_REGISTRY[name], name=name)
     s = name.strip().lower()
     s = re.sub(r"^google/", "", s)
+    hybrid = _HYBRID_RE.match(s) or _TIMM_HYBRID_RE.match(s)
+    if hybrid:
+        return _parse_hybrid(name, hybrid)
     tokens = [t for t in re.split(r"[-_/ .]+", s) if t]
     if tokens and tokens[0] == "vit":
         tokens = tokens[1:]
@@ -231,6 +286,34 @@ def parse_model_name(name: str) -> Dict[str, Any]:
         res = int(m.group("res"))
         fields["img_size"] = res
         fields["name"] = f"{size}/{patch}@{res}"
+    return fields
+
+
+_HYBRID_RE = re.compile(r"^r(?P<depth>\d+)(?:x(?P<wf>\d+))?\+(?P<vit>.+)$")  # R50+B/16, R50x1+ViT-B_16
+_TIMM_HYBRID_RE = re.compile(  # vit_base_r50_s16_224
+    r"^vit_(?P<size>tiny|small|base|large|huge)_r(?P<depth>\d+)_s(?P<patch>\d+)(?:_(?P<res>\d+))?$")
+
+
+def _parse_hybrid(name: str, m: "re.Match") -> Dict[str, Any]:
+    g = m.groupdict()
+    vit = g.get("vit") or f"vit_{g['size']}_patch{g['patch']}" + (f"_{g['res']}" if g.get("res") else "")
+    fields = parse_model_name(vit)
+    depth, wf = int(g["depth"]), int(g.get("wf") or 1)
+    if depth not in RESNET_DEPTHS:
+        raise ConfigError(f"unknown hybrid {name!r}: ResNet depth {depth} is not one of "
+                          f"{', '.join(map(str, RESNET_DEPTHS))} (names look like 'R50+B/16')")
+    stride = fields["patch_size"]
+    layers = RESNET_DEPTHS[depth]
+    if stride == 16:  # the paper's variant: drop stage 4, move its units into stage 3
+        layers = layers[:2] + (layers[2] + layers[3],)
+    elif stride != 32:
+        raise ConfigError(f"hybrid {name!r}: the ResNet gives /16 (three stages) or /32 (four stages), "
+                          f"not /{stride}; for other strides set backbone_layers and patch_size yourself")
+    size = fields["name"].split("/")[0]
+    label = f"R{depth}{f'x{wf}' if wf != 1 else ''}+{size}/{stride}"
+    if "img_size" in fields:
+        label += f"@{fields['img_size']}"
+    fields.update(patch_size=1, backbone="resnet", backbone_layers=layers, backbone_width=64 * wf, name=label)
     return fields
 
 

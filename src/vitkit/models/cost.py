@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Dict, Optional, Sequence, Union
 
 from ..config import ViTConfig, grid_for
+from .resnet import resnet_cost
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ def param_count(cfg: ViTConfig) -> int:
     gh, gw = cfg.grid_size
     ph, pw = cfg.patch_size
     n = cfg.in_chans * ph * pw * d + d  # patch embedding (conv kernel + bias)
+    if cfg.backbone:  # hybrid: the ResNet, then the projection of its feature-map patches
+        rc = resnet_cost(cfg.in_chans, cfg.backbone_layers, cfg.backbone_width, cfg.img_size)
+        n = rc["params"] + rc["out_chans"] * ph * pw * d + d
     n += d if cfg.class_token else 0
     if cfg.posemb == "learn":
         n += cfg.num_posemb_tables * cfg.seq_len * d
@@ -65,15 +69,18 @@ def cost(cfg: ViTConfig, img_size: Union[None, int, Sequence[int]] = None) -> Co
         size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
     else:
         size = cfg.img_size
-    gh, gw = grid_for(size, cfg.patch_size, pad=cfg.dynamic_img_pad)
-    if img_size is not None and not cfg.dynamic_img_pad and (size[0] % cfg.patch_size[0] or size[1] % cfg.patch_size[1]):
+    fsize = cfg.feature_size(size)  # the image itself, or a hybrid's ResNet feature map
+    gh, gw = grid_for(fsize, cfg.patch_size, pad=cfg.dynamic_img_pad)
+    if img_size is not None and not cfg.dynamic_img_pad and (fsize[0] % cfg.patch_size[0] or fsize[1] % cfg.patch_size[1]):
         raise ValueError(f"image {size[0]}x{size[1]} is not divisible by patch {cfg.patch_size[0]}x{cfg.patch_size[1]}")
+    rc = resnet_cost(cfg.in_chans, cfg.backbone_layers, cfg.backbone_width, size) if cfg.backbone else None
     n = gh * gw
     t = n + cfg.num_prefix_tokens
     d, m, h, L = cfg.width, cfg.mlp_dim, cfg.num_heads, cfg.depth
     ph, pw = cfg.patch_size
     br = {
-        "patch_embed": n * cfg.in_chans * ph * pw * d,
+        **({"backbone": rc["macs"]} if rc else {}),
+        "patch_embed": n * (rc["out_chans"] if rc else cfg.in_chans) * ph * pw * d,
         "qkv": L * t * d * 3 * d,
         "attn_scores": L * t * t * d,  # QK^T over all heads
         "attn_values": L * t * t * d,  # AV over all heads
@@ -87,10 +94,10 @@ def cost(cfg: ViTConfig, img_size: Union[None, int, Sequence[int]] = None) -> Co
     # forward without autograd: the residual stream plus the largest transient (attention or MLP)
     attn_live = t * d + 3 * t * d + 3 * t * d + t * d  # LN out, qkv, q/k/v views made contiguous, output
     mlp_live = t * d + 2 * t * m
-    act_inf = f32 * (img + t * d + max(attn_live, mlp_live))
+    act_inf = f32 * (img + t * d + max(attn_live, mlp_live, rc["act_inference"] if rc else 0))
     # stored for backward per block: LN inputs/outputs, qkv, attention output, softmax statistics, MLP hidden
     per_block = 8 * t * d + 2 * t * m + h * t
-    act_train = f32 * (img + 2 * t * d + L * per_block)
+    act_train = f32 * (img + 2 * t * d + L * per_block + (rc["act_train"] if rc else 0))
     params = param_count(cfg.replace(img_size=size, dynamic_img_pad=cfg.dynamic_img_pad))
     return Cost(img_size=tuple(size), grid=(gh, gw), tokens=t, params=params, macs=sum(br.values()),
                 macs_breakdown=br, act_inference_bytes=act_inf, act_train_bytes=act_train,

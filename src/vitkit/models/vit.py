@@ -11,6 +11,7 @@ from torch.utils.checkpoint import checkpoint
 from ..config import ViTConfig
 from .layers import Block, PatchEmbed, lecun_normal_
 from .posemb import RelativePositionBias, resize_grid, resize_pos_embed, resize_relative_table, sincos_2d
+from .resnet import HybridEmbed
 
 Grid = Tuple[int, int]
 
@@ -31,7 +32,12 @@ class VisionTransformer(nn.Module):
             cfg = cfg.replace(**overrides)
         self.config = cfg
         d, gh_gw = cfg.width, cfg.grid_size
-        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, d, pad=cfg.dynamic_img_pad)
+        if cfg.backbone == "resnet":  # hybrid (Section 3.1): patches of a BiT ResNet feature map
+            self.patch_embed = HybridEmbed(cfg.in_chans, d, cfg.patch_size, cfg.backbone_layers, cfg.backbone_width,
+                                           std_eps=cfg.std_conv_eps, std_style=cfg.std_conv_style,
+                                           gn_eps=cfg.gn_eps, pad=cfg.dynamic_img_pad)
+        else:
+            self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, d, pad=cfg.dynamic_img_pad)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.class_token else None
 
         # Position embeddings (Appendix D.4): a table per layer for "every_layer", else one.
@@ -68,6 +74,8 @@ class VisionTransformer(nn.Module):
     # --- initialisation (the authors' Flax initialisers) ---------------------
     def reset_parameters(self) -> None:
         d = self.config.width
+        if isinstance(self.patch_embed, HybridEmbed):
+            self.patch_embed.backbone.reset_parameters()
         lecun_normal_(self.patch_embed.proj.weight)
         nn.init.zeros_(self.patch_embed.proj.bias)
         for p in (self.pos_embed, self.pos_embed_row, self.pos_embed_col):
@@ -219,6 +227,11 @@ class VisionTransformer(nn.Module):
         """All tokens after the final LayerNorm: [B, prefix + N, D]."""
         x, grid = self.embed(x)
         x, _, _ = self._run_blocks(x, grid)
+        return self.norm(x)
+
+    def forward_tokens(self, tokens: torch.Tensor, grid: Grid) -> torch.Tensor:
+        """Eq. 2-4 on tokens from :meth:`embed` (perhaps altered, e.g. masked for MPP): positions, blocks, LN."""
+        x, _, _ = self._run_blocks(tokens, grid)
         return self.norm(x)
 
     def pool(self, tokens: torch.Tensor) -> torch.Tensor:

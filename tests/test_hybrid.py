@@ -1,0 +1,197 @@
+"""Hybrid ResNet + ViT (Section 3.1): BiT ResNet numerics, SAME padding, names, shapes, counts, cost."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitkit
+from vitkit import ConfigError, ViTConfig, create_model, parse_model_name
+from vitkit.models.cost import cost, param_count
+from vitkit.models.resnet import HybridEmbed, ResNet, StdConv2d, pad_same, same_padding
+
+from conftest import randomize_head
+
+
+@pytest.fixture
+def tiny_hybrid(tiny_cfg):
+    """Two short ResNet stages (stride 8) of width 32 feeding 1x1 patches of a 4x4 map into a tiny ViT."""
+    return tiny_cfg.replace(backbone="resnet", backbone_layers=(1, 1), backbone_width=32, patch_size=1)
+
+
+def test_r50_b16_parameter_count_is_the_papers():
+    cfg = ViTConfig(**parse_model_name("R50+B/16"))
+    assert param_count(cfg) == 98_659_112
+    model = create_model("R50+B/16")
+    assert model.num_params() == 98_659_112
+    assert cfg.grid_size == (14, 14) and cfg.seq_len == 197 and cfg.pixel_patch_size == (16, 16)
+    assert model.patch_embed.backbone.layers == (3, 4, 9) and model.patch_embed.proj.in_channels == 1024
+
+
+@pytest.mark.parametrize("name,params,grid,layers", [
+    ("R50+L/32", 328_994_856, (7, 7), (3, 4, 6, 3)), ("R26+B/32", 101_383_976, (7, 7), (2, 2, 2, 2)),
+    ("R26+S/32", 36_431_912, (7, 7), (2, 2, 2, 2)), ("R50+B/32", None, (7, 7), (3, 4, 6, 3))])
+def test_other_hybrids(name, params, grid, layers):
+    cfg = ViTConfig(**parse_model_name(name))
+    assert cfg.grid_size == grid and cfg.backbone_layers == layers and cfg.patch_size == (1, 1)
+    with torch.device("meta"):
+        model = create_model(name)
+    assert model.num_params() == param_count(cfg)
+    if params is not None:  # the counts of the same models in timm
+        assert param_count(cfg) == params
+
+
+@pytest.mark.parametrize("name,canonical", [
+    ("R50+ViT-B_16", "R50+B/16"), ("r50x1+vit-b/16", "R50+B/16"), ("vit_base_r50_s16_384", "R50+B/16@384"),
+    ("R50x2+B/32", "R50x2+B/32"), ("vit_small_r26_s32_224", "R26+S/32@224")])
+def test_hybrid_name_forms(name, canonical):
+    f = parse_model_name(name)
+    assert f["name"] == canonical and f["backbone"] == "resnet"
+    if "x2" in canonical:
+        assert f["backbone_width"] == 128
+    assert "R50+B/16" in vitkit.list_models() and "R50+L/32" in vitkit.list_models()
+
+
+def test_bad_hybrids_are_explained():
+    with pytest.raises(ConfigError, match="/16 .three stages. or /32"):
+        parse_model_name("R50+B/8")
+    with pytest.raises(ConfigError, match="ResNet depth 18"):
+        parse_model_name("R18+B/16")
+    with pytest.raises(ConfigError, match="multiple of 32"):
+        ViTConfig(backbone="resnet", backbone_width=48)
+    with pytest.raises(ConfigError, match="backbone='resnt'.*did you mean 'resnet'"):
+        ViTConfig(backbone="resnt")
+    with pytest.raises(ConfigError, match="feature map .stride 16. 14x14 is not divisible by patch 4x4"):
+        ViTConfig(backbone="resnet", patch_size=4)
+
+
+def test_same_padding_matches_tensorflow_rule():
+    # TF: out = ceil(n / s), total pad = max((out - 1) * s + k - n, 0), the extra pixel at the end
+    assert same_padding(224, 7, 2) == (2, 3)
+    assert same_padding(112, 3, 2) == (0, 1)
+    assert same_padding(56, 1, 2) == (0, 0)
+    assert same_padding(7, 3, 2) == (1, 1)
+    x = torch.randn(1, 2, 5, 6)
+    y = pad_same(x, 3, 2, value=-1.0)
+    assert y.shape[-2:] == (7, 7)  # 5 -> (1, 1), 6 -> (0, 1)
+    assert torch.equal(y[..., 1:6, 0:6], x) and (y[..., -1] == -1).all() and (y[..., 0, :] == -1).all()
+
+
+def test_max_pool_pads_with_minus_infinity():
+    net = ResNet(1, (), 32)
+    with torch.no_grad():
+        net.conv_root.weight.normal_()
+    x = torch.randn(1, 1, 12, 12)
+    root = F.relu(net.gn_root(net.conv_root(x)))  # 6x6 map; SAME pool pads one row/column at the end
+    # window (i, j) covers rows/cols 2i..2i+2, clipped at the end: the padding never wins a max
+    manual = torch.stack([torch.stack([root[..., 2 * i:2 * i + 3, 2 * j:2 * j + 3].amax((-2, -1))
+                                       for j in range(3)], -1) for i in range(3)], -2)
+    assert torch.allclose(net.forward_root(x), manual)
+
+
+@pytest.mark.parametrize("size", [(224, 224), (30, 46), (33, 17)])
+def test_feature_map_size_is_ceil_of_stride(size):
+    net = ResNet(3, (1, 1, 1), 32).eval()
+    with torch.no_grad():
+        f = net(torch.randn(1, 3, *size))
+    assert f.shape[1:] == (512, -(-size[0] // 16), -(-size[1] // 16))
+    assert ViTConfig(backbone="resnet", backbone_layers=(1, 1, 1), img_size=size, patch_size=1,
+                     dynamic_img_pad=True).grid_size == tuple(f.shape[-2:])
+
+
+def test_weight_standardisation_flavours():
+    conv = StdConv2d(3, 8, 3, eps=1e-5, style="std")
+    w = conv.weight.detach().numpy().transpose(2, 3, 1, 0)  # HWIO, as in the Flax kernel
+    ref = (w - w.mean(axis=(0, 1, 2))) / (w.std(axis=(0, 1, 2)) + 1e-5)  # the authors' weight_standardize
+    assert np.allclose(conv.standardized_weight().detach().numpy().transpose(2, 3, 1, 0), ref, atol=1e-6)
+    tim = StdConv2d(3, 8, 3, eps=1e-8, style="var")  # timm: batch_norm over [1, O, I*k*k]
+    ref = F.batch_norm(tim.weight.reshape(1, 8, -1), None, None, training=True, eps=1e-8).reshape_as(tim.weight)
+    assert torch.allclose(tim.standardized_weight(), ref, atol=1e-6)
+    with torch.no_grad():  # a kernel with a tiny spread: the two flavours disagree visibly, as they should
+        conv.weight.mul_(1e-4)
+        tim.weight.copy_(conv.weight)
+    assert (conv.standardized_weight() - tim.standardized_weight()).abs().max() > 1e-2
+
+
+def test_numerics_fields_reach_the_layers(tiny_hybrid):
+    model = vitkit.VisionTransformer(tiny_hybrid.replace(std_conv_style="var", std_conv_eps=1e-8, gn_eps=1e-5))
+    convs = [m for m in model.modules() if isinstance(m, StdConv2d)]
+    gns = [m for m in model.modules() if isinstance(m, torch.nn.GroupNorm)]
+    assert convs and all(c.style == "var" and c.eps == 1e-8 for c in convs)
+    assert gns and all(g.eps == 1e-5 and g.num_groups == 32 for g in gns)
+    default = vitkit.VisionTransformer(tiny_hybrid)
+    assert all(m.eps == 1e-6 for m in default.modules() if isinstance(m, torch.nn.GroupNorm))
+
+
+def test_unit_structure_and_keys(tiny_hybrid):
+    model = vitkit.VisionTransformer(tiny_hybrid)
+    keys = set(model.state_dict())
+    assert {"patch_embed.backbone.conv_root.weight", "patch_embed.backbone.gn_root.weight",
+            "patch_embed.backbone.stages.0.0.conv_proj.weight", "patch_embed.backbone.stages.1.0.gn_proj.bias",
+            "patch_embed.backbone.stages.0.0.conv2.weight", "patch_embed.proj.weight", "patch_embed.proj.bias"} <= keys
+    assert not any(k.endswith("conv1.bias") for k in keys)  # convolutions without bias
+    unit = model.patch_embed.backbone.stages[1][0]
+    assert unit.conv2.stride == (2, 2) and unit.conv_proj.stride == (2, 2) and unit.conv1.stride == (1, 1)
+    assert (unit.gn3.weight == 0).all()  # zero-initialised last GroupNorm of every unit, as the authors
+
+
+def test_hybrid_forward_shapes_and_gradients(tiny_hybrid):
+    model = randomize_head(vitkit.VisionTransformer(tiny_hybrid))
+    x = torch.randn(2, 3, 32, 32)
+    out = model.forward_intermediates(x, return_attention=True)
+    assert out["grid"] == (4, 4) and out["features"].shape == (2, 17, 64)
+    assert out["attention"][0].shape == (2, 4, 17, 17)
+    logits = model(x)
+    assert logits.shape == (2, 10)
+    logits.square().sum().backward()
+    g = model.patch_embed.backbone.conv_root.weight.grad
+    assert g is not None and g.abs().sum() > 0
+
+
+def test_root_only_and_larger_feature_patches(tiny_cfg):
+    cfg = tiny_cfg.replace(backbone="resnet", backbone_layers=(), backbone_width=32, patch_size=2)
+    model = vitkit.VisionTransformer(cfg)
+    assert cfg.feature_stride == 4 and cfg.pixel_patch_size == (8, 8) and cfg.grid_size == (4, 4)
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+    assert model.num_params() == param_count(cfg)
+
+
+def test_other_resolutions(tiny_hybrid):
+    model = vitkit.VisionTransformer(tiny_hybrid.replace(dynamic_img_size=True)).eval()
+    out = model.forward_intermediates(torch.randn(1, 3, 64, 48))
+    assert out["grid"] == (8, 6)
+    fixed = vitkit.VisionTransformer(tiny_hybrid).eval()
+    fixed.set_img_size(64)
+    assert fixed.pos_embed.shape[1] == 65 and fixed(torch.randn(1, 3, 64, 64)).shape == (1, 10)
+
+
+def test_cost_matches_flop_counter_and_parameters(tiny_hybrid):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    for cfg in (tiny_hybrid, tiny_hybrid.replace(backbone_layers=(2, 1, 1), img_size=(48, 32), in_chans=1)):
+        model = vitkit.VisionTransformer(cfg).eval()
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            model(torch.randn(1, cfg.in_chans, *cfg.img_size), return_attention=True)
+        c = cost(cfg)
+        assert counter.get_total_flops() == 2 * c.macs and c.macs_breakdown["backbone"] > 0
+        assert param_count(cfg) == model.num_params()
+
+
+def test_config_and_native_round_trip(tiny_hybrid, tmp_path):
+    from vitkit.checkpoints.native import load_model, save_model
+
+    cfg = tiny_hybrid.replace(std_conv_style="var", gn_eps=1e-5)
+    assert ViTConfig.from_dict(cfg.to_dict()) == cfg and cfg.to_dict()["backbone_layers"] == [1, 1]
+    model = randomize_head(vitkit.VisionTransformer(cfg)).eval()
+    save_model(model, tmp_path / "m")
+    again = load_model(tmp_path / "m").eval()
+    x = torch.randn(2, 3, 32, 32)
+    assert again.config == cfg
+    assert torch.equal(model(x), again(x))
+
+
+def test_hybrid_embed_rejects_indivisible_feature_maps():
+    emb = HybridEmbed(3, 16, (2, 2), (), 32)
+    with pytest.raises(ValueError, match="feature map is not divisible by patch 2x2"):
+        emb(torch.randn(1, 3, 20, 20))  # 20 px -> 5x5 map
+    emb.pad = True
+    assert emb(torch.randn(1, 3, 20, 20)).shape == (1, 16, 3, 3)
