@@ -12,7 +12,7 @@ from typing import List, Optional
 
 from .. import __version__
 
-COMMAND_MODULES = ["model"]
+COMMAND_MODULES = ["model", "checkpoints"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -58,7 +58,7 @@ def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, nu
     tensors = strip_prefix(tensors)
     depth = max(count_blocks(tensors, E + "layernorm_before.weight"), count_blocks(tensors, N + "layernorm_before.weight"))
     mapped = to_vitkit(tensors, RULES, depth, Context(1, 1))
-    check(mapped, source)
+    check(mapped, source, NAME)
     fixed: Dict[str, Any] = {"ln_eps": 1e-12, "gelu": "exact"}
     labels = None
     notes = []

@@ -101,7 +101,7 @@ def read(arrays: Dict[str, Any], *, num_heads: Optional[int] = None, source: str
     width = int(q.shape[0]) if q is not None else 1
     depth = count_blocks(params, "Transformer/encoderblock_{i}/" + FLAVOURS[flavour][0] + "/scale")
     mapped = to_vitkit(params, rules(layout), depth, Context(width, heads or 1))
-    check(mapped, source)
+    check(mapped, source, NAME)
     state = mapped.state
     if "pos_embed" in state and state["pos_embed"].ndim == 2:
         state["pos_embed"] = state["pos_embed"][None]
@@ -117,7 +117,7 @@ def _tensor(a: Any) -> torch.Tensor:
     arr = np.asarray(a)
     if arr.dtype.kind not in "fiub":
         raise ValueError(f"an .npz array has dtype {arr.dtype}: weights are numbers")
-    return torch.from_numpy(np.ascontiguousarray(arr).copy())
+    return torch.from_numpy(np.ascontiguousarray(arr))
 
 
 def write(ckpt: Checkpoint, dst: Path, *, flavour: Optional[str] = None, prefix: Optional[str] = None, **_) -> Path:

@@ -45,7 +45,7 @@ def rules(layout: Optional[Dict[str, Any]] = None) -> List[Rule]:
 def read(tensors: Dict[str, Any], *, num_heads: Optional[int] = None, source: str = "") -> Checkpoint:
     depth = count_blocks(tensors, DEPTH_KEY)
     mapped = to_vitkit(tensors, RULES, depth, Context(1, 1))
-    check(mapped, source)
+    check(mapped, source, NAME)
     state = mapped.state
     slot_added = add_class_slot(state)
     cfg = infer_config(state, num_heads=num_heads, ln_eps=1e-6, gelu="exact")

@@ -48,10 +48,10 @@ def read(tensors: Dict[str, Any], *, num_heads: Optional[int] = None, source: st
     return Checkpoint(mapped.state, cfg, NAME, layout={"flavour": "torchvision"}, source=source)
 
 
-def check(mapped: Mapped, source: str) -> None:
+def check(mapped: Mapped, source: str, fmt: str = NAME) -> None:
     if mapped.unused or mapped.missing:
         from ..detect import layout_error
-        raise layout_error(source, NAME, mapped)
+        raise layout_error(source, fmt, mapped)
 
 
 def write(ckpt: Checkpoint, dst: Path, *, safetensors: bool = False) -> Path:

@@ -1,0 +1,147 @@
+"""Checkpoint commands: ``convert``, ``predict``, ``export``, ``weights``."""
+from __future__ import annotations
+
+import json
+import sys
+
+
+
+def register(sub) -> None:
+    p = sub.add_parser("convert", help="convert weights between vitkit, npz, torchvision, timm and hf layouts",
+                       description="Read SRC in any supported format (recognised from its contents) and write it "
+                       "in the format --to. Tensors are copied exactly: converting A -> B -> A gives A's tensors.")
+    p.add_argument("src", help="weights file or folder (any format), or a known checkpoint name")
+    p.add_argument("dst", help="output file (npz, torchvision, timm) or folder (vitkit, hf)")
+    p.add_argument("--to", required=True, choices=["vitkit", "npz", "torchvision", "timm", "hf"])
+    p.add_argument("--safetensors", action="store_true", help="torchvision/timm: write .safetensors, not .pth")
+    p.add_argument("--flavour", choices=["vit_jax", "big_vision"], help="npz layout (default: as read, else vit_jax)")
+    p.add_argument("--prefix", help="npz: key prefix such as 'params/' (default: as read, else none)")
+    p.add_argument("--num-heads", type=int, help="heads, for torchvision/timm files of non-standard sizes")
+    p.add_argument("--weights-file", help="the local file for a known checkpoint name")
+    p.set_defaults(func=_convert)
+
+    p = sub.add_parser("predict", help="classify images with a checkpoint (top-k labels and probabilities)")
+    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders (searched recursively)")
+    p.add_argument("--weights", "-w", required=True, help="checkpoint path (any format) or known name")
+    p.add_argument("--weights-file", help="the local file for a known checkpoint name")
+    p.add_argument("--topk", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--preset", help="preprocessing preset (default: the checkpoint's own)")
+    p.add_argument("--img-size", type=int, help="run at this resolution (position embeddings resized)")
+    p.add_argument("--save-crop", metavar="DIR", help="save the exact crop each image became, as PNG")
+    p.add_argument("--json", action="store_true", help="print one JSON object per image")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_predict)
+
+    p = sub.add_parser("export", help="export a checkpoint to ONNX or torch.export, checked against eager")
+    p.add_argument("weights", help="checkpoint path (any format) or known name")
+    p.add_argument("output", help="output file: .onnx or .pt2")
+    p.add_argument("--format", choices=["onnx", "torch"], help="default: from the output's suffix")
+    p.add_argument("--img-size", type=int, help="export at this resolution")
+    p.add_argument("--opset", type=int, default=17)
+    p.add_argument("--static-batch", action="store_true", help="fix the batch size instead of a dynamic axis")
+    p.add_argument("--weights-file", help="the local file for a known checkpoint name")
+    p.set_defaults(func=_export)
+
+    p = sub.add_parser("weights", help="list known pretrained checkpoints and where to get them")
+    p.add_argument("name", nargs="?", help="show one entry in full")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_weights)
+
+    p = sub.add_parser("inspect", help="recognise a checkpoint's format and show its config (reads nothing else)")
+    p.add_argument("weights")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_inspect)
+
+
+def _convert(args) -> int:
+    from ..checkpoints import convert
+    from ..checkpoints.load import _resolve
+
+    src, _ = _resolve(args.src, args.weights_file, None)
+    out = convert(src, args.dst, args.to, num_heads=args.num_heads, safetensors=args.safetensors,
+                  flavour=args.flavour, prefix=args.prefix)
+    print(f"wrote {out} ({args.to})")
+    return 0
+
+
+def _load(args, **kw):
+    from ..checkpoints import load_weights
+    return load_weights(args.weights, file=getattr(args, "weights_file", None), **kw)
+
+
+def _predict(args) -> int:
+    from ..data.preprocess import find_images
+    from ..predict import classify, format_json, format_table
+
+    files = find_images(args.images)
+    model = _load(args, img_size=args.img_size) if args.img_size else _load(args)
+    ok = bad = 0
+    for pred in classify(model, files, topk=args.topk, batch_size=args.batch_size, preset=args.preset,
+                         save_crop=args.save_crop, progress=not args.no_progress):
+        if pred.ok:
+            ok += 1
+        else:
+            bad += 1
+            print(f"vitkit predict: skipped {pred.source}: {pred.error}", file=sys.stderr)
+        print(format_json(pred) if args.json else format_table(pred), flush=True)
+    if bad:
+        print(f"vitkit predict: classified {ok} of {ok + bad} images, {bad} skipped", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def _export(args) -> int:
+    from ..export import export
+
+    model = _load(args, img_size=args.img_size) if args.img_size else _load(args)
+    kw = {"dynamic_batch": not args.static_batch}
+    fmt = args.format or ("onnx" if args.output.endswith(".onnx") else "torch")
+    if fmt == "onnx":
+        kw["opset"] = args.opset
+    report = export(model, args.output, fmt, **kw)
+    print(json.dumps(report))
+    return 0
+
+
+def _weights(args) -> int:
+    from ..checkpoints import get_known, list_known
+
+    if args.name:
+        entry = get_known(args.name)
+        if entry is None:
+            raise ValueError(f"unknown checkpoint {args.name!r}: run 'vitkit weights' for the list")
+        print(json.dumps(entry.to_dict(), indent=2))
+        return 0
+    rows = list_known()
+    if args.json:
+        for e in rows:
+            print(json.dumps(e.to_dict()))
+        return 0
+    print(f"{'name':48} {'model':5} {'px':>4} {'preset':16} {'labels':11} {'top-1':>6}  params")
+    for e in rows:
+        top1 = f"{e.top1:.2f}" if e.top1 is not None else "-"
+        params = f"{e.params / 1e6:.1f}M" if e.params else "-"
+        print(f"{e.name:48} {e.model:5} {e.img_size:>4} {e.preset:16} {e.labels:11} {top1:>6}  {params}")
+    print("\nvitkit does not download: 'vitkit weights NAME' shows the address; save the file in "
+          "~/.cache/vitkit/checkpoints/ under the name shown, or pass --weights-file.")
+    return 0
+
+
+def _inspect(args) -> int:
+    from ..checkpoints import read_checkpoint
+    from ..checkpoints.load import _resolve
+
+    path, _ = _resolve(args.weights, None, None)
+    ck = read_checkpoint(path)
+    info = {"format": ck.format, "layout": ck.layout, "config": ck.config.to_dict(),
+            "labels": (ck.labels[:5] + ["..."]) if ck.labels and len(ck.labels) > 5 else ck.labels,
+            "preprocessing": ck.preprocessing, "tensors": len(ck.state),
+            "parameters": int(sum(t.numel() for t in ck.state.values())), "notes": ck.notes}
+    if args.json:
+        print(json.dumps(info))
+    else:
+        print(ck.describe())
+        for k in ("layout", "preprocessing", "notes"):
+            print(f"  {k}: {info[k]}")
+        print(f"  tensors: {info['tensors']}, parameters: {info['parameters']:,}")
+    return 0

@@ -1,0 +1,146 @@
+"""Image classification with any loaded model: files or folders in, top-k labels out.
+
+Images are decoded with :func:`vitkit.data.preprocess.load_image` (grayscale,
+palette, RGBA, CMYK and 16-bit files converted), preprocessed with the model's
+own preset (``model.preprocessing``, else the one named), batched, and
+classified. A file that cannot be read is reported in its result and
+skipped; the others are still classified. ``save_crop`` writes the exact
+pixels that reached the model (after resize and crop, before normalising).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .data.preprocess import ImageError, Preset, get_preset, load_image
+from .utils import PathLike, atomic_path
+
+
+@dataclass
+class Prediction:
+    source: str
+    top: List[Dict[str, Any]] = field(default_factory=list)  # [{"rank", "index", "label", "prob"}]
+    crop: Optional[str] = None  # where the model's input crop was saved
+    error: Optional[str] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {"path": self.source}
+        if self.error is not None:
+            d["error"] = self.error
+        else:
+            d["top"] = self.top
+            if self.crop:
+                d["crop"] = self.crop
+        return d
+
+
+def resolve_preset(model, preset: Union[None, str, Preset, Dict[str, Any]] = None) -> Preset:
+    """The preset given, else the model's own (from its checkpoint), else an error asking for one."""
+    size = model.config.img_size
+    if preset is not None:
+        return get_preset(preset, size)
+    own = getattr(model, "preprocessing", None)
+    if own:
+        return get_preset(own, size)
+    raise ValueError("the model carries no preprocessing (its checkpoint did not say): pass a preset, e.g. "
+                     "--preset torchvision, hf, authors or timm")
+
+
+def classify(model, images: Sequence[Union[PathLike, Image.Image]], *, topk: int = 5, batch_size: int = 32,
+             preset: Union[None, str, Preset, Dict[str, Any]] = None, save_crop: Optional[PathLike] = None,
+             progress: bool = True, device: Union[str, torch.device, None] = None) -> Iterator[Prediction]:
+    """Yield one :class:`Prediction` per image, in input order (errors included, as results)."""
+    if topk < 1:
+        raise ValueError(f"topk must be at least 1, got {topk}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    pre = resolve_preset(model, preset)
+    labels = getattr(model, "labels", None)
+    n_classes = model.config.num_classes
+    if n_classes == 0:
+        raise ValueError("the model has no classification head (num_classes=0): load a checkpoint with a head")
+    k = min(topk, n_classes)
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    crop_dir = Path(save_crop) if save_crop is not None else None
+    if crop_dir is not None:
+        crop_dir.mkdir(parents=True, exist_ok=True)
+    model.eval()
+    bar = None
+    if progress and len(images) > 1:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(images), unit="img", desc="classify")
+    used_names: Dict[str, int] = {}
+    try:
+        for start in range(0, len(images), batch_size):
+            chunk = images[start:start + batch_size]
+            results: List[Prediction] = []
+            pixels: List[torch.Tensor] = []
+            slots: List[int] = []
+            for item in chunk:
+                name = _name(item, start + len(results))
+                res = Prediction(name)
+                try:
+                    crop = pre.crop(load_image(item) if not isinstance(item, Image.Image) else item)
+                except (ImageError, FileNotFoundError) as err:
+                    res.error = str(err)
+                else:
+                    if crop_dir is not None:
+                        res.crop = str(_save_crop(crop, crop_dir, name, used_names))
+                    pixels.append(pre.normalize(crop))
+                    slots.append(len(results))
+                results.append(res)
+            if pixels:
+                with torch.inference_mode():
+                    logits = model(torch.stack(pixels).to(device))
+                    probs = logits.float().softmax(dim=-1)
+                    p, idx = probs.topk(k, dim=-1)
+                for row, slot in enumerate(slots):
+                    results[slot].top = [
+                        {"rank": r + 1, "index": int(i), "label": labels[int(i)] if labels else str(int(i)),
+                         "prob": round(float(q), 6)}
+                        for r, (q, i) in enumerate(zip(p[row].tolist(), idx[row].tolist()))]
+            for res in results:
+                yield res
+            if bar is not None:
+                bar.update(len(chunk))
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _name(item, i: int) -> str:
+    return str(item) if not isinstance(item, Image.Image) else f"<image {i}>"
+
+
+def _save_crop(crop: torch.Tensor, folder: Path, name: str, used: Dict[str, int]) -> Path:
+    stem = Path(name).stem if not name.startswith("<") else "image"
+    n = used.get(stem, 0)
+    used[stem] = n + 1
+    out = folder / (f"{stem}_crop.png" if n == 0 else f"{stem}_{n}_crop.png")
+    arr = crop.round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy()
+    with atomic_path(out) as tmp:
+        Image.fromarray(np.ascontiguousarray(arr)).save(tmp, format="PNG")
+    return out
+
+
+def format_table(pred: Prediction) -> str:
+    if not pred.ok:
+        return f"{pred.source}\n  skipped: {pred.error}"
+    lines = [pred.source + (f"  (model input saved as {pred.crop})" if pred.crop else "")]
+    for t in pred.top:
+        lines.append(f"  {t['rank']:>2}. {t['prob'] * 100:6.2f}%  {t['label']}  [{t['index']}]")
+    return "\n".join(lines)
+
+
+def format_json(pred: Prediction) -> str:
+    return json.dumps(pred.to_dict())
