@@ -1,0 +1,161 @@
+"""Masked patch prediction (Section 4.6, App. B.1.2): corruption, targets, loss on corrupted patches only."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitkit
+from vitkit.models.mpp import (KEPT, MASKED, NONE, RANDOM, MaskedPatchPrediction, class_colors, color_classes,
+                               corrupt, mpp_loss, mpp_targets, quantize)
+
+
+@pytest.fixture
+def gray_cfg(tiny_cfg):
+    """A Fashion-MNIST-sized ViT: 28 px grey images, 4 px patches (7x7 grid)."""
+    return tiny_cfg.replace(img_size=28, in_chans=1)
+
+
+def test_corruption_proportions_over_many_draws():
+    g = torch.Generator().manual_seed(1)
+    counts = torch.zeros(4)
+    for _ in range(20):
+        _, kind = corrupt(torch.randn(100, 64, 8), torch.zeros(8), generator=g)
+        assert ((kind != NONE).sum(1) == 32).all()  # exactly half of every image's patches
+        counts += torch.bincount(kind.flatten(), minlength=4)
+    corrupted = counts[1:].sum()
+    assert counts[NONE] == corrupted
+    assert abs(counts[MASKED] / corrupted - 0.8) < 0.005
+    assert abs(counts[RANDOM] / corrupted - 0.1) < 0.005
+    assert abs(counts[KEPT] / corrupted - 0.1) < 0.005
+    _, kind = corrupt(torch.randn(10, 49, 8), torch.zeros(8), ratio=0.25, p_mask=1.0, p_random=0.0)
+    assert ((kind == MASKED).sum(1) == 12).all() and not (kind == RANDOM).any()
+
+
+def test_corrupted_embeddings_are_mask_other_patch_or_unchanged():
+    tokens = torch.randn(6, 16, 8)  # all distinct
+    mask = torch.full((8,), 7.0)
+    out, kind = corrupt(tokens, mask, generator=torch.Generator().manual_seed(0))
+    keep = (kind == NONE) | (kind == KEPT)
+    assert torch.equal(out[keep], tokens[keep])
+    assert (out[kind == MASKED] == 7.0).all()
+    flat = tokens.reshape(-1, 8)
+    idx = torch.arange(96).reshape(6, 16)
+    for b, n in (kind == RANDOM).nonzero().tolist():
+        src = (flat == out[b, n]).all(-1).nonzero().flatten().tolist()
+        assert len(src) == 1 and src[0] != idx[b, n]  # an embedding of another patch of the batch
+
+
+def test_mask_embedding_receives_gradient():
+    mask = torch.zeros(8, requires_grad=True)
+    out, kind = corrupt(torch.randn(4, 16, 8), mask)
+    out.sum().backward()
+    assert torch.allclose(mask.grad, torch.full((8,), float((kind == MASKED).sum())))
+
+
+def test_quantisation_bins():
+    v = torch.tensor([0.0, 0.124, 0.125, 0.5, 0.874, 0.875, 0.999, 1.0])
+    assert quantize(v).tolist() == [0, 0, 1, 4, 6, 7, 7, 7]
+    assert color_classes(torch.tensor([[0.0, 0.5, 0.99], [1.0, 1.0, 1.0], [0.3, 0.0, 0.0]])).tolist() == [
+        0 * 64 + 4 * 8 + 7, 511, 2 * 64]
+    classes = torch.arange(512)
+    assert torch.equal(color_classes(class_colors(classes, 3)), classes)  # bin centres map back
+
+
+def test_mean_colour_target_on_constructed_patches():
+    img = torch.zeros(1, 3, 16, 16)
+    img[:, :, :8, :8] = torch.tensor([0.0, 0.5, 0.99]).view(3, 1, 1)  # patch 0: one colour
+    img[:, 0, :8, 8:12] = 1.0  # patch 1: red is 1 on half the patch, 0 elsewhere -> mean 0.5
+    img[:, :, 8:, :] = 0.3  # patches 2, 3
+    t = mpp_targets(img, (8, 8), "mean_color")
+    assert t.tolist() == [[0 * 64 + 4 * 8 + 7, 4 * 64, 2 * 64 + 2 * 8 + 2, 2 * 64 + 2 * 8 + 2]]
+
+
+def test_4x4_target_on_constructed_patches():
+    img = torch.zeros(1, 1, 8, 16)  # two 8x8 grey patches; the first has 16 cells of 2x2 with levels 0..7
+    levels = torch.arange(16) % 8
+    img[0, 0, :, :8] = ((levels.float() + 0.5) / 8).view(4, 4).repeat_interleave(2, 0).repeat_interleave(2, 1)
+    img[0, 0, :, 8:] = 1.0
+    t = mpp_targets(img, (8, 8), "color4x4")
+    assert t.shape == (1, 2, 16)
+    assert t[0, 0].tolist() == levels.tolist() and t[0, 1].tolist() == [7] * 16
+    rgb = torch.rand(2, 3, 16, 16)
+    t = mpp_targets(rgb, (16, 16), "color4x4")
+    cell = rgb[0, :, 4:8, 8:12].mean(dim=(1, 2))  # row 1, column 2 -> cell index 6
+    assert t.shape == (2, 1, 16) and t.max() < 512 and t[0, 0, 6] == color_classes(cell)
+
+
+def test_pixel_target_is_the_patch():
+    img = torch.rand(2, 3, 8, 12)
+    t = mpp_targets(img, (4, 4), "pixels")
+    assert t.shape == (2, 6, 48)
+    assert torch.equal(t[1, 4], img[1, :, 4:8, 4:8].reshape(-1))  # grid row 1, column 1 -> token 4
+
+
+def test_loss_only_on_corrupted_patches(gray_cfg):
+    mpp = MaskedPatchPrediction(vitkit.VisionTransformer(gray_cfg), "mean_color")
+    x = torch.rand(4, 1, 28, 28) * 2 - 1
+    out = mpp(x, generator=torch.Generator().manual_seed(0))
+    pred, kind = out["prediction"], out["kind"]
+    pred.retain_grad()
+    out["loss"].backward()
+    clean = kind == NONE
+    assert (pred.grad[clean] == 0).all() and (pred.grad[~clean].abs().sum(-1) > 0).all()
+    manual = F.cross_entropy(pred[~clean], out["target"][~clean])
+    assert torch.allclose(out["loss"], manual)
+    changed = pred.detach().clone()
+    changed[clean] = torch.randn_like(changed[clean]) * 100
+    assert torch.allclose(mpp_loss(changed, out["target"], ~clean, "mean_color", 8), manual)
+    # the kept 10% count: a patch kept as is still carries loss
+    for k in (KEPT, MASKED, RANDOM):
+        assert (pred.grad[kind == k] != 0).any() or not (kind == k).any()
+
+
+@pytest.mark.parametrize("target,outputs", [("mean_color", 512), ("color4x4", 16 * 512), ("pixels", 3 * 64)])
+def test_heads_and_targets_fit(tiny_cfg, target, outputs):
+    cfg = tiny_cfg.replace(patch_size=8)
+    mpp = MaskedPatchPrediction(vitkit.VisionTransformer(cfg), target)
+    out = mpp(torch.rand(2, 3, 32, 32) * 2 - 1)
+    assert out["prediction"].shape == (2, 16, outputs) and torch.isfinite(out["loss"])
+    if target != "pixels":
+        assert math.isclose(out["loss"].item(), math.log(512), rel_tol=0.1)  # near chance at init
+    colors = mpp.predict_colors(torch.rand(2, 3, 32, 32))
+    assert colors["true"].shape == colors["predicted"].shape == (2, 16, 3)
+    assert 0 <= colors["predicted"].min() and colors["predicted"].max() <= 1
+
+
+def test_mpp_on_a_hybrid(tiny_cfg):
+    cfg = tiny_cfg.replace(backbone="resnet", backbone_layers=(1,), backbone_width=32, patch_size=1)
+    mpp = MaskedPatchPrediction(vitkit.VisionTransformer(cfg), "color4x4")
+    assert mpp.patch == (4, 4)  # a token covers the backbone's stride in pixels
+    out = mpp(torch.rand(2, 3, 32, 32))
+    assert out["target"].shape == (2, 64, 16) and torch.isfinite(out["loss"])
+
+
+def test_bad_settings_are_explained(gray_cfg, tiny_cfg):
+    vit = vitkit.VisionTransformer(gray_cfg)
+    with pytest.raises(ValueError, match="target='colour'"):
+        MaskedPatchPrediction(vit, "colour")
+    with pytest.raises(ValueError, match="3 values for a 1-channel model"):
+        MaskedPatchPrediction(vit, pixel_mean=(0.5, 0.5, 0.5))
+    with pytest.raises(ValueError, match="p_mask \\+ p_random <= 1"):
+        corrupt(torch.randn(1, 4, 2), torch.zeros(2), p_mask=0.9, p_random=0.2)
+    with pytest.raises(ValueError, match="divisible by 4"):
+        mpp_targets(torch.rand(1, 3, 12, 12), (6, 6), "color4x4")
+
+
+def test_mpp_learns_to_fill_in_masked_patches(gray_cfg):
+    """Images of one flat grey level: a masked patch's colour is readable from the visible ones."""
+    torch.manual_seed(0)
+    vit = vitkit.VisionTransformer(gray_cfg.replace(depth=1, width=32, num_heads=2, mlp_dim=64))
+    mpp = MaskedPatchPrediction(vit, "mean_color")
+    opt = torch.optim.Adam(mpp.parameters(), lr=5e-3)
+    losses = []
+    for step in range(40):
+        x = (torch.rand(16, 1, 1, 1) * torch.ones(16, 1, 28, 28)) * 2 - 1
+        loss = mpp(x)["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert sum(losses[-5:]) / 5 < 0.75 * math.log(8)  # chance is log(8) for 8 grey levels
