@@ -195,3 +195,131 @@ def test_hybrid_embed_rejects_indivisible_feature_maps():
         emb(torch.randn(1, 3, 20, 20))  # 20 px -> 5x5 map
     emb.pad = True
     assert emb(torch.randn(1, 3, 20, 20)).shape == (1, 16, 3, 3)
+
+
+# --- checkpoints: the authors' .npz and timm layouts, round trips -------------------------------------------
+def released_hybrid_arrays(layers=(1, 2), width=32, dim=64, grid=2, classes=10, seed=0):
+    """Arrays named and shaped as in the authors' hybrid files (R50+ViT-B_16.npz), scaled down."""
+    import numpy as np
+    from test_checkpoints_npz import released_arrays
+
+    rng = np.random.default_rng(seed)
+    r = lambda *s: rng.standard_normal(s, dtype=np.float32)  # noqa: E731
+    a = released_arrays(width=dim, depth=1, heads=4, mlp=2 * dim, patch=1, grid=grid, classes=classes, seed=seed)
+    a.update({"conv_root/kernel": r(7, 7, 3, width), "gn_root/scale": r(width), "gn_root/bias": r(width)})
+    cin = width
+    for s, n in enumerate(layers):
+        mid = width * 2 ** s
+        for u in range(n):
+            p = f"block{s + 1}/unit{u + 1}/"
+            shapes = {"conv1": (1, 1, cin if u == 0 else 4 * mid, mid), "conv2": (3, 3, mid, mid),
+                      "conv3": (1, 1, mid, 4 * mid)}
+            if u == 0:
+                shapes["conv_proj"] = (1, 1, cin, 4 * mid)
+            for name, shape in shapes.items():
+                a[p + name + "/kernel"] = r(*shape)
+                gn = name.replace("conv", "gn")
+                a[p + gn + "/scale"], a[p + gn + "/bias"] = r(shape[-1]), r(shape[-1])
+        cin = 4 * mid
+    a["embedding/kernel"] = r(1, 1, cin, dim)
+    return a
+
+
+def test_authors_hybrid_npz_reads_and_round_trips(tmp_path):
+    import numpy as np
+    from test_checkpoints_npz import assert_byte_identical
+
+    from vitkit.checkpoints import convert, load_weights, read_checkpoint
+
+    arrays = released_hybrid_arrays()
+    np.savez(tmp_path / "R_B.npz", **arrays)
+    ck = read_checkpoint(tmp_path / "R_B.npz")
+    c = ck.config
+    assert (c.backbone, c.backbone_layers, c.backbone_width, c.in_chans) == ("resnet", (1, 2), 32, 3)
+    assert c.img_size == (16, 16) and c.grid_size == (2, 2)  # 2x2 tokens of an 8x-strided map
+    assert (c.std_conv_style, c.std_conv_eps, c.gn_eps) == ("std", 1e-5, 1e-6)  # the authors' Flax numerics
+    s = ck.state
+    assert torch.equal(s["patch_embed.backbone.conv_root.weight"],
+                       torch.from_numpy(arrays["conv_root/kernel"]).permute(3, 2, 0, 1))
+    assert torch.equal(s["patch_embed.backbone.stages.1.0.gn_proj.bias"], torch.from_numpy(arrays["block2/unit1/gn_proj/bias"]))
+    assert torch.equal(s["patch_embed.backbone.stages.1.1.conv2.weight"],
+                       torch.from_numpy(arrays["block2/unit2/conv2/kernel"]).permute(3, 2, 0, 1))
+    model = load_weights(tmp_path / "R_B.npz")
+    assert model(torch.rand(1, 3, 16, 16)).shape == (1, 10)
+    convert(tmp_path / "R_B.npz", tmp_path / "direct.npz", "npz")
+    assert_byte_identical(tmp_path / "R_B.npz", tmp_path / "direct.npz")
+    convert(tmp_path / "R_B.npz", tmp_path / "v", "vitkit")  # A -> B -> A is exact
+    convert(tmp_path / "v", tmp_path / "back_v.npz", "npz")
+    assert_byte_identical(tmp_path / "R_B.npz", tmp_path / "back_v.npz")
+    with pytest.warns(UserWarning, match="timm computes the ResNet with .*'var'"):  # tensors exact, maths not
+        convert(tmp_path / "R_B.npz", tmp_path / "t.pth", "timm")
+    with pytest.warns(UserWarning, match="npz computes the ResNet with .*'std'"):
+        convert(tmp_path / "t.pth", tmp_path / "back_t.npz", "npz", num_heads=4)  # timm files do not store heads
+    assert_byte_identical(tmp_path / "R_B.npz", tmp_path / "back_t.npz")
+
+
+def test_timm_hybrid_layout_round_trips(tiny_hybrid, tmp_path):
+    from vitkit.checkpoints import convert, load_weights, read_checkpoint, save_weights
+    from vitkit.checkpoints.files import read_tensors
+
+    cfg = tiny_hybrid.replace(std_conv_style="var", std_conv_eps=1e-8, gn_eps=1e-5, backbone_layers=())
+    model = vitkit.VisionTransformer(cfg.replace(patch_size=2)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(std=0.1)
+    save_weights(model, tmp_path / "r.pth", "timm")
+    keys = set(read_tensors(tmp_path / "r.pth")[1])
+    assert {"patch_embed.backbone.conv.weight", "patch_embed.backbone.norm.bias"} <= keys  # timm's bare stem
+    ck = read_checkpoint(tmp_path / "r.pth", num_heads=4)  # timm files do not store heads
+    assert ck.format == "timm" and ck.config == model.config
+    x = torch.rand(2, 3, 32, 32)
+    assert torch.equal(load_weights(tmp_path / "r.pth", num_heads=4)(x), model(x))
+    convert(tmp_path / "r.pth", tmp_path / "v", "vitkit", num_heads=4)
+    convert(tmp_path / "v", tmp_path / "r2.safetensors", "timm", safetensors=True)
+    again = read_checkpoint(tmp_path / "r2.safetensors")
+    assert all(torch.equal(again.state[k], v) for k, v in ck.state.items()) and again.state.keys() == ck.state.keys()
+
+
+def test_hybrids_refused_where_the_format_has_none(tiny_hybrid, tmp_path):
+    from vitkit.checkpoints import save_weights
+
+    model = vitkit.VisionTransformer(tiny_hybrid)
+    for fmt in ("torchvision", "hf"):
+        with pytest.raises(ValueError, match="hybrid ResNet backbone"):
+            save_weights(model, tmp_path / fmt, fmt)
+
+
+@pytest.mark.peers
+def test_r50_b16_logits_match_timm(tmp_path):
+    timm = pytest.importorskip("timm")
+    from vitkit.checkpoints import load_weights, save_weights
+
+    ref = timm.create_model("vit_base_r50_s16_224", num_classes=10).eval()
+    with torch.no_grad():  # random init, with non-trivial GroupNorm/LayerNorm affines and head
+        for name, p in ref.named_parameters():
+            if "norm" in name or name.startswith("head"):
+                p.normal_(0.5 if name.endswith("weight") else 0.0, 0.2)
+    torch.save(ref.state_dict(), tmp_path / "timm.pth")
+    model = load_weights(tmp_path / "timm.pth")
+    assert model.config.backbone_layers == (3, 4, 9) and model.config.std_conv_style == "var"
+    assert model.num_params() == sum(p.numel() for p in ref.parameters())
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        want, got = ref(x), model(x)
+    assert (want - got).abs().max() < 1e-4 * want.abs().max()
+    # vitkit -> timm file -> timm model: the same function
+    save_weights(model, tmp_path / "back.pth", "timm")
+    fresh = timm.create_model("vit_base_r50_s16_224", num_classes=10).eval()
+    fresh.load_state_dict(torch.load(tmp_path / "back.pth", weights_only=True))
+    with torch.no_grad():
+        assert torch.equal(fresh(x), want)
+    # our authors'-layout .npz, read by timm's own loader for the authors' files, gives the same weights
+    from timm.models.vision_transformer import _load_weights
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # npz implies the authors' numerics; the tensors are what is compared
+        save_weights(model, tmp_path / "R50+B_16.npz", "npz")
+    other = timm.create_model("vit_base_r50_s16_224", num_classes=10)
+    _load_weights(other, str(tmp_path / "R50+B_16.npz"))
+    for (k, a), b in zip(ref.state_dict().items(), other.state_dict().values()):
+        assert torch.equal(a, b), k

@@ -105,6 +105,10 @@ def infer_config(state: Dict[str, Tensor], *, num_heads: Optional[int] = None, i
         num_heads=num_heads or guess_num_heads(width), class_token=class_token,
         pool="token" if class_token else "gap",
         qkv_bias="blocks.0.attn.qkv.bias" in state)
+    from .formats.hybrid import backbone_fields
+    hybrid = backbone_fields(state)  # a hybrid's ResNet: stages, width, input channels
+    fields.update(hybrid)
+    stride = ViTConfig(**hybrid, patch_size=1).feature_stride if hybrid else 1
     pe = state.get("pos_embed")
     if img_size is not None:
         fields["img_size"] = img_size
@@ -114,7 +118,7 @@ def infer_config(state: Dict[str, Tensor], *, num_heads: Optional[int] = None, i
             raise ValueError(
                 f"the position table has {pe.shape[-2]} slots, not a square grid plus {prefix} class slot: "
                 f"pass img_size=(height, width) of the checkpoint")
-        fields["img_size"] = (side * ph, side * pw)
+        fields["img_size"] = (side * ph * stride, side * pw * stride)
     if pe is None:
         fields["posemb"] = "none"
     if "pre_logits.fc.weight" in state:

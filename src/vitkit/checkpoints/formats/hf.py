@@ -115,6 +115,8 @@ def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
         problems.append("a pooler as wide as the model")
     if cfg.img_size[0] != cfg.img_size[1] or cfg.patch_size[0] != cfg.patch_size[1]:
         problems.append("square images and patches")
+    if cfg.backbone:
+        problems.append("no hybrid ResNet backbone (write hybrids as vitkit, npz or timm)")
     if problems:
         raise ValueError(f"Hugging Face's ViT needs {'; '.join(problems)}: this model cannot be written as an "
                          f"HF folder")

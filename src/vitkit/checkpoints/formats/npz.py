@@ -27,6 +27,7 @@ from ..base import Checkpoint, add_class_slot, drop_class_slot, infer_config, la
 from ..files import write_npz
 from ..keymap import (ATTN_OUT, CONV_HWIO, DENSE, QKV_HEADS, QKV_HEADS_BIAS, Context, Mapped, Rule,
                       count_blocks, from_vitkit, rule, to_vitkit)
+from . import hybrid
 from .torchvision import check
 
 NAME = "npz"
@@ -100,14 +101,15 @@ def read(arrays: Dict[str, Any], *, num_heads: Optional[int] = None, source: str
     heads = num_heads or (int(q.shape[1]) if q is not None and q.ndim == 3 else None)
     width = int(q.shape[0]) if q is not None else 1
     depth = count_blocks(params, "Transformer/encoderblock_{i}/" + FLAVOURS[flavour][0] + "/scale")
-    mapped = to_vitkit(params, rules(layout), depth, Context(width, heads or 1))
+    extra, numerics = hybrid.read_rules(params, NAME)  # a hybrid's ResNet, if any
+    mapped = to_vitkit(params, rules(layout) + extra, depth, Context(width, heads or 1))
     check(mapped, source, NAME)
     state = mapped.state
     if "pos_embed" in state and state["pos_embed"].ndim == 2:
         state["pos_embed"] = state["pos_embed"][None]
     layout["posemb_class_slot"] = not add_class_slot(state)
     notes = [f"ignored {len(ignored)} arrays outside '{prefix}' (optimizer state)"] if ignored else []
-    cfg = infer_config(state, num_heads=heads, ln_eps=1e-6, gelu="tanh")
+    cfg = infer_config(state, num_heads=heads, ln_eps=1e-6, gelu="tanh", **numerics)
     from ...data.preprocess import get_preset
     return Checkpoint(state, cfg, NAME, preprocessing=get_preset("authors", cfg.img_size).to_dict(),
                       layout=layout, source=source, notes=notes)
@@ -138,7 +140,8 @@ def write(ckpt: Checkpoint, dst: Path, *, flavour: Optional[str] = None, prefix:
     class_slot = layout.get("posemb_class_slot", layout["flavour"] == "vit_jax" or not cfg.class_token)
     if not class_slot:
         state = drop_class_slot(state)
-    mapped: Mapped = from_vitkit(state, rules(layout), cfg.depth, Context(cfg.width, cfg.num_heads))
+    mapped: Mapped = from_vitkit(state, rules(layout) + hybrid.write_rules(cfg, NAME), cfg.depth,
+                                 Context(cfg.width, cfg.num_heads))
     if mapped.unused:
         raise ValueError(f"the .npz layout has no place for {mapped.unused}")
     pre = layout.get("prefix", "")

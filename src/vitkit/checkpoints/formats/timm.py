@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 from ..base import Checkpoint, add_class_slot, drop_class_slot, infer_config, layout_for
 from ..files import write_safetensors, write_torch
 from ..keymap import Context, Rule, count_blocks, from_vitkit, linear, rule, to_vitkit
+from . import hybrid
 from .torchvision import check, warn_numerics
 
 NAME = "timm"
@@ -44,11 +45,12 @@ def rules(layout: Optional[Dict[str, Any]] = None) -> List[Rule]:
 
 def read(tensors: Dict[str, Any], *, num_heads: Optional[int] = None, source: str = "") -> Checkpoint:
     depth = count_blocks(tensors, DEPTH_KEY)
-    mapped = to_vitkit(tensors, RULES, depth, Context(1, 1))
+    extra, numerics = hybrid.read_rules(tensors, NAME)  # a hybrid's ResNet, if any
+    mapped = to_vitkit(tensors, RULES + extra, depth, Context(1, 1))
     check(mapped, source, NAME)
     state = mapped.state
     slot_added = add_class_slot(state)
-    cfg = infer_config(state, num_heads=num_heads, ln_eps=1e-6, gelu="exact")
+    cfg = infer_config(state, num_heads=num_heads, ln_eps=1e-6, gelu="exact", **numerics)
     layout = {"flavour": "timm", "posemb_class_slot": not slot_added}
     return Checkpoint(state, cfg, NAME, layout=layout, source=source)
 
@@ -62,7 +64,7 @@ def write(ckpt: Checkpoint, dst: Path, *, safetensors: bool = False) -> Path:
     state = ckpt.state
     if layout_for(ckpt, NAME).get("posemb_class_slot") is False:
         state = drop_class_slot(state)
-    mapped = from_vitkit(state, RULES, cfg.depth, Context(cfg.width, cfg.num_heads))
+    mapped = from_vitkit(state, RULES + hybrid.write_rules(cfg, NAME), cfg.depth, Context(cfg.width, cfg.num_heads))
     if mapped.unused:
         raise ValueError(f"timm has no place for {mapped.unused}")
     return write_safetensors(mapped.state, dst) if safetensors else write_torch(mapped.state, dst)

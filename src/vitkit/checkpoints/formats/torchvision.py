@@ -73,6 +73,8 @@ def _require(cfg) -> None:
         hard.append("qkv biases")
     if cfg.img_size[0] != cfg.img_size[1] or cfg.patch_size[0] != cfg.patch_size[1]:
         hard.append("square images and patches")
+    if cfg.backbone:
+        hard.append("no hybrid ResNet backbone (torchvision has no ResNet+ViT; write hybrids as vitkit, npz or timm)")
     if hard:
         raise ValueError(f"torchvision's VisionTransformer needs {'; '.join(hard)}: this model cannot be "
                          f"written in its layout (use --to vitkit, or hf / timm where they fit)")
