@@ -180,14 +180,14 @@ def test_optimizer_prefix_and_state_ignored(tmp_path):
     assert ck.config.depth == 2 and ck.config.num_heads == 4
 
 
-def test_hybrid_or_foreign_npz_is_refused_with_names(tmp_path):
+def test_foreign_npz_is_refused_with_names(tmp_path):
     a = released_arrays(**SMALL)
-    a["conv_root/kernel"] = np.zeros((7, 7, 3, 64), np.float32)  # a ResNet stem (hybrid): not this model
+    a["MAPHead_0/probe"] = np.zeros((1, 1, 32), np.float32)  # attention-pooling head: not the paper's model
     del a["Transformer/encoderblock_1/MlpBlock_3/Dense_1/bias"]
     with pytest.raises(ValueError) as err:
         read_checkpoint(write(tmp_path / "hybrid.npz", a))
     msg = str(err.value)
-    assert "recognised as the npz layout" in msg and "conv_root/kernel" in msg
+    assert "recognised as the npz layout" in msg and "MAPHead_0/probe" in msg
     assert "Transformer/encoderblock_1/MlpBlock_3/Dense_1/bias" in msg
 
 

@@ -2,40 +2,23 @@
 
 The weights go through ``save_pretrained`` so the key names are those of the
 files people download (transformers 5 renames modules in memory but writes the
-classic layout). A minimal key mapping lives here; the full converters belong
-to vitkit.checkpoints.
+classic layout); they are mapped with vitkit's own Hugging Face key map.
 """
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from vitkit import VisionTransformer, ViTConfig
+from vitkit.checkpoints.formats import hf as hf_format
 
 transformers = pytest.importorskip("transformers")
 
 
-def hf_to_vitkit(sd, depth):
-    out = {
-        "cls_token": sd["embeddings.cls_token"],
-        "pos_embed": sd["embeddings.position_embeddings"],
-        "patch_embed.proj.weight": sd["embeddings.patch_embeddings.projection.weight"],
-        "patch_embed.proj.bias": sd["embeddings.patch_embeddings.projection.bias"],
-        "norm.weight": sd["layernorm.weight"], "norm.bias": sd["layernorm.bias"],
-    }
-    for i in range(depth):
-        p, q = f"encoder.layer.{i}.", f"blocks.{i}."
-        att = p + "attention.attention."
-        out[q + "attn.qkv.weight"] = torch.cat([sd[att + n + ".weight"] for n in ("query", "key", "value")])
-        out[q + "attn.qkv.bias"] = torch.cat([sd[att + n + ".bias"] for n in ("query", "key", "value")])
-        for ours, theirs in (("attn.proj", "attention.output.dense"), ("norm1", "layernorm_before"),
-                             ("norm2", "layernorm_after"), ("mlp.fc1", "intermediate.dense"),
-                             ("mlp.fc2", "output.dense")):
-            out[q + ours + ".weight"] = sd[p + theirs + ".weight"]
-            out[q + ours + ".bias"] = sd[p + theirs + ".bias"]
-    if "pooler.dense.weight" in sd:
-        out["pre_logits.fc.weight"] = sd["pooler.dense.weight"]
-        out["pre_logits.fc.bias"] = sd["pooler.dense.bias"]
-    return out
+def hf_to_vitkit(sd, depth, num_heads=4):
+    """vitkit's Hugging Face key map (vitkit.checkpoints.formats.hf), applied to the saved tensors."""
+    ck = hf_format.read(dict(sd), num_heads=num_heads, source="hf test")
+    assert ck.config.depth == depth
+    return ck.state
 
 
 def hf_config(**kw):
@@ -97,7 +80,7 @@ def test_image_classification_logits(tmp_path):
         torch.nn.init.normal_(p, std=0.1)
     sd = {k.removeprefix("vit."): v for k, v in saved_state(hf, tmp_path).items()}
     mapped = hf_to_vitkit(sd, cfg.num_hidden_layers)
-    mapped["head.weight"], mapped["head.bias"] = sd["classifier.weight"], sd["classifier.bias"]
+    assert torch.equal(mapped["head.weight"], sd["classifier.weight"])
     ours = VisionTransformer(ours_from(cfg, num_classes=7)).eval()
     ours.load_state_dict(mapped)
     x = torch.randn(3, 3, 48, 48)

@@ -133,3 +133,8 @@ def layout_for(ckpt: Checkpoint, fmt: str) -> Dict[str, Any]:
     if ckpt.format == fmt or ckpt.layout.get("source_format") == fmt:
         return dict(ckpt.layout)
     return {}
+
+
+def heads_note(cfg: ViTConfig) -> str:
+    return (f"num_heads={cfg.num_heads} assumed (the weights do not store it; standard for width {cfg.width}): "
+            f"pass num_heads= if the model was trained with another head count")

@@ -151,6 +151,7 @@ class Preset:
     mean: Tuple[float, float, float] = IMAGENET_MEAN
     std: Tuple[float, float, float] = IMAGENET_STD
     description: str = ""
+    crop_pct: Optional[float] = None  # crop / resize, kept when the size changes (timm's 0.9; else derived)
 
     def __post_init__(self) -> None:
         size = self.size if isinstance(self.size, (tuple, list)) else (self.size, self.size)
@@ -170,16 +171,17 @@ class Preset:
         if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
             raise ValueError(f"mean and std need 3 values each, std > 0 (got {self.mean}, {self.std})")
 
-    @property
-    def crop_pct(self) -> float:
-        return 1.0 if self.resize_mode == "squash" else min(self.size) / float(self.resize)
+    def crop_fraction(self) -> float:
+        if self.resize_mode == "squash":
+            return 1.0
+        return self.crop_pct or min(self.size) / float(self.resize)
 
     def with_size(self, size: Union[int, Sequence[int]]) -> "Preset":
         """The same pipeline for another model resolution (the crop fraction is kept)."""
         size = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
         if size == self.size:
             return self
-        resize = None if self.resize_mode == "squash" else int(math.floor(min(size) / self.crop_pct))
+        resize = None if self.resize_mode == "squash" else int(math.floor(min(size) / self.crop_fraction() + 1e-9))
         return dataclasses.replace(self, size=size, resize=resize)
 
     # --- the pipeline -----------------------------------------------------------
@@ -279,9 +281,9 @@ PRESETS: Dict[str, Preset] = {p.name: p for p in (
     Preset("hf", (224, 224), None, "squash", "bilinear", "pil", HALF, HALF,
            "Hugging Face ViTImageProcessor: squash to the model size, PIL bilinear, mean = std = 0.5"),
     Preset("timm", (224, 224), 248, "shorter", "bicubic", "pil", HALF, HALF,
-           "timm ViT: shorter side floor(size / 0.9) bicubic, centre crop, mean = std = 0.5"),
+           "timm ViT: shorter side floor(size / 0.9) bicubic, centre crop, mean = std = 0.5", 0.9),
     Preset("timm-imagenet", (224, 224), 248, "shorter", "bicubic", "pil", IMAGENET_MEAN, IMAGENET_STD,
-           "timm / DeiT: shorter side floor(size / 0.9) bicubic, centre crop, ImageNet mean/std"),
+           "timm / DeiT: shorter side floor(size / 0.9) bicubic, centre crop, ImageNet mean/std", 0.9),
 )}
 _ALIASES = {"imagenet1k_v1": "torchvision", "tv": "torchvision", "swag": "torchvision-swag",
             "vit_jax": "authors", "big_vision": "authors", "jax": "authors", "npz": "authors",

@@ -79,6 +79,12 @@ def adapt_state_dict(state: Dict[str, torch.Tensor], config: ViTConfig, *,
             out["head.weight"] = w.new_zeros(config.num_classes, in_features)
             out["head.bias"] = w.new_zeros(config.num_classes)
             notes.append(f"head re-initialised to zeros: {w.shape[0]} -> {config.num_classes} classes")
+    elif head != "keep" and config.num_classes > 0 and "head.weight" not in out:
+        ref = out.get("norm.weight", next(iter(out.values()), torch.zeros(1)))
+        in_features = config.representation_size or config.width
+        out["head.weight"] = ref.new_zeros(config.num_classes, in_features)
+        out["head.bias"] = ref.new_zeros(config.num_classes)
+        notes.append(f"head re-initialised to zeros: none -> {config.num_classes} classes")
     return out, notes
 
 

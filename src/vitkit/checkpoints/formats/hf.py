@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ...utils import write_json_atomic
-from ..base import Checkpoint, infer_config
+from ..base import Checkpoint, heads_note, infer_config
 from ..files import write_safetensors
 from ..keymap import QKV_CAT, Context, Rule, count_blocks, from_vitkit, linear, rule, to_vitkit
 from .torchvision import check
@@ -78,6 +78,8 @@ def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, nu
     else:
         notes.append("no config.json: LayerNorm eps 1e-12 and exact GELU (HF's defaults) assumed")
     cfg = infer_config(mapped.state, num_heads=num_heads, **fixed)
+    if not num_heads:
+        notes.append(heads_note(cfg))
     if config and int(config.get("patch_size", cfg.patch_size[0])) != cfg.patch_size[0]:
         raise ValueError(f"{source}: config.json says patch_size={config['patch_size']} but the weights have "
                          f"{cfg.patch_size[0]}: the folder mixes two models")

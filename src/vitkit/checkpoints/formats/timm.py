@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..base import Checkpoint, add_class_slot, drop_class_slot, infer_config, layout_for
+from ..base import Checkpoint, heads_note, add_class_slot, drop_class_slot, infer_config, layout_for
 from ..files import write_safetensors, write_torch
 from ..keymap import Context, Rule, count_blocks, from_vitkit, linear, rule, to_vitkit
 from . import hybrid
@@ -52,7 +52,7 @@ def read(tensors: Dict[str, Any], *, num_heads: Optional[int] = None, source: st
     slot_added = add_class_slot(state)
     cfg = infer_config(state, num_heads=num_heads, ln_eps=1e-6, gelu="exact", **numerics)
     layout = {"flavour": "timm", "posemb_class_slot": not slot_added}
-    return Checkpoint(state, cfg, NAME, layout=layout, source=source)
+    return Checkpoint(state, cfg, NAME, layout=layout, source=source, notes=[] if num_heads else [heads_note(cfg)])
 
 
 def write(ckpt: Checkpoint, dst: Path, *, safetensors: bool = False) -> Path:

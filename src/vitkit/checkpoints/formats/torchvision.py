@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..base import Checkpoint, infer_config
+from ..base import Checkpoint, heads_note, infer_config
 from ..files import write_safetensors, write_torch
 from ..keymap import Context, Mapped, Rule, count_blocks, from_vitkit, linear, rule, to_vitkit
 
@@ -45,7 +45,8 @@ def read(tensors: Dict[str, Any], *, num_heads: Optional[int] = None, source: st
     mapped = to_vitkit(tensors, RULES, depth, Context(1, 1))
     check(mapped, source)
     cfg = infer_config(mapped.state, num_heads=num_heads, ln_eps=1e-6, gelu="exact")
-    return Checkpoint(mapped.state, cfg, NAME, layout={"flavour": "torchvision"}, source=source)
+    notes = [] if num_heads else [heads_note(cfg)]
+    return Checkpoint(mapped.state, cfg, NAME, layout={"flavour": "torchvision"}, source=source, notes=notes)
 
 
 def check(mapped: Mapped, source: str, fmt: str = NAME) -> None:

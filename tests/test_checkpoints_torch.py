@@ -1,0 +1,224 @@
+"""torchvision and timm layouts: key names and shapes as DESIGN.md lists them, exact round trips through files,
+and (in the peers environment) the same logits as the real torchvision / timm models."""
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import vitkit
+from vitkit.checkpoints import convert, load_weights, read_checkpoint, save_weights
+
+D, M, P, C, DEPTH, HEADS, IMG = 64, 128, 4, 10, 2, 4, 32
+S = 1 + (IMG // P) ** 2
+
+
+def tiny(**kw):
+    kw = {"img_size": IMG, "patch_size": P, "width": D, "depth": DEPTH, "num_heads": HEADS, "mlp_dim": M,
+          "num_classes": C, **kw}
+    model = vitkit.create_model("B/16", **kw).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(std=0.1)
+    return model
+
+
+def torchvision_keys(pre_logits=None):
+    """DESIGN.md's torchvision names with the shapes torchvision's VisionTransformer gives them."""
+    k = {"conv_proj.weight": (D, 3, P, P), "conv_proj.bias": (D,), "class_token": (1, 1, D),
+         "encoder.pos_embedding": (1, S, D), "encoder.ln.weight": (D,), "encoder.ln.bias": (D,)}
+    for i in range(DEPTH):
+        b = f"encoder.layers.encoder_layer_{i}."
+        k.update({b + "ln_1.weight": (D,), b + "ln_1.bias": (D,), b + "ln_2.weight": (D,), b + "ln_2.bias": (D,),
+                  b + "self_attention.in_proj_weight": (3 * D, D), b + "self_attention.in_proj_bias": (3 * D,),
+                  b + "self_attention.out_proj.weight": (D, D), b + "self_attention.out_proj.bias": (D,),
+                  b + "mlp.0.weight": (M, D), b + "mlp.0.bias": (M,), b + "mlp.3.weight": (D, M), b + "mlp.3.bias": (D,)})
+    if pre_logits:
+        k.update({"heads.pre_logits.weight": (pre_logits, D), "heads.pre_logits.bias": (pre_logits,)})
+    k.update({"heads.head.weight": (C, pre_logits or D), "heads.head.bias": (C,)})
+    return k
+
+
+def timm_keys():
+    k = {"patch_embed.proj.weight": (D, 3, P, P), "patch_embed.proj.bias": (D,), "cls_token": (1, 1, D),
+         "pos_embed": (1, S, D), "norm.weight": (D,), "norm.bias": (D,), "head.weight": (C, D), "head.bias": (C,)}
+    for i in range(DEPTH):
+        b = f"blocks.{i}."
+        k.update({b + "norm1.weight": (D,), b + "norm1.bias": (D,), b + "norm2.weight": (D,), b + "norm2.bias": (D,),
+                  b + "attn.qkv.weight": (3 * D, D), b + "attn.qkv.bias": (3 * D,), b + "attn.proj.weight": (D, D),
+                  b + "attn.proj.bias": (D,), b + "mlp.fc1.weight": (M, D), b + "mlp.fc1.bias": (M,),
+                  b + "mlp.fc2.weight": (D, M), b + "mlp.fc2.bias": (D,)})
+    return k
+
+
+def shapes(state):
+    return {k: tuple(v.shape) for k, v in state.items()}
+
+
+@pytest.mark.parametrize("pre_logits", [None, 48])
+def test_torchvision_layout_names_shapes_and_round_trip(tmp_path, pre_logits):
+    model = tiny(representation_size=pre_logits)
+    save_weights(model, tmp_path / "tv.pth", "torchvision")
+    written = torch.load(tmp_path / "tv.pth", weights_only=True)
+    assert shapes(written) == torchvision_keys(pre_logits)
+    loaded = load_weights(tmp_path / "tv.pth", num_heads=HEADS)
+    for k, v in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
+    convert(tmp_path / "tv.pth", tmp_path / "timm.safetensors", "timm", safetensors=True)  # A -> timm -> A
+    convert(tmp_path / "timm.safetensors", tmp_path / "back.pth", "torchvision")
+    back = torch.load(tmp_path / "back.pth", weights_only=True)
+    assert sorted(back) == sorted(written) and all(torch.equal(back[k], written[k]) for k in written)
+
+
+def test_torchvision_old_mlp_names(tmp_path):
+    model = tiny()
+    save_weights(model, tmp_path / "tv.pth", "torchvision")
+    state = torch.load(tmp_path / "tv.pth", weights_only=True)
+    old = {k.replace("mlp.0.", "mlp.linear_1.").replace("mlp.3.", "mlp.linear_2."): v for k, v in state.items()}
+    assert any("linear_1" in k for k in old)
+    torch.save({"model": old, "epoch": 3}, tmp_path / "old.pth")  # wrapped like a training checkpoint
+    loaded = load_weights(tmp_path / "old.pth", num_heads=HEADS)
+    x = torch.randn(2, 3, IMG, IMG)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+
+
+def test_timm_layout_names_shapes_round_trip_and_no_class_slot(tmp_path):
+    model = tiny()
+    save_weights(model, tmp_path / "t.safetensors", "timm", safetensors=True)
+    written = load_file(str(tmp_path / "t.safetensors"))
+    assert shapes(written) == timm_keys()
+    ck = read_checkpoint(tmp_path / "t.safetensors", num_heads=HEADS)
+    assert ck.format == "timm" and ck.preprocessing["name"] == "timm" and not ck.notes
+    # timm's no_embed_class=True: the table has no class slot; the class token gets no position
+    state = dict(written, pos_embed=written["pos_embed"][:, 1:].clone())
+    torch.save({"module." + k: v for k, v in state.items()}, tmp_path / "noembed.pth")  # DDP prefix too
+    ck = read_checkpoint(tmp_path / "noembed.pth", num_heads=HEADS)
+    assert ck.layout["posemb_class_slot"] is False and ck.config.img_size == (IMG, IMG)
+    save_weights(ck, tmp_path / "again.pth", "timm")
+    again = torch.load(tmp_path / "again.pth", weights_only=True)
+    assert all(torch.equal(again[k], state[k]) for k in state) and sorted(again) == sorted(state)
+
+
+def test_timm_gap_without_class_token(tmp_path):
+    model = tiny(class_token=False, pool="gap")
+    save_weights(model, tmp_path / "gap.pth", "timm")
+    loaded = load_weights(tmp_path / "gap.pth", num_heads=HEADS)
+    assert loaded.config.pool == "gap" and not loaded.config.class_token
+    with pytest.raises(ValueError, match="class token read-out"):
+        save_weights(model, tmp_path / "gap_tv.pth", "torchvision")
+
+
+def test_numerics_warning_names_the_difference(tmp_path):
+    model = tiny(gelu="tanh")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        save_weights(model, tmp_path / "tv.pth", "torchvision")
+    assert any("tanh GELU" in str(w.message) for w in caught)
+
+
+# --- the real libraries (peers environment) -------------------------------------------
+def rel_err(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def randomize(module, std=0.05):
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(std=std)
+    return module.eval()
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("pre_logits", [None, 48])
+def test_torchvision_logits_both_ways(tmp_path, pre_logits):
+    tvm = pytest.importorskip("torchvision.models")
+    ref = randomize(tvm.VisionTransformer(image_size=IMG, patch_size=P, num_layers=DEPTH, num_heads=HEADS,
+                                          hidden_dim=D, mlp_dim=M, num_classes=C, representation_size=pre_logits))
+    torch.save(ref.state_dict(), tmp_path / "ref.pth")
+    ours = load_weights(tmp_path / "ref.pth", num_heads=HEADS)
+    x = torch.randn(3, 3, IMG, IMG)
+    with torch.no_grad():
+        err_in = rel_err(ours(x), ref(x))
+        back = tvm.VisionTransformer(image_size=IMG, patch_size=P, num_layers=DEPTH, num_heads=HEADS, hidden_dim=D,
+                                     mlp_dim=M, num_classes=C, representation_size=pre_logits).eval()
+        save_weights(ours, tmp_path / "ours.pth", "torchvision")
+        back.load_state_dict(torch.load(tmp_path / "ours.pth", weights_only=True), strict=True)
+        err_out = rel_err(back(x), ref(x))
+    print(f"torchvision tiny (pre_logits={pre_logits}): rel err in {err_in:.2e}, out {err_out:.2e}")
+    assert err_in < 1e-5 and err_out < 1e-5
+
+
+@pytest.mark.peers
+def test_torchvision_vit_b_16_logits(tmp_path):
+    tvm = pytest.importorskip("torchvision.models")
+    ref = randomize(tvm.vit_b_16(), std=0.02)
+    torch.save(ref.state_dict(), tmp_path / "vit_b_16.pth")
+    ours = load_weights(tmp_path / "vit_b_16.pth")
+    assert ours.config.num_heads == 12 and ours.labels[281] == "tabby"
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        err = rel_err(ours(x), ref(x))
+    print(f"torchvision vit_b_16: rel err {err:.2e}")
+    assert err < 1e-5
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("kind", ["token", "no_embed_class", "gap"])
+def test_timm_logits_both_ways(tmp_path, kind):
+    timm = pytest.importorskip("timm")
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+    kw = dict(img_size=IMG, patch_size=P, embed_dim=D, depth=DEPTH, num_heads=HEADS, mlp_ratio=M / D, num_classes=C)
+    if kind == "no_embed_class":
+        kw["no_embed_class"] = True
+    if kind == "gap":
+        kw.update(class_token=False, global_pool="avg", fc_norm=False)
+    ref = randomize(TimmViT(**kw))
+    torch.save(ref.state_dict(), tmp_path / "ref.pth")
+    ours = load_weights(tmp_path / "ref.pth", num_heads=HEADS)
+    x = torch.randn(3, 3, IMG, IMG)
+    back = TimmViT(**kw).eval()
+    save_weights(ours, tmp_path / "ours.safetensors", "timm", safetensors=True)
+    back.load_state_dict(load_file(str(tmp_path / "ours.safetensors")), strict=True)
+    with torch.no_grad():
+        err_in, err_out = rel_err(ours(x), ref(x)), rel_err(back(x), ref(x))
+    print(f"timm {kind}: rel err in {err_in:.2e}, out {err_out:.2e} (timm {timm.__version__})")
+    assert err_in < 1e-5 and err_out < 1e-5
+
+
+@pytest.mark.peers
+def test_timm_vit_base_patch16_224_logits(tmp_path):
+    timm = pytest.importorskip("timm")
+    ref = randomize(timm.create_model("vit_base_patch16_224", pretrained=False), std=0.02)
+    torch.save(ref.state_dict(), tmp_path / "vit_base.pth")
+    ours = load_weights(tmp_path / "vit_base.pth")
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        err = rel_err(ours(x), ref(x))
+    print(f"timm vit_base_patch16_224: rel err {err:.2e}")
+    assert err < 1e-5
+
+
+@pytest.mark.peers
+def test_presets_equal_torchvision_and_timm_transforms():
+    tvm = pytest.importorskip("torchvision.models")
+    timm = pytest.importorskip("timm")
+    skimage_data = pytest.importorskip("skimage.data")
+    from PIL import Image
+
+    from vitkit.data.preprocess import get_preset
+    img = Image.fromarray(skimage_data.chelsea())  # 451 x 300, not square
+    for weights, name in ((tvm.ViT_B_16_Weights.IMAGENET1K_V1, "torchvision"),
+                          (tvm.ViT_L_16_Weights.IMAGENET1K_V1, "torchvision"),
+                          (tvm.ViT_B_16_Weights.IMAGENET1K_SWAG_E2E_V1, "torchvision-swag")):
+        theirs = weights.transforms()(img)
+        ours = get_preset(name, theirs.shape[-1])
+        if weights is tvm.ViT_L_16_Weights.IMAGENET1K_V1:  # resize 242 for crop 224
+            import dataclasses
+            ours = dataclasses.replace(ours, resize=242)
+        torch.testing.assert_close(ours(img), theirs, rtol=0, atol=1e-6)
+    model = timm.create_model("vit_base_patch16_224.augreg2_in21k_ft_in1k", pretrained=False)
+    cfg = timm.data.resolve_data_config({}, model=model)
+    theirs = timm.data.create_transform(**cfg)(img)
+    torch.testing.assert_close(get_preset("timm")(img), theirs, rtol=0, atol=1e-6)
