@@ -4,10 +4,13 @@ from __future__ import annotations
 from .config import ConfigError, ViTConfig, list_models, parse_model_name, register_model
 from .models import VisionTransformer, adapt_state_dict, create_model, resize_pos_embed
 from .models.cost import cost
+from .checkpoints import convert, load_weights, read_checkpoint, save_weights
+from .data.preprocess import get_preset
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ConfigError", "ViTConfig", "VisionTransformer", "adapt_state_dict", "cost", "create_model",
     "list_models", "parse_model_name", "register_model", "resize_pos_embed", "__version__",
+    "convert", "get_preset", "load_weights", "read_checkpoint", "save_weights",
 ]
