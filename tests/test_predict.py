@@ -121,7 +121,7 @@ def test_presets_rescale_and_hf_processor_equivalence(photos):
     theirs = proc(img, return_tensors="pt")["pixel_values"][0]
     torch.testing.assert_close(get_preset("hf")(img), theirs, rtol=0, atol=1e-6)
     # the authors' pipeline: TF-style bilinear squash (no antialias) then (x - 127.5) / 127.5
-    x = torch.from_numpy(np.asarray(img)).permute(2, 0, 1).float()[None]
+    x = torch.from_numpy(np.array(img)).permute(2, 0, 1).float()[None]
     ref = torch.nn.functional.interpolate(x, size=(224, 224), mode="bilinear", align_corners=False)[0]
     torch.testing.assert_close(get_preset("authors")(img), (ref - 127.5) / 127.5, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="unknown preprocessing preset"):
@@ -137,3 +137,19 @@ def test_predict_errors(checkpoint, photos, tmp_path):
         list(classify(model, [photos / "chelsea.png"]))
     with pytest.raises(FileNotFoundError):
         find_images([tmp_path / "nowhere"])
+
+
+def test_single_channel_model_gets_luma(photos):
+    torch.manual_seed(1)
+    model = vitkit.create_model("Ti/16", img_size=32, patch_size=8, depth=1, num_classes=3, in_chans=1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(std=0.2)
+    pre = get_preset("hf", 32)
+    (pred,) = classify(model, [photos / "chelsea.png"], preset="hf", topk=3, progress=False)
+    gray = np.asarray(Image.open(photos / "chelsea.png").resize((32, 32), Image.BILINEAR).convert("L"), np.float32)
+    x = pre.normalize(torch.from_numpy(gray)[None])  # PIL's own RGB -> L conversion, then mean = std = 0.5
+    with torch.no_grad():
+        ref = model(x[None]).softmax(-1)[0]
+    for t in pred.top:
+        assert abs(ref[t["index"]].item() - t["prob"]) < 2e-3  # PIL rounds L to integers; we keep fractions

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .data.preprocess import ImageError, Preset, get_preset, load_image
+from .data.preprocess import ImageError, Preset, get_preset, load_image, to_gray
 from .utils import PathLike, atomic_path
 
 
@@ -71,6 +71,9 @@ def classify(model, images: Sequence[Union[PathLike, Image.Image]], *, topk: int
         raise ValueError("the model has no classification head (num_classes=0): load a checkpoint with a head")
     k = min(topk, n_classes)
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    gray = model.config.in_chans == 1
+    if model.config.in_chans not in (1, 3):
+        raise ValueError(f"images have 3 (RGB) or 1 (gray) channels; the model takes {model.config.in_chans}")
     crop_dir = Path(save_crop) if save_crop is not None else None
     if crop_dir is not None:
         crop_dir.mkdir(parents=True, exist_ok=True)
@@ -96,7 +99,7 @@ def classify(model, images: Sequence[Union[PathLike, Image.Image]], *, topk: int
                 else:
                     if crop_dir is not None:
                         res.crop = str(_save_crop(crop, crop_dir, name, used_names))
-                    pixels.append(pre.normalize(crop))
+                    pixels.append(pre.normalize(to_gray(crop) if gray else crop))
                     slots.append(len(results))
                 results.append(res)
             if pixels:

@@ -87,11 +87,12 @@ def read_npz(path: PathLike) -> Dict[str, np.ndarray]:
                          f"or corrupt, download it again") from None
 
 
-def read_torch(path: PathLike) -> Any:
-    """``torch.load(weights_only=True)``: plain tensors and containers only; anything else is refused."""
+def read_torch(path: PathLike, mmap: bool = False) -> Any:
+    """``torch.load(weights_only=True)``: plain tensors and containers only; anything else is refused.
+    ``mmap`` maps zip-format files instead of reading them into memory (large checkpoints)."""
     p = Path(path)
     try:
-        return torch.load(p, map_location="cpu", weights_only=True)
+        return torch.load(p, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         first = str(err).split("\n")
         detail = next((ln.strip() for ln in first if "GLOBAL" in ln or "Unsupported" in ln), first[0])
@@ -155,7 +156,7 @@ def read_tensors(path: PathLike) -> Tuple[str, Dict[str, Any], Dict[str, str]]:
     if kind == NPZ:
         return kind, read_npz(p), {}
     if kind in (TORCH_ZIP, TORCH_LEGACY):
-        return kind, unwrap_state(read_torch(p), str(p)), {}
+        return kind, unwrap_state(read_torch(p, mmap=kind == TORCH_ZIP), str(p)), {}
     raise ValueError(f"{p} is not a weights file vitkit knows (safetensors, .npz, PyTorch .pth/.bin): "
                      f"its first bytes are {open(p, 'rb').read(8)!r}")
 

@@ -113,7 +113,10 @@ def get_known(name: str) -> Optional[KnownCheckpoint]:
     if name in KNOWN:
         return KNOWN[name]
     low = {k.lower(): v for k, v in KNOWN.items()}
-    return low.get(name.lower())
+    for prefix in ("", "hf/", "timm/", "torchvision/", "vit_jax/"):  # "google/vit-base-patch16-224" works too
+        if (prefix + name).lower() in low:
+            return low[(prefix + name).lower()]
+    return None
 
 
 def locate(entry: KnownCheckpoint, file: Optional[PathLike] = None, cache_dir: Optional[PathLike] = None) -> Path:

@@ -200,9 +200,10 @@ class Preset:
         return x[0]
 
     def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
-        """0..255 pixels [..., 3, H, W] -> the model's input."""
-        mean = torch.tensor(self.mean, dtype=torch.float32).view(3, 1, 1)
-        std = torch.tensor(self.std, dtype=torch.float32).view(3, 1, 1)
+        """0..255 pixels [..., C, H, W] -> the model's input (C = 3, or 1 for grayscale models)."""
+        c = pixels.shape[-3]
+        mean = torch.tensor(self.mean[:c], dtype=torch.float32).view(c, 1, 1)
+        std = torch.tensor(self.std[:c], dtype=torch.float32).view(c, 1, 1)
         return (pixels.float() / 255.0 - mean) / std
 
     def __call__(self, img: ImageLike) -> torch.Tensor:
@@ -232,6 +233,12 @@ class Preset:
         if unknown:
             raise ValueError(f"unknown preprocessing fields {unknown} (known: {sorted(names)})")
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def to_gray(pixels: torch.Tensor) -> torch.Tensor:
+    """RGB pixels [3, H, W] -> luma [1, H, W] (ITU-R 601, PIL's "L"), for single-channel models."""
+    weights = torch.tensor([0.299, 0.587, 0.114], dtype=pixels.dtype).view(3, 1, 1)
+    return (pixels * weights).sum(dim=-3, keepdim=True)
 
 
 def _shorter_side(w: int, h: int, target: int) -> Tuple[int, int]:
