@@ -323,3 +323,16 @@ def test_r50_b16_logits_match_timm(tmp_path):
     _load_weights(other, str(tmp_path / "R50+B_16.npz"))
     for (k, a), b in zip(ref.state_dict().items(), other.state_dict().values()):
         assert torch.equal(a, b), k
+
+
+def test_analysis_measures_hybrids_in_pixels(tiny_hybrid):
+    from vitkit.analysis.distance import mean_attention_distance
+    from vitkit.analysis.rollout import rollout_maps
+
+    model = vitkit.VisionTransformer(tiny_hybrid)
+    x = torch.rand(2, 3, 32, 32)
+    assert rollout_maps(model, x).shape == (2, 32, 32)  # the 4x4 token grid covers the whole image
+    d = mean_attention_distance(model, x)
+    # a token is 8 px wide: near-uniform attention at init averages ~16 px; in units of feature-map
+    # patches (1x1) no distance could exceed the grid diagonal, 3 * sqrt(2)
+    assert d.shape == (2, 4) and d.mean() > 3 * 2 ** 0.5 * 2

@@ -126,12 +126,12 @@ def analyze(model: torch.nn.Module, inputs: torch.Tensor, out_dir: PathLike, *,
     dist = mean_attention_distance(model, [b.to(dev) for b in _batches(dist_x, batch_size)], progress=progress).cpu()
     tensors["attention_distance"] = dist
     grid = cfg.grid_size if tuple(dist_x.shape[-2:]) == cfg.img_size else (
-        math.ceil(dist_x.shape[-2] / cfg.patch_size[0]), math.ceil(dist_x.shape[-1] / cfg.patch_size[1]))
-    uniform = float(patch_distances(grid, cfg.patch_size).mean())
+        math.ceil(dist_x.shape[-2] / cfg.pixel_patch_size[0]), math.ceil(dist_x.shape[-1] / cfg.pixel_patch_size[1]))
+    uniform = float(patch_distances(grid, cfg.pixel_patch_size).mean())
     per_layer = dist.mean(dim=1)
     dist_json = {"distance_px": dist.tolist(), "mean_per_layer": per_layer.tolist(), "uniform_attention_px": uniform,
                  "num_images": int(len(dist_x)), "image_size": list(dist_x.shape[-2:]),
-                 "patch_size": list(cfg.patch_size),
+                 "patch_size": list(cfg.pixel_patch_size),
                  "definition": "attention-weighted mean pixel distance between query and key patch centres "
                                "(class token left out, weights renormalised over patches), averaged over query "
                                "patches and images; [layer][head]"}
@@ -158,12 +158,15 @@ def analyze(model: torch.nn.Module, inputs: torch.Tensor, out_dir: PathLike, *,
         summary["posemb_similarity"] = {"skipped": f"posemb={cfg.posemb!r} has no additive position table"}
 
     # embedding filters (Figure 7 left)
-    comps, ratio = embedding_filters(model, num_filters)
-    tensors["filters"] = comps
-    summary["embedding_filters"] = {"components": int(len(comps)), "explained_variance": ratio.tolist()}
-    if plots:
-        P.plot_filters(comps, out / "embedding_filters.png", explained=ratio)
-        summary["files"]["embedding_filters"] = "embedding_filters.png"
+    if cfg.backbone:
+        summary["embedding_filters"] = {"skipped": "hybrid: the embedding projects ResNet features, not pixels"}
+    else:
+        comps, ratio = embedding_filters(model, num_filters)
+        tensors["filters"] = comps
+        summary["embedding_filters"] = {"components": int(len(comps)), "explained_variance": ratio.tolist()}
+        if plots:
+            P.plot_filters(comps, out / "embedding_filters.png", explained=ratio)
+            summary["files"]["embedding_filters"] = "embedding_filters.png"
 
     write_json_atomic(out / "summary.json", summary)
     summary["tensors"] = tensors

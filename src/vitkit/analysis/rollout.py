@@ -83,7 +83,7 @@ def rollout_maps(model: torch.nn.Module, x: torch.Tensor, head_fusion: str = "me
     maps = rollout_to_grid(roll, out["grid"], model.config.num_prefix_tokens)
     if not upsample:
         return maps
-    (gh, gw), (ph, pw) = out["grid"], model.config.patch_size
+    (gh, gw), (ph, pw) = out["grid"], model.config.pixel_patch_size  # pixels per token (hybrids: x stride)
     up = F.interpolate(maps[:, None], size=(gh * ph, gw * pw), mode="bilinear", align_corners=False)[:, 0]
     return up[:, :x.shape[-2], :x.shape[-1]]
 
