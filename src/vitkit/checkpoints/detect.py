@@ -39,10 +39,10 @@ def detect_layout(tensors: Dict[str, Any], source: str = "weights") -> str:
 def layout_error(source: str, fmt: str, mapped: Mapped) -> ValueError:
     parts = [f"{source}: recognised as the {fmt} layout ({len(mapped.state)} tensors mapped)"]
     if mapped.unused:
-        parts.append(f"but {len(mapped.unused)} keys are not part of the paper's ViT in that layout: "
+        parts.append(f"but {len(mapped.unused)} key(s) are not part of the paper's ViT in that layout: "
                      f"{_show(mapped.unused)}")
     if mapped.missing:
-        parts.append(f"{'and' if mapped.unused else 'but'} {len(mapped.missing)} expected keys are missing: "
+        parts.append(f"{'and' if mapped.unused else 'but'} {len(mapped.missing)} expected key(s) are missing: "
                      f"{_show(mapped.missing)}")
     parts.append("(a different architecture, e.g. a hybrid ResNet stem, register tokens, layer scale or MAP "
                  "pooling, or an incomplete file)")

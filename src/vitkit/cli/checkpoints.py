@@ -120,11 +120,19 @@ def _weights(args) -> int:
     print(f"{'name':48} {'model':5} {'px':>4} {'preset':16} {'labels':11} {'top-1':>6}  params")
     for e in rows:
         top1 = f"{e.top1:.2f}" if e.top1 is not None else "-"
-        params = f"{e.params / 1e6:.1f}M" if e.params else "-"
+        params = f"{e.params / 1e6:.1f}M" if e.params else f"{_computed_params(e) / 1e6:.1f}M*"
         print(f"{e.name:48} {e.model:5} {e.img_size:>4} {e.preset:16} {e.labels:11} {top1:>6}  {params}")
-    print("\nvitkit does not download: 'vitkit weights NAME' shows the address; save the file in "
+    print("\n* computed from the architecture (not published with the file). vitkit does not download: 'vitkit weights NAME' shows the address; save the file in "
           "~/.cache/vitkit/checkpoints/ under the name shown, or pass --weights-file.")
     return 0
+
+
+def _computed_params(e) -> int:
+    from ..config import config_from_name
+    from ..models.cost import cost
+    cfg = config_from_name(e.model, img_size=e.img_size, num_classes=e.num_classes,
+                           representation_size=e.representation_size)
+    return cost(cfg).params
 
 
 def _inspect(args) -> int:
