@@ -35,15 +35,16 @@ def test_corruption_proportions_over_many_draws():
 def test_corrupted_embeddings_are_mask_other_patch_or_unchanged():
     tokens = torch.randn(6, 16, 8)  # all distinct
     mask = torch.full((8,), 7.0)
-    out, kind = corrupt(tokens, mask, generator=torch.Generator().manual_seed(0))
+    out, kind, source = corrupt(tokens, mask, generator=torch.Generator().manual_seed(0), return_source=True)
     keep = (kind == NONE) | (kind == KEPT)
     assert torch.equal(out[keep], tokens[keep])
     assert (out[kind == MASKED] == 7.0).all()
     flat = tokens.reshape(-1, 8)
     idx = torch.arange(96).reshape(6, 16)
+    assert (kind == RANDOM).any() and (source[kind != RANDOM] == -1).all()
     for b, n in (kind == RANDOM).nonzero().tolist():
         src = (flat == out[b, n]).all(-1).nonzero().flatten().tolist()
-        assert len(src) == 1 and src[0] != idx[b, n]  # an embedding of another patch of the batch
+        assert src == [int(source[b, n])] and src[0] != idx[b, n]  # an embedding of another patch of the batch
 
 
 def test_mask_embedding_receives_gradient():
@@ -136,8 +137,8 @@ def test_bad_settings_are_explained(gray_cfg, tiny_cfg):
     vit = vitkit.VisionTransformer(gray_cfg)
     with pytest.raises(ValueError, match="target='colour'"):
         MaskedPatchPrediction(vit, "colour")
-    with pytest.raises(ValueError, match="3 values for a 1-channel model"):
-        MaskedPatchPrediction(vit, pixel_mean=(0.5, 0.5, 0.5))
+    with pytest.raises(ValueError, match="2 values for a 3-channel model"):
+        MaskedPatchPrediction(vitkit.VisionTransformer(tiny_cfg), pixel_mean=(0.5, 0.5))
     with pytest.raises(ValueError, match="p_mask \\+ p_random <= 1"):
         corrupt(torch.randn(1, 4, 2), torch.zeros(2), p_mask=0.9, p_random=0.2)
     with pytest.raises(ValueError, match="divisible by 4"):

@@ -84,11 +84,11 @@ def mpp_targets(images: torch.Tensor, patch: Tuple[int, int], target: str = "mea
 
 
 def corrupt(tokens: torch.Tensor, mask_embedding: torch.Tensor, ratio: float = 0.5, p_mask: float = 0.8,
-            p_random: float = 0.1, generator: Optional[torch.Generator] = None
-            ) -> Tuple[torch.Tensor, torch.Tensor]:
+            p_random: float = 0.1, generator: Optional[torch.Generator] = None, return_source: bool = False):
     """Corrupt patch embeddings [B, N, D] (BERT-style): round(ratio * N) patches of every image are chosen;
     each is replaced by ``mask_embedding`` (prob. p_mask), by another random patch's embedding from the batch
-    (p_random) or kept. Returns (corrupted tokens, kind [B, N] with NONE / MASKED / RANDOM / KEPT)."""
+    (p_random) or kept. Returns (corrupted tokens, kind [B, N] with NONE / MASKED / RANDOM / KEPT), and with
+    ``return_source`` also the flat batch index (b * N + n) of each RANDOM patch's replacement (-1 elsewhere)."""
     if not 0.0 < ratio <= 1.0 or p_mask < 0 or p_random < 0 or p_mask + p_random > 1.0:
         raise ValueError(f"need 0 < ratio <= 1 and p_mask + p_random <= 1, got ratio={ratio}, "
                          f"p_mask={p_mask}, p_random={p_random}")
@@ -108,6 +108,8 @@ def corrupt(tokens: torch.Tensor, mask_embedding: torch.Tensor, ratio: float = 0
     other = other + (other >= torch.arange(b * n, device=dev)).long() if b * n > 1 else other
     out = torch.where((kind == MASKED)[..., None], mask_embedding.to(tokens.dtype).reshape(1, 1, d), tokens)
     out = torch.where((kind == RANDOM)[..., None], flat[other].reshape(b, n, d), out)
+    if return_source:
+        return out, kind, torch.where(kind == RANDOM, other.reshape(b, n), torch.full_like(other.reshape(b, n), -1))
     return out, kind
 
 
@@ -149,14 +151,20 @@ class MaskedPatchPrediction(nn.Module):
         vit = self.vit
         tokens, grid = vit.embed(x)
         prefix = vit.config.num_prefix_tokens
-        patches, kind = corrupt(tokens[:, prefix:], self.mask_token, self.ratio, self.p_mask, self.p_random,
-                                generator)
+        patches, kind, source = corrupt(tokens[:, prefix:], self.mask_token, self.ratio, self.p_mask,
+                                        self.p_random, generator, return_source=True)
         feats = vit.forward_tokens(torch.cat([tokens[:, :prefix], patches], dim=1), grid)[:, prefix:]
         pred = self.mpp_head(feats)
         with torch.no_grad():
             target = mpp_targets(self.pixels(x), self.patch, self.target, self.bits)
-        return {"loss": mpp_loss(pred, target, kind != NONE, self.target, self.num_colors),
-                "prediction": pred, "target": target, "kind": kind}
+            corrupted = kind != NONE
+            hits = None
+            if self.target != "pixels":  # accuracy of the predicted class on corrupted patches
+                guess = pred.detach().reshape(*target.shape, -1).argmax(-1)
+                hits = (guess == target).float().reshape(*kind.shape, -1).mean(-1)[corrupted].sum()
+        return {"loss": mpp_loss(pred, target, corrupted, self.target, self.num_colors),
+                "prediction": pred, "target": target, "kind": kind, "source": source,
+                "correct": hits, "count": corrupted.sum()}
 
     def predict_colors(self, x: torch.Tensor, generator: Optional[torch.Generator] = None) -> Dict[str, torch.Tensor]:
         """For a figure: per-patch mean colours of the input, of the predictions and the corruption kinds.
@@ -172,7 +180,12 @@ class MaskedPatchPrediction(nn.Module):
             guess = class_colors(pred.reshape(b, n, 16, -1).argmax(-1), c, self.bits).mean(dim=2)
         else:
             guess = pred.reshape(*pred.shape[:2], c, -1).mean(-1).clamp(0, 1)
-        return {"true": true, "predicted": guess, "kind": out["kind"], "loss": out["loss"]}
+        return {"true": true, "predicted": guess, "kind": out["kind"], "source": out["source"], "loss": out["loss"]}
+
+    def no_weight_decay(self) -> set:
+        """The ViT's no-decay set, the mask embedding and every bias / 1-D parameter."""
+        inner = {f"vit.{n}" for n in self.vit.no_weight_decay()} if hasattr(self.vit, "no_weight_decay") else set()
+        return inner | {n for n, p in self.named_parameters() if p.ndim <= 1 or n == "mask_token"}
 
 
 def mpp_loss(pred: torch.Tensor, target: torch.Tensor, corrupted: torch.Tensor, kind: str,
@@ -189,6 +202,8 @@ def mpp_loss(pred: torch.Tensor, target: torch.Tensor, corrupted: torch.Tensor, 
 
 def _channels(v: Union[float, Sequence[float]], c: int) -> torch.Tensor:
     t = torch.as_tensor(v, dtype=torch.float32).flatten()
+    if c == 1 and t.numel() > 1:  # one grey channel: the mean of the given values (as Normalize does)
+        t = t.mean().reshape(1)
     if t.numel() == 1:
         t = t.expand(c)
     if t.numel() != c:
