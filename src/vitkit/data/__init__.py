@@ -1,4 +1,12 @@
-"""Data: datasets, preprocessing presets and augmentation."""
+"""Data: datasets (IDX, CIFAR, image folders, tar shards, tensors), splits and loading, batched augmentation,
+preprocessing presets."""
+from .augment import AugmentConfig, BatchAugment, EvalTransform, Normalize
+from .datasets import FileImages, TensorImages, cifar, fashion_mnist, image_folder, mnist, open_dataset, tensor_file
 from .idx import FASHION_MNIST_CLASSES, find_idx_dataset, load_fashion_mnist, load_idx_split, read_idx
+from .loader import EpochSampler, Loader, split_indices
+from .shards import tar_shards, write_shards
 
-__all__ = ["FASHION_MNIST_CLASSES", "find_idx_dataset", "load_fashion_mnist", "load_idx_split", "read_idx"]
+__all__ = ["AugmentConfig", "BatchAugment", "EpochSampler", "EvalTransform", "FASHION_MNIST_CLASSES", "FileImages",
+           "Loader", "Normalize", "TensorImages", "cifar", "fashion_mnist", "find_idx_dataset", "image_folder",
+           "load_fashion_mnist", "load_idx_split", "mnist", "open_dataset", "read_idx", "split_indices",
+           "tar_shards", "tensor_file", "write_shards"]

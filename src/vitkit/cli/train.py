@@ -1,0 +1,143 @@
+"""Training commands: ``train``, ``finetune``, ``eval``, ``recipes``.
+
+Distributed: run the same command under ``torchrun --nproc_per_node N -m vitkit train ...``.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ._util import parse_overrides
+
+
+def _common(p, default_recipe: str) -> None:
+    p.add_argument("--recipe", "-r", default=default_recipe,
+                   help=f"built-in recipe name or a .yaml/.json file (default: {default_recipe}; list: vitkit recipes)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a recipe value: optim.lr=3e-4, schedule.epochs=20, width=192 ... (repeatable)")
+    p.add_argument("--data", metavar="SPEC", help="dataset: fashion-mnist[:DIR], mnist[:DIR], cifar10:DIR, "
+                   "cifar100:DIR, folder:DIR, shards:PATTERN, tensors:FILE")
+    p.add_argument("--epochs", type=float, help="schedule.epochs")
+    p.add_argument("--steps", type=int, help="schedule.steps (wins over epochs)")
+    p.add_argument("--lr", type=float, help="optim.lr (peak)")
+    p.add_argument("--batch-size", type=int, help="optim.batch_size (global)")
+    p.add_argument("--device", help="train.device: auto, cpu, cuda, cuda:N")
+    p.add_argument("--out", "-o", help="run folder (default: runs/<recipe>-<time>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--print", dest="print_only", action="store_true",
+                   help="print the resolved recipe and exit without training")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="train a ViT from a recipe (from scratch, or fine-tune with init.checkpoint)")
+    _common(p, "fmnist-fast")
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("finetune", help="fine-tune a checkpoint (any format vitkit loads) the paper's way: "
+                       "new zero head, position embeddings resized to the new resolution")
+    p.add_argument("checkpoint", help="weights to start from: a vitkit folder, timm/torchvision/HF file, .npz")
+    p.add_argument("--img-size", type=int, help="fine-tuning resolution (position embeddings are resized)")
+    _common(p, "paper-finetune")
+    p.set_defaults(func=_finetune)
+
+    p = sub.add_parser("eval", help="top-1/top-5 accuracy of a checkpoint on a dataset, with its preprocessing")
+    p.add_argument("checkpoint", help="a vitkit model folder (e.g. RUN/model) or any weights vitkit loads")
+    p.add_argument("--data", required=True, metavar="SPEC", help="dataset spec, as for vitkit train")
+    p.add_argument("--split", default="test", help="split to evaluate (default: test)")
+    p.add_argument("--root", help="dataset folder for specs without a path")
+    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--workers", type=int, default=0, help="decoding processes for image folders / shards")
+    p.add_argument("--json", action="store_true", help="print one JSON line")
+    p.add_argument("--debug", action="store_true")
+    p.set_defaults(func=_eval)
+
+    p = sub.add_parser("recipes", help="list the built-in recipes, or print one resolved (with --set overrides)")
+    p.add_argument("name", nargs="?", help="recipe name or file to print")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--save", metavar="FILE", help="write the resolved recipe to FILE (.yaml or .json)")
+    p.set_defaults(func=_recipes)
+
+
+def _overrides(args) -> dict:
+    ov = parse_overrides(args.set)
+    for flag, key in (("data", "data.dataset"), ("epochs", "schedule.epochs"), ("steps", "schedule.steps"),
+                      ("lr", "optim.lr"), ("batch_size", "optim.batch_size"), ("device", "train.device")):
+        v = getattr(args, flag, None)
+        if v is not None:
+            ov[key] = v
+    return ov
+
+
+def _run(args, ov: dict) -> int:
+    from ..train import load_recipe, train
+
+    recipe = load_recipe(args.recipe, ov)
+    if args.print_only:
+        print(recipe.to_yaml(), end="")
+        return 0
+    out = Path(args.out) if args.out else Path("runs") / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.resume and not args.out:
+        raise ValueError("--resume needs --out RUN_FOLDER (the run to continue)")
+    res = train(recipe, out, resume=args.resume, progress=not args.no_progress)
+    if res:
+        _report(res, out)
+    return 0
+
+
+def _report(res: dict, out: Path) -> None:
+    import os
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    top1 = res.get("test_top1_exported", res.get("test_top1"))
+    if top1 is not None:
+        ema = " (EMA weights)" if "test_top1_ema" in res and res.get("test_top1_exported") == res.get("test_top1_ema") else ""
+        print(f"test accuracy: {100 * top1:.2f}% top-1{ema}, {100 * res.get('test_top5_ema', res.get('test_top5', 0)):.2f}% "
+              f"top-5 after {res['epochs']} epochs ({res['steps']} steps, {res['train_wall_s']:.0f} s)")
+    print(f"run folder: {out}  (model/, curves.png, predictions.png, metrics.jsonl, results.json)")
+
+
+def _train(args) -> int:
+    return _run(args, _overrides(args))
+
+
+def _finetune(args) -> int:
+    ov = _overrides(args)
+    ov["init.checkpoint"] = args.checkpoint
+    if args.img_size:
+        ov["model.img_size"] = args.img_size
+    return _run(args, ov)
+
+
+def _eval(args) -> int:
+    from ..train import evaluate_checkpoint
+
+    res = evaluate_checkpoint(args.checkpoint, args.data, args.split, root=args.root, batch_size=args.batch_size,
+                              device=args.device, workers=args.workers)
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print(f"{args.data} [{args.split}, {res['n']} images]: top-1 {100 * res['top1']:.2f}%, "
+              f"top-5 {100 * res['top5']:.2f}%, loss {res['loss']:.4f}")
+    return 0
+
+
+def _recipes(args) -> int:
+    from ..train import list_recipes, load_recipe
+    from ..train.recipe import _raw
+
+    if not args.name:
+        for name in list_recipes():
+            desc = " ".join(str(_raw(name).get("description", "")).split())
+            print(f"{name:18s} {desc[:100]}{'...' if len(desc) > 100 else ''}")
+        return 0
+    recipe = load_recipe(args.name, parse_overrides(args.set))
+    if args.save:
+        recipe.save(args.save)
+        print(f"wrote {args.save}")
+    else:
+        print(recipe.to_yaml(), end="")
+    return 0

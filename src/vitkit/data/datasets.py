@@ -1,0 +1,307 @@
+"""Labelled image datasets for training and evaluation.
+
+Two kinds, one interface (``len``, ``labels``, ``classes``, ``channels``, ``gather``):
+
+- :class:`TensorImages`: the whole split in memory as a uint8 tensor
+  [N, C, H, W] (Fashion-MNIST, MNIST, CIFAR, small image folders, tensors
+  you already have). Batches are gathered by indexing: no per-sample Python.
+- :class:`FileImages`: a list of image files (or tar-shard members, see
+  :mod:`vitkit.data.shards`) decoded on demand by loader workers to a fixed
+  ``load_size`` square, for datasets that do not fit in memory.
+
+:func:`open_dataset` turns a short spec (``fashion-mnist``, ``cifar10``,
+``folder:/data/pets``, ``shards:/data/train-{000..015}.tar``,
+``tensors:/data/x.npz``) and a split name into one of these.
+"""
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from ..utils import PathLike
+from .idx import FASHION_MNIST_CLASSES, MNIST_CLASSES, load_idx_split
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
+MNIST_DIRS = ("/usr/share/datasets/mnist",)
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+@dataclass
+class TensorImages:
+    """A labelled split held in memory: ``images`` uint8 [N, C, H, W], ``labels`` int64 [N]."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    classes: List[str]
+    name: str = "tensors"
+
+    def __post_init__(self) -> None:
+        if self.images.ndim == 3:  # [N, H, W] grayscale
+            self.images = self.images.unsqueeze(1)
+        if self.images.ndim != 4:
+            raise ValueError(f"{self.name}: images must be [N, C, H, W] (or [N, H, W]), got {tuple(self.images.shape)}")
+        if self.images.dtype != torch.uint8:
+            raise ValueError(f"{self.name}: images must be uint8 (0..255), got {self.images.dtype}: "
+                             f"convert with (x * 255).round().clamp(0, 255).to(torch.uint8)")
+        self.labels = torch.as_tensor(self.labels, dtype=torch.int64)
+        if self.labels.ndim != 1 or len(self.labels) != len(self.images):
+            raise ValueError(f"{self.name}: {len(self.images)} images but labels of shape {tuple(self.labels.shape)}")
+        if len(self.labels) and (self.labels.min() < 0 or self.labels.max() >= len(self.classes)):
+            raise ValueError(f"{self.name}: labels must be in [0, {len(self.classes)}), got "
+                             f"[{int(self.labels.min())}, {int(self.labels.max())}]")
+
+    in_memory = True
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def channels(self) -> int:
+        return int(self.images.shape[1])
+
+    @property
+    def image_size(self) -> Tuple[int, int]:
+        return int(self.images.shape[2]), int(self.images.shape[3])
+
+    def gather(self, index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self.images[index], self.labels[index]
+
+    def subset(self, index: Sequence[int], name: Optional[str] = None) -> "TensorImages":
+        index = torch.as_tensor(index, dtype=torch.int64)
+        return TensorImages(self.images[index], self.labels[index], self.classes, name or self.name)
+
+
+@dataclass
+class FileImages:
+    """Images decoded on demand: ``items`` are (source, label) where source is a path or a
+    :class:`~vitkit.data.shards.Member`. Each image is resized (shorter side) and centre-cropped
+    to ``load_size`` so that batches stack; random crops then happen on the batch."""
+
+    items: List[Tuple[Any, int]]
+    classes: List[str]
+    load_size: int = 256
+    channels: int = 3
+    name: str = "files"
+    reader: Optional[Callable[[Any], bytes]] = field(default=None, repr=False)
+
+    in_memory = False
+
+    def __post_init__(self) -> None:
+        self.labels = torch.tensor([lbl for _, lbl in self.items], dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def image_size(self) -> Tuple[int, int]:
+        return self.load_size, self.load_size
+
+    def decode(self, i: int) -> torch.Tensor:
+        from PIL import Image
+
+        src, _ = self.items[i]
+        try:
+            if self.reader is not None:
+                import io
+                img = Image.open(io.BytesIO(self.reader(src)))
+            else:
+                img = Image.open(src)
+            img.load()
+        except Exception as err:
+            raise ValueError(f"{self.name}: image {src} is not readable ({err}): remove or replace the file") from None
+        img = img.convert("L" if self.channels == 1 else "RGB")
+        w, h = img.size
+        s = self.load_size / min(w, h)
+        nw, nh = max(self.load_size, round(w * s)), max(self.load_size, round(h * s))
+        img = img.resize((nw, nh), Image.BILINEAR)
+        left, top = (nw - self.load_size) // 2, (nh - self.load_size) // 2
+        img = img.crop((left, top, left + self.load_size, top + self.load_size))
+        arr = np.asarray(img, dtype=np.uint8)
+        t = torch.from_numpy(arr.copy())
+        return t.unsqueeze(0) if t.ndim == 2 else t.permute(2, 0, 1)
+
+    def __getitem__(self, i: int) -> Tuple[torch.Tensor, int]:
+        return self.decode(i), int(self.items[i][1])
+
+    def gather(self, index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return torch.stack([self.decode(int(i)) for i in index]), self.labels[index]
+
+    def subset(self, index: Sequence[int], name: Optional[str] = None) -> "FileImages":
+        return FileImages([self.items[int(i)] for i in index], self.classes, self.load_size, self.channels,
+                          name or self.name, self.reader)
+
+    def to_memory(self) -> TensorImages:
+        """Decode everything once (for small folders)."""
+        images = torch.stack([self.decode(i) for i in range(len(self))]) if len(self) else \
+            torch.zeros(0, self.channels, self.load_size, self.load_size, dtype=torch.uint8)
+        return TensorImages(images, self.labels.clone(), self.classes, self.name)
+
+
+Dataset = Union[TensorImages, FileImages]
+
+
+# --- IDX (Fashion-MNIST, MNIST) -------------------------------------------------
+def fashion_mnist(split: str = "train", root: Optional[PathLike] = None) -> TensorImages:
+    """Fashion-MNIST from ``root`` or Debian's /usr/share/datasets/fashion-mnist (60k train / 10k test)."""
+    x, y = load_idx_split(split, root)
+    return TensorImages(torch.from_numpy(x.copy()), torch.from_numpy(y), list(FASHION_MNIST_CLASSES),
+                        f"fashion-mnist/{split}")
+
+
+def mnist(split: str = "train", root: Optional[PathLike] = None) -> TensorImages:
+    x, y = load_idx_split(split, root, defaults=MNIST_DIRS)
+    return TensorImages(torch.from_numpy(x.copy()), torch.from_numpy(y), list(MNIST_CLASSES), f"mnist/{split}")
+
+
+# --- CIFAR-10/100 python batches ------------------------------------------------------
+def cifar(root: PathLike, split: str = "train", which: Optional[int] = None) -> TensorImages:
+    """CIFAR-10 (``data_batch_1..5``, ``test_batch``, ``batches.meta``) or CIFAR-100 (``train``, ``test``,
+    ``meta``; fine labels) from the python-pickle release folder. Pickles hold plain numpy arrays and
+    are read with a restricted unpickler that refuses anything else."""
+    folder = Path(root)
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if which is None:
+        which = 100 if (folder / "meta").is_file() and not (folder / "batches.meta").is_file() else 10
+    if which == 10:
+        files = [folder / f"data_batch_{i}" for i in range(1, 6)] if split == "train" else [folder / "test_batch"]
+        meta_file, label_key, names_key = folder / "batches.meta", "labels", "label_names"
+    elif which == 100:
+        files, meta_file, label_key, names_key = [folder / split], folder / "meta", "fine_labels", "fine_label_names"
+    else:
+        raise ValueError(f"CIFAR comes as 10 or 100 classes, got {which}")
+    missing = [str(f) for f in files + [meta_file] if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"CIFAR-{which} python batches not found: missing {', '.join(missing)}. Download "
+            f"cifar-{which}-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html, extract it and pass "
+            f"the folder (cifar-10-batches-py or cifar-100-python)")
+    xs, ys = [], []
+    for f in files:
+        d = _load_pickle(f)
+        data = np.asarray(d["data"], dtype=np.uint8)
+        xs.append(data.reshape(-1, 3, 32, 32))
+        ys.append(np.asarray(d[label_key], dtype=np.int64))
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in _load_pickle(meta_file)[names_key]]
+    return TensorImages(torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys)), names,
+                        f"cifar{which}/{split}")
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    _ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
+                ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
+                ("numpy._core.multiarray", "scalar")}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def _load_pickle(path: Path) -> Dict[Any, Any]:
+    try:
+        with open(path, "rb") as f:
+            d = _SafeUnpickler(f, encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError) as err:
+        raise ValueError(f"{path}: not a CIFAR python batch ({err})") from None
+    return {k.decode() if isinstance(k, bytes) else k: v for k, v in d.items()}
+
+
+# --- image folders ------------------------------------------------------------------------
+def image_folder(root: PathLike, split: Optional[str] = None, *, load_size: int = 256, channels: int = 3,
+                 classes: Optional[List[str]] = None) -> FileImages:
+    """``root/<class>/*.jpg`` (one sub-folder per class, sorted names = label order), or
+    ``root/<split>/<class>/*.jpg`` when ``split`` is given and ``root/<split>`` exists (the authors'
+    ``{train,test}/class`` layout). Pass ``classes`` to fix the label order (e.g. the training split's)."""
+    folder = Path(root)
+    if split is not None and (folder / split).is_dir():
+        folder = folder / split
+    elif split not in (None, "train") or not folder.is_dir():
+        raise FileNotFoundError(f"image folder {folder / split if split else folder} not found: expected "
+                                f"ROOT/<class>/*.jpg or ROOT/{{train,test}}/<class>/*.jpg")
+    found = sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
+    if not found:
+        raise FileNotFoundError(f"{folder} has no class sub-folders: expected {folder}/<class>/*.jpg")
+    classes = list(classes) if classes is not None else found
+    unknown = sorted(set(found) - set(classes))
+    if unknown:
+        raise ValueError(f"{folder}: class folders {unknown} are not among the training classes")
+    items = []
+    for label, name in enumerate(classes):
+        d = folder / name
+        if d.is_dir():
+            items += [(p, label) for p in sorted(d.rglob("*")) if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()]
+    if not items:
+        raise FileNotFoundError(f"{folder}: no images ({', '.join(IMAGE_SUFFIXES)}) in the class folders")
+    return FileImages(items, classes, load_size, channels, f"folder:{folder}")
+
+
+# --- tensors ------------------------------------------------------------------------------------
+def tensor_file(path: PathLike, split: str = "train") -> TensorImages:
+    """``.npz`` with ``{split}_images``/``{split}_labels`` (or ``images``/``labels``) and optional
+    ``classes``; or a ``.pt`` file holding such a dict of tensors (read with weights_only=True)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"tensor file {p} not found")
+    if p.suffix == ".npz":
+        with np.load(p, allow_pickle=False) as z:
+            d = {k: z[k] for k in z.files}
+    else:
+        d = torch.load(p, map_location="cpu", weights_only=True)
+        if not isinstance(d, dict):
+            raise ValueError(f"{p}: expected a dict with 'images' and 'labels'")
+    x = d.get(f"{split}_images", d.get("images"))
+    y = d.get(f"{split}_labels", d.get("labels"))
+    if x is None or y is None:
+        raise ValueError(f"{p}: needs arrays '{split}_images' and '{split}_labels' (or 'images' and 'labels'); "
+                         f"found {sorted(d)}")
+    x, y = torch.as_tensor(np.asarray(x)), torch.as_tensor(np.asarray(y)).long()
+    if x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):  # NHWC -> NCHW
+        x = x.permute(0, 3, 1, 2).contiguous()
+    classes = d.get("classes")
+    classes = [str(c) for c in np.asarray(classes).tolist()] if classes is not None else \
+        [str(i) for i in range(int(y.max()) + 1 if len(y) else 0)]
+    return TensorImages(x, y, classes, f"tensors:{p.name}/{split}")
+
+
+# --- one entry point ----------------------------------------------------------------------------
+KNOWN = ("fashion-mnist", "mnist", "cifar10", "cifar100", "folder", "shards", "tensors")
+
+
+def open_dataset(spec: str, split: str = "train", *, root: Optional[PathLike] = None, load_size: int = 256,
+                 channels: int = 3, classes: Optional[List[str]] = None) -> Dataset:
+    """A dataset from a spec: ``fashion-mnist[:DIR]``, ``mnist[:DIR]``, ``cifar10:DIR``,
+    ``cifar100:DIR``, ``folder:DIR``, ``shards:PATTERN`` (``{train}`` in the pattern is replaced by the
+    split), ``tensors:FILE``. ``root`` is used when the spec has no path."""
+    kind, _, path = spec.partition(":")
+    kind = kind.strip().lower().replace("_", "-")
+    path = path or (str(root) if root is not None else None)
+    if kind in ("fashion-mnist", "fmnist"):
+        return fashion_mnist(split, path)
+    if kind == "mnist":
+        return mnist(split, path)
+    if kind in ("cifar10", "cifar100", "cifar-10", "cifar-100"):
+        if not path:
+            raise ValueError(f"{spec}: give the folder of the python batches, e.g. {kind}:/data/cifar-10-batches-py")
+        return cifar(path, split, 100 if kind.endswith("100") else 10)
+    if kind == "folder":
+        if not path:
+            raise ValueError("folder: give the folder, e.g. folder:/data/pets")
+        return image_folder(path, split, load_size=load_size, channels=channels, classes=classes)
+    if kind == "shards":
+        from .shards import tar_shards
+        if not path:
+            raise ValueError("shards: give a pattern, e.g. shards:/data/{split}-{000..015}.tar")
+        return tar_shards(path.replace("{split}", split), load_size=load_size, channels=channels, classes=classes)
+    if kind == "tensors":
+        if not path:
+            raise ValueError("tensors: give a .npz or .pt file, e.g. tensors:/data/digits.npz")
+        return tensor_file(path, split)
+    raise ValueError(f"unknown dataset {spec!r}: use one of {', '.join(KNOWN)} (e.g. 'fashion-mnist', "
+                     f"'folder:/data/pets', 'cifar10:/data/cifar-10-batches-py')")
+

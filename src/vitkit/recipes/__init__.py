@@ -1,0 +1,1 @@
+"""Built-in training recipes (YAML). List them with ``vitkit recipes``."""

@@ -1,0 +1,68 @@
+"""Training checkpoints: everything needed to continue a run exactly, written atomically.
+
+``RUN/checkpoints/last.pt`` holds the model, optimiser, EMA, step, epoch, position in the epoch and
+the RNG states; it is replaced atomically (temp file + rename), so a crash mid-write leaves the
+previous one intact. It loads with ``torch.load(weights_only=True)``: no code runs from it. The
+trained model itself is exported in vitkit's format (``RUN/model/``) at the end.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+
+from ..utils import PathLike, atomic_path
+
+FORMAT = "vitkit-train-state"
+VERSION = 1
+
+
+def rng_state() -> Dict[str, Any]:
+    out = {"torch": torch.get_rng_state(), "python": _py_state()}
+    if torch.cuda.is_available():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def set_rng_state(d: Dict[str, Any]) -> None:
+    torch.set_rng_state(d["torch"])
+    st = d.get("python")
+    if st is not None:
+        random.setstate((int(st[0]), tuple(int(v) for v in st[1].tolist()), None))
+    if "cuda" in d and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(d["cuda"])
+
+
+def _py_state():
+    version, internal, _ = random.getstate()
+    return [version, torch.tensor(internal, dtype=torch.int64)]
+
+
+def save_state(path: PathLike, state: Dict[str, Any]) -> Path:
+    path = Path(path)
+    state = dict(state, format=FORMAT, version=VERSION)
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+    return path
+
+
+def load_state(path: PathLike) -> Dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no training checkpoint at {path}: nothing to resume (start the run without --resume)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise ValueError(f"{path} could not be read ({err}): the checkpoint is truncated or corrupt") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a vitkit training checkpoint")
+    if int(state.get("version", 0)) > VERSION:
+        raise ValueError(f"{path} was written by a newer vitkit (version {state['version']}): upgrade vitkit")
+    return state
+
+
+def find_last(run_dir: PathLike) -> Optional[Path]:
+    p = Path(run_dir) / "checkpoints" / "last.pt"
+    return p if p.is_file() else None

@@ -1,0 +1,134 @@
+"""Scale-out with PyTorch's own engine: launch with ``torchrun`` (single or multi-node), DDP or FSDP.
+
+``torchrun --nproc_per_node N -m vitkit train ...`` (or ``--nnodes``/``--rdzv-endpoint`` for several
+machines) sets RANK / WORLD_SIZE / LOCAL_RANK; :func:`setup` then joins the process group with NCCL on
+GPUs and gloo on CPUs. Only rank 0 writes files.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device asks for CUDA but no GPU is visible: use train.device=cpu")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device(f"cuda:{local_rank}")
+    return dev
+
+
+def setup(device: str = "auto") -> Dist:
+    """Join the torchrun process group if launched by torchrun, else a single process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = pick_device(device, local)
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        dist.init_process_group(backend=backend)
+    return Dist(rank, world, local, dev)
+
+
+def teardown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap(model: nn.Module, d: Dist, kind: str = "ddp") -> nn.Module:
+    """DDP (replicated weights, all-reduced gradients) or FSDP (weights, gradients and optimiser state
+    sharded per block; for models that do not fit one device)."""
+    if not d.enabled:
+        return model
+    if kind == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for blk in getattr(model, "blocks", []):
+            fully_shard(blk)
+        return fully_shard(model)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+
+
+def all_reduce_mean(t: torch.Tensor, d: Dist) -> torch.Tensor:
+    if d.enabled:
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t /= d.world
+    return t
+
+
+def all_reduce_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
+    if d.enabled:
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def barrier(d: Dist) -> None:
+    if d.enabled:
+        dist.barrier()
+
+
+def broadcast_flag(flag: bool, d: Dist) -> bool:
+    """True on every rank if it is true on any (e.g. a NaN seen by one process)."""
+    if not d.enabled:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=d.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+@contextlib.contextmanager
+def main_first(d: Dist):
+    """Rank 0 runs the body first (e.g. to create folders), then the others."""
+    if not d.main:
+        barrier(d)
+    yield
+    if d.main:
+        barrier(d)
+
+
+def full_state(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None):
+    """Full (unsharded, CPU) model and optimiser state dicts, for DDP, FSDP or a plain module."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, get_model_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    if optimizer is None:
+        return get_model_state_dict(model, options=opts), None
+    return get_state_dict(model, optimizer, options=opts)
+
+
+def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_state, optim_state) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state, options=opts)

@@ -1,0 +1,99 @@
+"""Accuracy of a model on a dataset (top-1, top-5, loss), in the model's own preprocessing."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data.augment import EvalTransform, Normalize
+from ..data.datasets import Dataset, open_dataset
+from ..data.loader import eval_batches
+from ..utils import PathLike
+from .distributed import Dist, all_reduce_sum
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: Dataset, transform: EvalTransform, *, batch_size: int = 500,
+             device: Optional[torch.device] = None, dist: Optional[Dist] = None, precision: str = "fp32",
+             workers: int = 0, keep_probs: bool = False) -> Dict[str, Any]:
+    """{"top1", "top5", "loss", "n"} over every sample of ``data`` (shared across ranks when distributed);
+    with ``keep_probs`` also "probs" [N, K] (single process only)."""
+    dist = dist or Dist()
+    device = device or next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64)  # correct1, correct5, loss, n
+    probs: List[torch.Tensor] = []
+    ac = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else _null()
+    for images, labels in eval_batches(data, batch_size, dist.rank, dist.world, workers):
+        x = transform(images).to(device, non_blocking=True)
+        y = labels.to(device)
+        with ac:
+            logits = model(x)
+        logits = logits.float()
+        k = min(5, logits.shape[1])
+        top = logits.topk(k, dim=1).indices
+        sums[0] += (top[:, 0] == y).sum().item()
+        sums[1] += (top == y[:, None]).any(1).sum().item()
+        sums[2] += F.cross_entropy(logits, y, reduction="sum").item()
+        sums[3] += len(y)
+        if keep_probs:
+            probs.append(logits.softmax(1).cpu())
+    sums = all_reduce_sum(sums.to(device), dist).cpu() if dist.enabled else sums
+    model.train(was_training)
+    n = max(float(sums[3]), 1.0)
+    out: Dict[str, Any] = {"top1": float(sums[0]) / n, "top5": float(sums[1]) / n, "loss": float(sums[2]) / n,
+                           "n": int(sums[3])}
+    if keep_probs:
+        out["probs"] = torch.cat(probs) if probs else torch.zeros(0)
+    return out
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def transform_for(preprocessing: Optional[Dict[str, Any]], img_size: Sequence[int], in_memory: bool) -> EvalTransform:
+    """The evaluation transform a checkpoint's ``preprocessing`` record describes (mean/std, size)."""
+    pre = preprocessing or {}
+    mean, std = pre.get("mean", [0.5]), pre.get("std", [0.5])
+    size = tuple(pre.get("size") or img_size)
+    return EvalTransform(size, Normalize(mean, std), center_crop_files=not in_memory)
+
+
+def evaluate_checkpoint(path: PathLike, dataset: str, split: str = "test", *, root: Optional[PathLike] = None,
+                        batch_size: int = 500, device: str = "auto", workers: int = 0,
+                        mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None
+                        ) -> Dict[str, Any]:
+    """Load a checkpoint (any format vitkit reads) and measure its accuracy on ``dataset``/``split`` with
+    the preprocessing stored in the checkpoint (or ``mean``/``std`` given here)."""
+    from .distributed import pick_device
+    from .weights import load_for_eval
+
+    model, labels, pre = load_for_eval(path)
+    dev = pick_device(device)
+    model.to(dev)
+    cfg = model.config
+    pre = dict(pre or {})
+    if mean is not None:
+        pre["mean"] = list(mean)
+    if std is not None:
+        pre["std"] = list(std)
+    load_size = pre.get("resize") or int(round(cfg.img_size[0] / 0.875))
+    data = open_dataset(dataset, split, root=root, load_size=int(load_size), channels=cfg.in_chans,
+                        classes=labels if dataset.startswith("folder") else None)
+    if getattr(data, "channels", cfg.in_chans) != cfg.in_chans:
+        raise ValueError(f"{dataset} has {data.channels}-channel images but the model takes {cfg.in_chans}")
+    if cfg.num_classes and len(data.classes) > cfg.num_classes:
+        raise ValueError(f"{dataset} has {len(data.classes)} classes but the model predicts {cfg.num_classes}: "
+                         f"fine-tune it first (vitkit finetune)")
+    tf = transform_for(pre, cfg.img_size, getattr(data, "in_memory", False))
+    res = evaluate(model, data, tf, batch_size=batch_size, device=dev, workers=workers)
+    res.update(dataset=dataset, split=split, checkpoint=str(path))
+    return res

@@ -1,0 +1,249 @@
+"""Masked patch prediction pre-training (Section 4.6, Appendix B.1.2) on the training engine.
+
+``pretrain_mpp(recipe, out)`` runs the engine's loop (optimiser, schedule, run folder, checkpoints,
+exact resume) with the MPP objective instead of classification; labels are never read. The recipe's
+``mpp`` section sets the target and the corruption; the paper's optimiser is Adam, lr 2e-4, linear
+warm-up and cosine decay (``mpp-paper`` scales its 1M steps at batch 4096 to the data). The run folder
+gets, besides the engine's files:
+
+    model/         the pre-trained ViT (no head) in vitkit's format: fine-tune it with ``vitkit finetune``
+    mpp.png        original / corrupted / predicted colours for a few held-out images
+    results.json   MPP loss and accuracy on the corrupted patches of the evaluation split
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..checkpoints import save_model
+from ..models.mpp import KEPT, MASKED, MPP_TARGETS, NONE, RANDOM, MaskedPatchPrediction, patchify
+from ..utils import PathLike, atomic_path, write_json_atomic
+from .optim import unwrap
+from .step import TrainStep
+from .trainer import Trainer
+
+
+@dataclass
+class MPPConfig:
+    """The ``mpp`` section of a recipe (used by ``vitkit pretrain-mpp``)."""
+
+    target: str = "mean_color"  # mean_color (512 classes for RGB) | color4x4 (16 x 512) | pixels (L2)
+    bits: int = 3  # quantisation of the colour targets, per channel
+    ratio: float = 0.5  # share of patches corrupted (the paper: 50%, BERT: 15%)
+    p_mask: float = 0.8  # of the corrupted: replaced by the [mask] embedding
+    p_random: float = 0.1  # ... by another random patch's embedding (the rest is kept)
+    eval_images: int = 2000  # evaluation-split images for the held-out MPP loss (0: all)
+    figure_images: int = 6  # images in mpp.png
+
+    def validate(self) -> None:
+        if self.target not in MPP_TARGETS:
+            raise ValueError(f"mpp.target={self.target!r}: use one of {', '.join(MPP_TARGETS)}")
+        if not 0 < self.ratio <= 1 or self.p_mask < 0 or self.p_random < 0 or self.p_mask + self.p_random > 1:
+            raise ValueError("mpp: need 0 < ratio <= 1, p_mask, p_random >= 0 and p_mask + p_random <= 1")
+        if not 1 <= self.bits <= 8:
+            raise ValueError(f"mpp.bits must be 1..8, got {self.bits}")
+
+
+class MPPStep(TrainStep):
+    """The engine's step with the MPP loss; 'acc' is the share of corrupted patches whose target class is
+    predicted (0 for the pixel-regression target)."""
+
+    def loss(self, x: torch.Tensor, t: torch.Tensor):
+        out = self.model(x)
+        correct = out["correct"] if out["correct"] is not None else torch.zeros((), device=x.device)
+        return out["loss"], correct * (x.shape[0] / out["count"].clamp_min(1))
+
+
+class MPPTrainer(Trainer):
+    """The training engine with the MPP objective: the ViT (no classification head) is wrapped with a
+    mask embedding and a prediction head; evaluation reports the held-out MPP loss; the exported model
+    is the bare ViT."""
+
+    def __init__(self, recipe, out: PathLike, **kwargs: Any):
+        recipe.mpp.validate()
+        if recipe.augment.mixes:
+            raise ValueError("Mixup/CutMix blend images, so the patch targets would be blends too: turn "
+                             "augment.mixup and augment.cutmix off for MPP")
+        super().__init__(recipe, out, **kwargs)
+
+    def wrap_model(self, vit: nn.Module) -> nn.Module:
+        m, dc = self.recipe.mpp, self.recipe.data
+        return MaskedPatchPrediction(vit, m.target, bits=m.bits, ratio=m.ratio, p_mask=m.p_mask,
+                                     p_random=m.p_random, pixel_mean=dc.mean, pixel_std=dc.std)
+
+    step_class = MPPStep
+
+    # --- evaluation: the MPP loss on a fixed subset of the evaluation split, fixed corruption -----------
+    @torch.no_grad()
+    def mpp_eval(self, model: nn.Module, data) -> Dict[str, float]:
+        n = len(data) if not self.recipe.mpp.eval_images else min(len(data), self.recipe.mpp.eval_images)
+        idx = torch.linspace(0, len(data) - 1, n).long()
+        g = torch.Generator(device=self.device).manual_seed(self.recipe.train.seed + 17)
+        was = model.training
+        model.eval()
+        sums = torch.zeros(3, dtype=torch.float64)
+        bs = self.recipe.data.eval_batch_size
+        for i in range(0, n, bs):
+            images, _ = data.gather(idx[i:i + bs])
+            x = self.eval_tf(images).to(self.device)
+            out = unwrap(model)(x, generator=g)
+            k = float(out["count"])
+            sums += torch.tensor([float(out["loss"]) * k, float(out["correct"] or 0.0), k], dtype=torch.float64)
+        model.train(was)
+        return {"mpp_loss": float(sums[0] / sums[2]), "mpp_acc": float(sums[1] / sums[2]), "n": n}
+
+    def _periodic_eval(self) -> Dict[str, Any]:
+        if self.periodic is None:
+            return {}
+        rec: Dict[str, Any] = {"kind": "eval", "split": "val" if self.val_data is not None else "test",
+                               "step": self.step, "epoch": round(self.step / self.steps_per_epoch, 4)}
+        for suffix, model in self._eval_models():
+            for k, v in self.mpp_eval(model, self.periodic).items():
+                if k != "n":
+                    rec[k + suffix] = v
+        self.log.write(rec)
+        return rec
+
+    def export_model(self) -> nn.Module:
+        return unwrap(super().export_model()).vit
+
+    def finish(self, wall: float) -> Dict[str, Any]:
+        from .runlog import plot_curves
+
+        r, d = self.recipe, self.dist
+        results: Dict[str, Any] = {"recipe": r.name, "objective": "mpp", "mpp": vars(r.mpp), "steps": self.step,
+                                   "epochs": round(self.step / self.steps_per_epoch, 3),
+                                   "train_wall_s": round(wall, 1), "device": str(self.device),
+                                   "params": unwrap(self.model).vit.num_params()}
+        final = self.test_data if self.test_data is not None else self.periodic
+        rec = {"kind": "eval", "split": "test" if self.test_data is not None else "val", "step": self.step,
+               "epoch": results["epochs"], "final": True}
+        best = None
+        for suffix, model in self._eval_models():
+            if final is None:
+                break
+            res = self.mpp_eval(model, final)
+            for k in ("mpp_loss", "mpp_acc"):
+                rec[k + suffix] = res[k]
+                results[f"test_{k}{suffix}"] = res[k]
+            best = model
+        self.log.write(rec)
+        if d.main:
+            vit = self.export_model()
+            save_model(vit, self.out / "model", preprocessing=self.preprocessing(),
+                       extra={"recipe": r.name, "steps": self.step, "objective": "masked patch prediction",
+                              "mpp": vars(r.mpp)})
+            results["model"] = str(self.out / "model")
+            write_json_atomic(self.out / "results.json", results)
+            plot_curves(self.out, title=f"{r.name}: masked patch prediction ({r.mpp.target})")
+            if final is not None and best is not None and r.mpp.figure_images:
+                n = min(r.mpp.figure_images, len(final))
+                images, _ = final.gather(torch.linspace(0, len(final) - 1, n).long())
+                plot_mpp(unwrap(best), self.eval_tf(images).to(self.device), self.out / "mpp.png",
+                         title=f"{r.name}: masked patch prediction ({r.mpp.target}), step {self.step}",
+                         seed=r.train.seed)
+        return results
+
+
+def pretrain_mpp(recipe, out: PathLike, *, resume: bool = False, progress: bool = True) -> Dict[str, Any]:
+    """MPP pre-training of ``recipe`` into the run folder ``out``; returns results.json's dict."""
+    from . import distributed as D
+
+    trainer = MPPTrainer(recipe, out, resume=resume, progress=progress)
+    try:
+        return trainer.fit()
+    finally:
+        D.teardown()
+
+
+# --- the figure ---------------------------------------------------------------------------------------
+@torch.no_grad()
+def plot_mpp(model: MaskedPatchPrediction, x: torch.Tensor, out: PathLike, *, title: Optional[str] = None,
+             seed: int = 0) -> Optional[Path]:
+    """mpp.png: per image, the original, the corrupted input (masked patches grey with a red frame,
+    replaced ones showing the other patch, kept ones framed in green), the true mean colour of every patch
+    (3-bit) and the model's predicted mean colours on the corrupted patches. None without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Rectangle
+    except ImportError:
+        return None
+    was = model.training
+    model.eval()
+    g = torch.Generator(device=x.device).manual_seed(seed + 23)
+    res = model.predict_colors(x, g)
+    model.train(was)
+    pix = model.pixels(x).cpu()  # [B, C, H, W] in [0, 1]
+    b, c, h, w = pix.shape
+    ph, pw = model.patch
+    gh, gw = h // ph, w // pw
+    kind, source = res["kind"].cpu(), res["source"].cpu()
+    bits = model.bits
+    true_q = _quantised(res["true"].cpu(), bits)
+    pred = res["predicted"].cpu()
+    patches = patchify(pix, (ph, pw))  # [B, N, C, ph, pw]
+    flat = patches.reshape(b * gh * gw, c, ph, pw)
+    cols = ["original", "corrupted input", f"true mean colour ({bits}-bit)", "predicted (corrupted patches)"]
+    fig, axes = plt.subplots(b, 4, figsize=(8.4, 2.2 * b), squeeze=False)
+    for i in range(b):
+        corrupted = patches[i].clone()
+        for n in range(gh * gw):
+            if kind[i, n] == MASKED:
+                corrupted[n] = 0.5
+            elif kind[i, n] == RANDOM:
+                corrupted[n] = flat[int(source[i, n])]
+        shown_pred = true_q[i].clone() * 0.35 + 0.65  # untouched patches: pale (the model saw them)
+        hit = kind[i] != NONE
+        shown_pred[hit] = pred[i][hit]
+        views = [pix[i], _unpatchify(corrupted, gh, gw),
+                 _colour_grid(true_q[i], gh, gw, ph, pw), _colour_grid(shown_pred, gh, gw, ph, pw)]
+        for j, v in enumerate(views):
+            ax = axes[i, j]
+            arr = v.permute(1, 2, 0).numpy()
+            ax.imshow(arr[..., 0] if c == 1 else arr, cmap="gray" if c == 1 else None, vmin=0, vmax=1,
+                      interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if i == 0:
+                ax.set_title(cols[j], fontsize=8)
+            if j in (1, 3):
+                for n in range(gh * gw):
+                    k = int(kind[i, n])
+                    if k == NONE:
+                        continue
+                    colour = {MASKED: "red", RANDOM: "orange", KEPT: "lime"}[k]
+                    r0, c0 = divmod(n, gw)
+                    ax.add_patch(Rectangle((c0 * pw - 0.5, r0 * ph - 0.5), pw, ph, fill=False, lw=0.8,
+                                           edgecolor=colour))
+    fig.suptitle((title or "masked patch prediction") +
+                 "\nframes: red = [mask], orange = another patch, green = kept", fontsize=9)
+    fig.tight_layout()
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
+    plt.close(fig)
+    return Path(out)
+
+
+def _quantised(colours: torch.Tensor, bits: int) -> torch.Tensor:
+    levels = 2 ** bits
+    return ((colours * levels).floor().clamp(0, levels - 1) + 0.5) / levels
+
+
+def _colour_grid(colours: torch.Tensor, gh: int, gw: int, ph: int, pw: int) -> torch.Tensor:
+    """[N, C] colours -> an image [C, gh*ph, gw*pw] with each patch filled by its colour."""
+    c = colours.shape[-1]
+    grid = colours.reshape(gh, gw, c).permute(2, 0, 1)
+    return grid.repeat_interleave(ph, 1).repeat_interleave(pw, 2)
+
+
+def _unpatchify(patches: torch.Tensor, gh: int, gw: int) -> torch.Tensor:
+    n, c, ph, pw = patches.shape
+    return patches.reshape(gh, gw, c, ph, pw).permute(2, 0, 3, 1, 4).reshape(c, gh * ph, gw * pw)

@@ -1,0 +1,314 @@
+"""Recipes: named, printable, overridable training configurations.
+
+A recipe is a YAML (or JSON) file with the sections ``model``, ``data``, ``augment``, ``optim``,
+``schedule``, ``train`` and ``init``. ``base: NAME`` inherits another recipe and changes only what it
+lists. Built-in recipes live in ``vitkit/recipes/*.yaml`` (``paper-pretrain``, ``paper-finetune``,
+``deit``, ``plain-baseline``, ``fmnist-*``). Overrides are dotted keys (``optim.lr=3e-4``) or, when
+unambiguous, bare field names (``lr=3e-4``). The resolved recipe is saved in every run folder.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import yaml
+
+from ..config import ViTConfig, check_fields, config_from_name
+from ..data.augment import AugmentConfig
+from ..utils import PathLike, atomic_path
+
+_RECIPE_PACKAGE = "vitkit.recipes"
+
+
+@dataclass
+class DataConfig:
+    dataset: Optional[str] = "fashion-mnist"  # fashion-mnist | mnist | cifar10:DIR | cifar100:DIR | folder:DIR | shards:PATTERN | tensors:FILE
+    root: Optional[str] = None  # folder for specs without a path (e.g. Fashion-MNIST elsewhere)
+    train_split: str = "train"
+    eval_split: str = "test"
+    val_fraction: float = 0.0  # held out of the training split for periodic evaluation (0: evaluate on eval_split)
+    mean: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    std: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    load_size: Optional[int] = None  # file datasets: decode to this square (default img_size / 0.875)
+    workers: int = 0  # decoding processes for file datasets
+    cache: bool = False  # decode a file dataset once into memory (small datasets)
+    eval_batch_size: int = 500
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"  # adamw | adam | sgd
+    lr: float = 1e-3  # peak learning rate (after warm-up)
+    batch_size: int = 256  # global batch (all processes, all accumulation steps)
+    accum_steps: int = 1  # gradient accumulation: micro-batch = batch_size / (processes * accum_steps)
+    betas: Tuple[float, float] = (0.9, 0.999)  # the paper's Adam betas
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    momentum: float = 0.9  # sgd
+    nesterov: bool = False
+    clip_grad: Optional[float] = 1.0  # global-norm clipping (the paper clips at 1)
+    implementation: str = "auto"  # auto (fused on GPU, foreach on CPU) | fused | foreach | loop
+
+
+@dataclass
+class ScheduleConfig:
+    epochs: Optional[float] = 10  # length in epochs, or
+    steps: Optional[int] = None  # in optimiser steps (wins over epochs)
+    warmup_steps: Optional[int] = None  # linear warm-up from 0, in steps, or
+    warmup_epochs: float = 0.0
+    decay: str = "cosine"  # cosine | linear | constant
+    min_lr: float = 0.0  # the lr at the end of decay
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 0
+    precision: str = "fp32"  # fp32 | bf16 (autocast)
+    compile: bool = False  # torch.compile the model
+    ema: float = 0.0  # Polyak / EMA decay of the weights (the paper: 0.9999); 0 = off
+    ema_warmup: bool = True  # decay min(ema, (1 + t) / (10 + t)) early on, so short runs benefit too
+    eval_every: float = 1.0  # epochs between evaluations (0 = only at the end)
+    ckpt_every: int = 500  # steps between checkpoints (0 = end of epochs and run only)
+    log_every: int = 50  # steps between metric lines
+    deterministic: bool = False  # torch deterministic algorithms (exact resume on GPU too)
+    threads: Optional[int] = None  # torch intra-op threads on CPU
+    distributed: str = "ddp"  # ddp | fsdp (used when launched with torchrun)
+    grad_checkpointing: bool = False
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    export: str = "auto"  # weights exported as the model: auto (EMA if on) | ema | raw
+    predictions: int = 16  # test images shown in predictions.png
+
+
+@dataclass
+class InitConfig:
+    checkpoint: Optional[str] = None  # fine-tune from these weights (any format vitkit loads)
+    head: str = "auto"  # auto (zero-init new head when classes differ) | reset | keep
+    num_heads: Optional[int] = None  # for weight files that do not record it
+
+
+SECTIONS = {"data": DataConfig, "augment": AugmentConfig, "optim": OptimConfig, "schedule": ScheduleConfig,
+            "train": TrainConfig, "init": InitConfig}
+
+
+@dataclass
+class Recipe:
+    name: str = "custom"
+    description: str = ""
+    model: Dict[str, Any] = field(default_factory=dict)  # arch: NAME plus any ViTConfig field
+    data: DataConfig = field(default_factory=DataConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    init: InitConfig = field(default_factory=InitConfig)
+
+    # --- (de)serialisation ----------------------------------------------------------
+    def to_dict(self) -> Dict[str, Any]:
+        d = {"name": self.name, "description": self.description, "model": copy.deepcopy(self.model)}
+        for key in SECTIONS:
+            d[key] = _plain(dataclasses.asdict(getattr(self, key)))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Recipe":
+        d = dict(d)
+        d.pop("base", None)
+        _check_keys(d, ["name", "description", "model"] + list(SECTIONS), "recipe")
+        kw: Dict[str, Any] = {k: d[k] for k in ("name", "description") if k in d}
+        model = dict(d.get("model") or {})
+        check_fields({k: v for k, v in model.items() if k != "arch"})
+        kw["model"] = model
+        for key, klass in SECTIONS.items():
+            sec = dict(d.get(key) or {})
+            names = [f.name for f in dataclasses.fields(klass)]
+            _check_keys(sec, names, key)
+            for f in dataclasses.fields(klass):
+                if f.name in sec and isinstance(sec[f.name], list) and "Tuple" in str(f.type):
+                    sec[f.name] = tuple(sec[f.name])
+            try:
+                kw[key] = klass(**sec)
+            except TypeError as err:
+                raise ValueError(f"recipe section {key}: {err}") from None
+        recipe = cls(**kw)
+        recipe.validate()
+        return recipe
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None, width=110)
+
+    def save(self, path: PathLike) -> Path:
+        path = Path(path)
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n" if path.suffix == ".json" else self.to_yaml())
+        return path
+
+    # --- checks and derived values ------------------------------------------------------------
+    def validate(self) -> None:
+        o, s, t = self.optim, self.schedule, self.train
+        if o.name not in ("adamw", "adam", "sgd"):
+            raise ValueError(f"optim.name={o.name!r}: use adamw, adam or sgd")
+        if o.lr <= 0 or o.batch_size <= 0 or o.accum_steps <= 0:
+            raise ValueError("optim.lr, optim.batch_size and optim.accum_steps must be positive")
+        if o.batch_size % o.accum_steps:
+            raise ValueError(f"optim.batch_size {o.batch_size} is not divisible by accum_steps {o.accum_steps}")
+        if o.implementation not in ("auto", "fused", "foreach", "loop"):
+            raise ValueError(f"optim.implementation={o.implementation!r}: use auto, fused, foreach or loop")
+        if s.decay not in ("cosine", "linear", "constant"):
+            raise ValueError(f"schedule.decay={s.decay!r}: use cosine, linear or constant")
+        if s.steps is None and (s.epochs is None or s.epochs <= 0):
+            raise ValueError("give schedule.epochs > 0 or schedule.steps")
+        if t.precision not in ("fp32", "bf16"):
+            raise ValueError(f"train.precision={t.precision!r}: use fp32 or bf16")
+        if t.distributed not in ("ddp", "fsdp"):
+            raise ValueError(f"train.distributed={t.distributed!r}: use ddp or fsdp")
+        if not 0 <= t.ema < 1:
+            raise ValueError(f"train.ema must be in [0, 1) (e.g. 0.9999), got {t.ema}")
+        if t.export not in ("auto", "ema", "raw"):
+            raise ValueError(f"train.export={t.export!r}: use auto, ema or raw")
+        if self.init.head not in ("auto", "reset", "keep"):
+            raise ValueError(f"init.head={self.init.head!r}: use auto, reset or keep")
+        if "arch" in self.model and self.model["arch"] is not None:
+            config_from_name(str(self.model["arch"]))  # fails early on unknown names
+
+    def model_config(self, num_classes: Optional[int] = None, in_chans: Optional[int] = None,
+                     base: Optional[ViTConfig] = None) -> ViTConfig:
+        """The ViTConfig: ``base`` (a checkpoint's) or the ``arch`` name, with the recipe's fields on top;
+        ``num_classes`` / ``in_chans`` "auto" (or absent) come from the dataset."""
+        fields = {k: v for k, v in self.model.items() if k != "arch"}
+        for key, value in (("num_classes", num_classes), ("in_chans", in_chans)):
+            if fields.get(key, "auto") == "auto":
+                if value is not None:
+                    fields[key] = value
+                else:
+                    fields.pop(key, None)
+        if base is not None:
+            return base.replace(**fields)
+        arch = self.model.get("arch")
+        return config_from_name(arch, **fields) if arch else ViTConfig(**fields)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, tuple):
+        return [_plain(x) for x in v]
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+def _check_keys(d: Dict[str, Any], allowed: List[str], where: str) -> None:
+    for k in d:
+        if k not in allowed:
+            hint = difflib.get_close_matches(k, allowed, n=1)
+            extra = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise ValueError(f"unknown key {k!r} in {where}{extra} (known: {', '.join(allowed)})")
+
+
+# --- named recipes --------------------------------------------------------------------------------
+def list_recipes() -> List[str]:
+    return sorted(p.name[:-5] for p in resources.files(_RECIPE_PACKAGE).iterdir() if p.name.endswith(".yaml"))
+
+
+def _read_file(path: Path) -> Dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"recipe file {path} not found") from None
+    try:
+        d = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise ValueError(f"recipe {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {err}") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"recipe {path} must be a mapping of sections")
+    return d
+
+
+def _raw(name_or_path: Union[str, PathLike], seen: Tuple[str, ...] = ()) -> Dict[str, Any]:
+    key = str(name_or_path)
+    if key in seen:
+        raise ValueError(f"recipe inheritance loops: {' -> '.join(seen + (key,))}")
+    p = Path(key)
+    if p.suffix in (".yaml", ".yml", ".json") or p.exists():
+        d = _read_file(p)
+    else:
+        res = resources.files(_RECIPE_PACKAGE).joinpath(f"{key}.yaml")
+        if not res.is_file():
+            names = list_recipes()
+            hint = difflib.get_close_matches(key, names, n=1)
+            extra = f" Did you mean {hint[0]!r}?" if hint else ""
+            raise ValueError(f"unknown recipe {key!r}.{extra} Built-in recipes: {', '.join(names)}; or give a "
+                             f".yaml/.json file")
+        d = yaml.safe_load(res.read_text())
+        d.setdefault("name", key)
+    base = d.get("base")
+    if base:
+        parent = _raw(base, seen + (key,))
+        d = merge(parent, {k: v for k, v in d.items() if k != "base"})
+    return d
+
+
+def merge(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
+    """``b`` over ``a``, section by section (one level of nesting; values replace, never concatenate)."""
+    out = copy.deepcopy(a)
+    for k, v in b.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = {**out[k], **copy.deepcopy(v)}
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def apply_overrides(d: Dict[str, Any], overrides: Dict[str, Any]) -> Dict[str, Any]:
+    """Set dotted keys (``optim.lr``) or unambiguous bare field names (``lr``) in a recipe dict."""
+    out = copy.deepcopy(d)
+    leaf_owner: Dict[str, List[str]] = {}
+    for sec, klass in SECTIONS.items():
+        for f in dataclasses.fields(klass):
+            leaf_owner.setdefault(f.name, []).append(sec)
+    for f in dataclasses.fields(ViTConfig):
+        leaf_owner.setdefault(f.name, []).append("model")
+    leaf_owner.setdefault("arch", []).append("model")
+    for key, value in overrides.items():
+        if "." in key:
+            sec, _, leaf = key.partition(".")
+        elif key in ("name", "description"):
+            out[key] = value
+            continue
+        elif key == "model" or key in SECTIONS:  # a whole section: model={...} replaces the architecture
+            if value is not None and not isinstance(value, dict):
+                raise ValueError(f"{key}=... replaces the whole section: give a mapping, e.g. {key}={{...}}")
+            out[key] = dict(value or {})
+            continue
+        else:
+            owners = leaf_owner.get(key)
+            if not owners:
+                hint = difflib.get_close_matches(key, list(leaf_owner), n=1)
+                extra = f"; did you mean {hint[0]!r}?" if hint else ""
+                raise ValueError(f"unknown recipe key {key!r}{extra}: use SECTION.KEY (e.g. optim.lr=3e-4)")
+            if len(owners) > 1:
+                raise ValueError(f"{key!r} is in several sections ({', '.join(owners)}): write "
+                                 f"{owners[0]}.{key}=... ")
+            sec, leaf = owners[0], key
+        if sec != "model" and sec not in SECTIONS:
+            raise ValueError(f"unknown recipe section {sec!r} in {key!r}: use one of model, {', '.join(SECTIONS)}")
+        out.setdefault(sec, {})
+        if out[sec] is None:
+            out[sec] = {}
+        out[sec][leaf] = value
+    return out
+
+
+def load_recipe(name_or_path: Union[str, PathLike] = "fmnist-fast", overrides: Optional[Dict[str, Any]] = None
+                ) -> Recipe:
+    """A built-in recipe by name or a recipe file, with ``overrides`` applied and everything validated."""
+    d = _raw(name_or_path)
+    if overrides:
+        d = apply_overrides(d, overrides)
+    return Recipe.from_dict(d)

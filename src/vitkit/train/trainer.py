@@ -1,0 +1,382 @@
+"""The training loop: a recipe and a run folder in, a trained, evaluated, exported ViT out.
+
+Run folder (``out``)::
+
+    recipe.yaml          the resolved recipe (after inheritance and overrides)
+    metrics.jsonl        train lines every log_every steps, eval lines at every evaluation
+    checkpoints/last.pt  model, optimiser, EMA, step/epoch/position, RNG states (atomic, resumable)
+    model/               the trained model in vitkit's format (labels + preprocessing included)
+    results.json         final test accuracy (raw and EMA weights), time, throughput
+    curves.png           loss / accuracy / lr; predictions.png: a few test images with predictions
+
+Exact resume: the epoch order is a function of (seed, epoch); the augmentation and dropout noise of
+step ``s`` come from generators seeded by (seed, s, rank); the lr is a function of the step. So a run
+killed at any point and resumed from its last checkpoint ends with the same weights (on CPU, and on
+GPU with ``train.deterministic``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+
+from ..checkpoints import save_model
+from ..data.augment import BatchAugment, EvalTransform, Normalize
+from ..data.datasets import Dataset, open_dataset
+from ..data.loader import EpochSampler, Loader, split_indices
+from ..models import VisionTransformer
+from ..utils import PathLike, write_json_atomic
+from . import distributed as D
+from .checkpoint import find_last, load_state, rng_state, save_state, set_rng_state
+from .evaluate import evaluate
+from .optim import EMA, Schedule, build_optimizer, set_lr, unwrap
+from .recipe import Recipe
+from .runlog import MetricsLog, plot_curves, plot_predictions
+from .step import TrainStep
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradients became NaN/Inf."""
+
+
+def _seed_for(seed: int, step: int, rank: int, salt: int = 0) -> int:
+    return (seed * 1_000_003 + step * 4099 + rank * 131 + salt) % (2 ** 63 - 1)
+
+
+class Trainer:
+    """Builds data, model, optimiser and schedule from a recipe; :meth:`fit` trains."""
+
+    def __init__(self, recipe: Recipe, out: PathLike, *, resume: bool = False, progress: bool = True,
+                 stop_after: Optional[int] = None, data: Optional[Dict[str, Dataset]] = None):
+        self.recipe, self.out, self.progress = recipe, Path(out), progress
+        self.stop_after = stop_after  # stop (as if killed) after this many steps: for tests
+        t = recipe.train
+        if t.threads:
+            torch.set_num_threads(int(t.threads))
+        if t.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        self.dist = D.setup(t.device)
+        self.device = self.dist.device
+        torch.manual_seed(t.seed)
+        self._build_data(data)
+        self._build_model()
+        self._build_optim()
+        self.step = 0
+        self.log = None
+        if self.dist.main:
+            self.out.mkdir(parents=True, exist_ok=True)
+        last = find_last(self.out)
+        if resume:
+            if last is None:
+                raise FileNotFoundError(f"--resume: no checkpoint in {self.out / 'checkpoints'}; start the run "
+                                        f"without --resume")
+            self._restore(load_state(last))
+        elif last is not None and self.dist.main:
+            raise ValueError(f"{self.out} already holds a run (checkpoints/last.pt): pass --resume to continue "
+                             f"it, or choose another --out")
+        if self.dist.main:
+            recipe.save(self.out / "recipe.yaml")
+        self.log = MetricsLog(self.out / "metrics.jsonl", self.dist.main,
+                              truncate_after_step=self.step if resume else None)
+        if not resume and self.dist.main and (self.out / "metrics.jsonl").exists():
+            (self.out / "metrics.jsonl").unlink()
+
+    # --- set-up -----------------------------------------------------------------------------
+    def _build_data(self, given: Optional[Dict[str, Dataset]]) -> None:
+        r = self.recipe
+        dc = r.data
+        size_hint = r.model.get("img_size") or 224
+        size_hint = size_hint if isinstance(size_hint, int) else max(size_hint)
+        load_size = dc.load_size or int(round(size_hint / 0.875))
+        chans = r.model.get("in_chans", "auto")
+        chans = 3 if chans == "auto" else int(chans)
+        if not given and not dc.dataset:
+            raise ValueError(f"recipe {r.name!r} names no dataset: pass --data (e.g. --data folder:/data/pets, whose "
+                             f"sub-folders are the classes, or shards:/data/train-{{000..015}}.tar)")
+        if given:
+            train_full, test = given["train"], given.get("test")
+        else:
+            train_full = open_dataset(dc.dataset, dc.train_split, root=dc.root, load_size=load_size, channels=chans)
+            test = open_dataset(dc.dataset, dc.eval_split, root=dc.root, load_size=load_size, channels=chans,
+                                classes=train_full.classes) if dc.eval_split else None
+        if dc.cache and not train_full.in_memory:
+            train_full = train_full.to_memory()
+            test = test.to_memory() if test is not None and not test.in_memory else test
+        self.classes = list(train_full.classes)
+        if dc.val_fraction > 0:
+            tr, va = split_indices(len(train_full), dc.val_fraction, r.train.seed, train_full.labels)
+            self.train_data, self.val_data = train_full.subset(tr, "train"), train_full.subset(va, "val")
+        else:
+            self.train_data, self.val_data = train_full, None
+        self.test_data = test
+        self.periodic = self.val_data if self.val_data is not None else self.test_data
+        self.load_size = load_size
+
+    def _build_model(self) -> None:
+        r, t = self.recipe, self.recipe.train
+        n_cls, chans = len(self.classes), self.train_data.channels
+        self.init_notes = []
+        if r.init.checkpoint:
+            def target(base):
+                fields_in_chans = r.model.get("in_chans", "auto")
+                return r.model_config(num_classes=n_cls, in_chans=None if fields_in_chans == "auto" else chans,
+                                      base=base)
+            from .weights import load_init
+
+            model, self.init_notes = load_init(r.init.checkpoint, target, head=r.init.head,
+                                               num_heads=r.init.num_heads)
+        else:
+            model = VisionTransformer(r.model_config(num_classes=n_cls, in_chans=chans))
+        self.config = model.config
+        if t.grad_checkpointing:
+            model.set_grad_checkpointing(True)
+        model.to(self.device)
+        self.model = model  # the plain module (weights, export, EMA)
+        self.wrapped = D.wrap(model, self.dist, t.distributed)
+        self.forward_model = torch.compile(self.wrapped) if t.compile else self.wrapped
+        dc = r.data
+        norm = Normalize(dc.mean, dc.std, channels=self.config.in_chans)
+        self.normalize = norm
+        self.augment = BatchAugment(r.augment, self.config.img_size, len(self.classes), norm)
+        self.eval_tf = EvalTransform(self.config.img_size, norm,
+                                     center_crop_files=not getattr(self.train_data, "in_memory", True))
+
+    def _build_optim(self) -> None:
+        r, d = self.recipe, self.dist
+        o = r.optim
+        self.optimizer = build_optimizer(self.wrapped, o, self.device)
+        self.sampler = EpochSampler(len(self.train_data), o.batch_size, shuffle=True, seed=r.train.seed,
+                                    rank=d.rank, world=d.world, repeats=r.augment.repeats)
+        self.loader = Loader(self.train_data, self.sampler, r.data.workers)
+        self.steps_per_epoch = len(self.sampler)
+        self.schedule = Schedule.from_config(r.schedule, o.lr, self.steps_per_epoch)
+        self.total_steps = self.schedule.total
+        self.ema = EMA(self.model, r.train.ema, r.train.ema_warmup) if r.train.ema > 0 else None
+        self.step_fn = TrainStep(self.forward_model, self.optimizer, precision=r.train.precision,
+                                 clip_grad=o.clip_grad, accum_steps=o.accum_steps,
+                                 label_smoothing=r.augment.label_smoothing, device=self.device)
+        ev = r.train.eval_every
+        self.eval_interval = max(1, int(round(ev * self.steps_per_epoch))) if ev > 0 else 0
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def _state(self) -> Dict[str, Any]:
+        model_state, optim_state = D.full_state(self.wrapped, self.optimizer)
+        st = {"step": self.step, "epoch": self.step // self.steps_per_epoch,
+              "batch": self.step % self.steps_per_epoch, "model": model_state, "optimizer": optim_state,
+              "rng": rng_state(), "recipe": self.recipe.to_dict(), "classes": self.classes,
+              "config": self.config.to_dict(), "total_steps": self.total_steps}
+        if self.ema is not None:
+            ema = self.ema.state_dict()
+            ema["shadow"] = {k: _full(v) for k, v in ema["shadow"].items()}
+            st["ema"] = ema
+        return st
+
+    def save_checkpoint(self) -> Optional[Path]:
+        st = self._state()  # collective under FSDP: every rank takes part
+        path = None
+        if self.dist.main:
+            path = save_state(self.out / "checkpoints" / "last.pt", st)
+        D.barrier(self.dist)
+        return path
+
+    def _restore(self, st: Dict[str, Any]) -> None:
+        if st.get("total_steps") not in (None, self.total_steps):
+            raise ValueError(f"the checkpoint belongs to a {st['total_steps']}-step run but the recipe now has "
+                             f"{self.total_steps} steps: resume with the same recipe")
+        D.load_full_state(self.wrapped, self.optimizer, st["model"], st["optimizer"])
+        if self.ema is not None and "ema" in st:
+            self.ema.load_state_dict(st["ema"])
+        set_rng_state(st["rng"])
+        self.step = int(st["step"])
+
+    # --- the loop -----------------------------------------------------------------------------
+    def fit(self) -> Dict[str, Any]:
+        r, d = self.recipe, self.dist
+        t0 = time.perf_counter()
+        total = self.total_steps
+        bar = None
+        if self.progress and d.main:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=total, initial=self.step, desc=r.name, unit="step", dynamic_ncols=True,
+                       mininterval=1.0)
+        acc_sum = torch.zeros(3, dtype=torch.float64)  # loss, acc, count since the last log line
+        seen, train_time = 0, 0.0
+        last_good = self.step
+        tick = time.perf_counter()
+        stopped = False
+        while self.step < total:
+            epoch, start = divmod(self.step, self.steps_per_epoch)
+            for images, labels in self.loader.epoch(epoch, start):
+                step = self.step
+                lr = self.schedule(step)
+                set_lr(self.optimizer, lr)
+                g = torch.Generator().manual_seed(_seed_for(r.train.seed, step, d.rank))
+                x, y = self.augment(images, labels, g)
+                torch.manual_seed(_seed_for(r.train.seed, step, d.rank, salt=1))  # dropout / stochastic depth
+                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                stats = self.step_fn(x, y)
+                bad = not bool(torch.isfinite(stats["grad_norm"])) or not bool(torch.isfinite(stats["loss"]))
+                if D.broadcast_flag(bad, d) if d.enabled else bad:
+                    self._diverged(step, lr, stats, last_good)
+                if self.ema is not None:
+                    self.ema.update(self.model)
+                self.step += 1
+                seen += x.shape[0] * d.world
+                acc_sum += torch.tensor([float(stats["loss"]), float(stats["acc"]), 1.0], dtype=torch.float64)
+                now = time.perf_counter()
+                if self.step % r.train.log_every == 0 or self.step == total:
+                    m = D.all_reduce_mean(acc_sum.to(self.device), d).cpu() if d.enabled else acc_sum
+                    elapsed = now - tick
+                    train_time += elapsed
+                    rec = {"kind": "train", "step": self.step, "epoch": round(self.step / self.steps_per_epoch, 4),
+                           "loss": float(m[0] / m[2]), "acc": float(m[1] / m[2]), "lr": lr,
+                           "grad_norm": float(stats["grad_norm"]), "img_per_s": seen / max(elapsed, 1e-9),
+                           "time": round(time.perf_counter() - t0, 2)}
+                    self.log.write(rec)
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{100 * rec['acc']:.1f}%",
+                                        lr=f"{lr:.2e}", img_s=f"{rec['img_per_s']:.0f}", refresh=False)
+                    acc_sum.zero_()
+                    seen, tick = 0, time.perf_counter()
+                if bar is not None:
+                    bar.update(1)
+                if self.eval_interval and (self.step % self.eval_interval == 0) and self.step < total:
+                    self._periodic_eval()
+                    tick = time.perf_counter()
+                if r.train.ckpt_every and self.step % r.train.ckpt_every == 0 and self.step < total:
+                    self.save_checkpoint()
+                    last_good = self.step
+                    tick = time.perf_counter()
+                if self.stop_after is not None and self.step >= self.stop_after:
+                    stopped = True
+                    break
+                if self.step >= total:
+                    break
+            if stopped:
+                break
+            if self.step % self.steps_per_epoch == 0 and not r.train.ckpt_every and self.step < total:
+                self.save_checkpoint()
+                last_good = self.step
+        if bar is not None:
+            bar.close()
+        if stopped:
+            return {"stopped_at": self.step}
+        self.save_checkpoint()
+        return self.finish(time.perf_counter() - t0)
+
+    def _diverged(self, step: int, lr: float, stats: Dict[str, torch.Tensor], last_good: int) -> None:
+        where = self.out / "checkpoints" / "last.pt"
+        has = where.is_file()
+        msg = (f"training diverged at step {step + 1}: loss {float(stats['loss']):.4g}, gradient norm "
+               f"{float(stats['grad_norm']):.4g} (lr {lr:.3g}). ")
+        msg += (f"The last good checkpoint (step {last_good}) is kept at {where}: resume from it with --resume "
+                f"and a lower learning rate (--set optim.lr=...), stronger clipping or fp32."
+                if has else "No checkpoint was written yet: lower the learning rate or use fp32 and start again.")
+        if self.log is not None:
+            self.log.write({"kind": "diverged", "step": step + 1, "loss": float(stats["loss"]), "lr": lr})
+        raise TrainingDiverged(msg)
+
+    def _eval_models(self):
+        yield "", self.forward_model
+        if self.ema is not None:
+            if not hasattr(self, "_ema_model"):
+                import copy
+                self._ema_model = copy.deepcopy(self.model)
+            self.ema.copy_to(self._ema_model)
+            yield "_ema", self._ema_model
+
+    def _periodic_eval(self) -> Dict[str, Any]:
+        if self.periodic is None:
+            return {}
+        split = "val" if self.val_data is not None else "test"
+        rec: Dict[str, Any] = {"kind": "eval", "split": split, "step": self.step,
+                               "epoch": round(self.step / self.steps_per_epoch, 4)}
+        for suffix, model in self._eval_models():
+            res = evaluate(model, self.periodic, self.eval_tf, batch_size=self.recipe.data.eval_batch_size,
+                           device=self.device, dist=self.dist, precision=self.recipe.train.precision,
+                           workers=self.recipe.data.workers)
+            for k in ("top1", "top5", "loss"):
+                rec[k + suffix] = res[k]
+        self.log.write(rec)
+        return rec
+
+    # --- the end ------------------------------------------------------------------------------
+    def export_model(self) -> VisionTransformer:
+        kind = self.recipe.train.export
+        use_ema = self.ema is not None and kind in ("auto", "ema")
+        if kind == "ema" and self.ema is None:
+            raise ValueError("train.export=ema but train.ema is 0: turn EMA on or export raw weights")
+        if use_ema:
+            _ = list(self._eval_models())
+            return self._ema_model
+        return self.model
+
+    def preprocessing(self) -> Dict[str, Any]:
+        dc, cfg = self.recipe.data, self.config
+        mean, std = list(dc.mean), list(dc.std)
+        if len(mean) == 1:
+            mean, std = mean * 3, std * 3
+        in_mem = getattr(self.train_data, "in_memory", True)
+        return {"name": f"vitkit-train:{dc.dataset.split(':')[0]}", "size": list(cfg.img_size),
+                "resize": None if in_mem else self.load_size, "resize_mode": "squash" if in_mem else "shorter",
+                "interpolation": "bilinear", "backend": "tensor" if in_mem else "pil", "mean": mean, "std": std,
+                "description": f"as trained by vitkit ({'resize to the model size' if in_mem else 'shorter side ' + str(self.load_size) + ', centre crop'})"}
+
+    def finish(self, wall: float) -> Dict[str, Any]:
+        d = self.dist
+        results: Dict[str, Any] = {"recipe": self.recipe.name, "steps": self.step,
+                                   "epochs": round(self.step / self.steps_per_epoch, 3),
+                                   "train_wall_s": round(wall, 1), "params": unwrap(self.model).num_params(),
+                                   "processes": d.world, "device": str(self.device)}
+        final = self.test_data if self.test_data is not None else self.periodic
+        rec = {"kind": "eval", "split": "test" if self.test_data is not None else "val", "step": self.step,
+               "epoch": results["epochs"], "final": True}
+        probs = None
+        for suffix, model in self._eval_models():
+            if final is None:
+                break
+            res = evaluate(model, final, self.eval_tf, batch_size=self.recipe.data.eval_batch_size,
+                           device=self.device, dist=d, precision=self.recipe.train.precision,
+                           workers=self.recipe.data.workers, keep_probs=not d.enabled)
+            for k in ("top1", "top5", "loss"):
+                rec[k + suffix] = res[k]
+            results[f"test_top1{suffix}"], results[f"test_top5{suffix}"] = res["top1"], res["top5"]
+            if "probs" in res and (suffix == "_ema") == (self.ema is not None and self.recipe.train.export != "raw"):
+                probs = res["probs"]
+        self.log.write(rec)
+        if d.main:
+            exported = self.export_model()
+            save_model(unwrap(exported), self.out / "model", labels=self.classes, preprocessing=self.preprocessing(),
+                       extra={"recipe": self.recipe.name, "steps": self.step,
+                              "test_top1": results.get("test_top1_ema", results.get("test_top1")),
+                              "weights": "ema" if exported is not self.model else "raw"})
+            results["model"] = str(self.out / "model")
+            results["test_top1_exported"] = results.get("test_top1_ema" if exported is not self.model else "test_top1")
+            write_json_atomic(self.out / "results.json", results)
+            plot_curves(self.out, title=f"{self.recipe.name}: test top-1 "
+                        f"{100 * (results.get('test_top1_exported') or 0):.2f}%")
+            if probs is not None and final is not None and self.recipe.train.predictions:
+                n = min(self.recipe.train.predictions, len(final))
+                idx = torch.linspace(0, len(final) - 1, n).long()
+                imgs, lbls = final.gather(idx)
+                plot_predictions(imgs, lbls, probs[idx], self.classes, self.out / "predictions.png")
+        D.barrier(d)
+        return results
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor().cpu() if hasattr(t, "full_tensor") else t.detach().cpu()
+
+
+def train(recipe: Recipe, out: PathLike, *, resume: bool = False, progress: bool = True) -> Dict[str, Any]:
+    """Train ``recipe`` into the run folder ``out`` (resuming it with ``resume``); returns results.json's dict."""
+    trainer = Trainer(recipe, out, resume=resume, progress=progress)
+    try:
+        return trainer.fit()
+    finally:
+        D.teardown()

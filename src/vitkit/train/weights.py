@@ -1,0 +1,36 @@
+"""Starting weights for fine-tuning and models for evaluation, through the checkpoint loader.
+
+Every format vitkit reads (its own folders, timm / torchvision / Hugging Face files, the authors' .npz)
+goes through :mod:`vitkit.checkpoints`; the model is built at the recipe's configuration and the
+weights are adapted there (position embeddings resized on the 2D grid, a zero-initialised head for a
+new class count: Section 3.2 of the paper).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ..config import ViTConfig
+from ..models import VisionTransformer
+from ..utils import PathLike
+
+
+def load_init(path: PathLike, target: Callable[[ViTConfig], ViTConfig], *, head: str = "auto",
+              num_heads: Optional[int] = None) -> Tuple[VisionTransformer, List[str]]:
+    """Read ``path``, build ``VisionTransformer(target(checkpoint_config))`` and load the adapted weights.
+    Returns the model (train mode) and the list of adaptations made."""
+    from ..checkpoints import build, read_checkpoint
+
+    ckpt = read_checkpoint(path, num_heads=num_heads)
+    cfg = target(ckpt.config)
+    model = VisionTransformer(cfg)
+    model = build(ckpt, model=model, head=head, strict=True)
+    notes = list((getattr(model, "checkpoint", None) or {}).get("notes", []))
+    return model.train(), notes
+
+
+def load_for_eval(path: PathLike) -> Tuple[VisionTransformer, Optional[List[str]], Optional[Dict[str, Any]]]:
+    """(model in eval mode, its labels, its preprocessing record) from any checkpoint vitkit reads."""
+    from ..checkpoints import load_weights
+
+    model = load_weights(path)
+    return model.eval(), getattr(model, "labels", None), getattr(model, "preprocessing", None)

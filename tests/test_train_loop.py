@@ -1,0 +1,163 @@
+"""The training loop end to end on a small synthetic task: learning, run folder, exact resume after a
+kill, NaN detection, fine-tuning from a checkpoint, evaluation from the CLI."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from _synthetic import write_npz, write_recipe
+from vitkit.checkpoints import save_model
+from vitkit.models import VisionTransformer
+from vitkit.train import Trainer, TrainingDiverged, load_recipe
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def _vitkit(*args, check=True, **kw):
+    return subprocess.run([sys.executable, "-m", "vitkit", *map(str, args)], capture_output=True, text=True,
+                          env=ENV, check=check, timeout=300, **kw)
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    d = tmp_path_factory.mktemp("task")
+    data = write_npz(d / "quadrants.npz")
+    return d, data, write_recipe(d, data)
+
+
+@pytest.fixture(scope="module")
+def full_run(task):
+    """An uninterrupted run of the tiny recipe through the CLI (6 epochs, 96 steps)."""
+    d, _, recipe = task
+    out = d / "full"
+    res = _vitkit("train", "-r", recipe, "--out", out, "--no-progress")
+    return out, res.stdout
+
+
+def test_training_learns_and_fills_the_run_folder(full_run):
+    out, stdout = full_run
+    results = json.loads((out / "results.json").read_text())
+    assert results["steps"] == 96 and results["test_top1_exported"] > 0.85  # chance is 0.25
+    assert "test accuracy:" in stdout
+    for name in ("recipe.yaml", "metrics.jsonl", "curves.png", "predictions.png", "checkpoints/last.pt",
+                 "model/model.safetensors", "model/vitkit.json"):
+        assert (out / name).is_file(), name
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert train[-1]["loss"] < train[0]["loss"]
+    assert [r["step"] for r in train] == list(range(4, 97, 4))
+    assert len(evals) == 6 and evals[-1].get("final") and "top1_ema" in evals[-1]
+    meta = json.loads((out / "model" / "vitkit.json").read_text())
+    assert meta["labels"] == ["q0", "q1", "q2", "q3"]
+    assert meta["preprocessing"]["size"] == [16, 16] and meta["preprocessing"]["mean"] == [0.2] * 3
+    # the resolved recipe reproduces the run's configuration
+    assert load_recipe(out / "recipe.yaml").to_dict() == load_recipe(out / "recipe.yaml").to_dict()
+
+
+def test_killed_run_resumes_to_identical_weights(task, full_run):
+    d, _, recipe = task
+    out = d / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "vitkit", "train", "-r", str(recipe), "--out", str(out),
+                             "--no-progress"], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = out / "checkpoints" / "last.pt"
+    deadline = time.time() + 120
+    step = 0
+    while time.time() < deadline and proc.poll() is None:
+        if ckpt.is_file():
+            try:
+                step = torch.load(ckpt, weights_only=True)["step"]
+            except Exception:  # being replaced: try again
+                step = 0
+            if step >= 12:
+                break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)  # no chance to clean up
+    proc.wait()
+    assert 12 <= step < 96 and not (out / "results.json").exists()
+    res = _vitkit("train", "-r", recipe, "--out", out, "--resume", "--no-progress")
+    assert "test accuracy" in res.stdout
+    a = load_file(str(full_run[0] / "model" / "model.safetensors"))
+    b = load_file(str(out / "model" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    ra = json.loads((full_run[0] / "results.json").read_text())
+    rb = json.loads((out / "results.json").read_text())
+    assert ra["test_top1"] == rb["test_top1"] and ra["test_top1_ema"] == rb["test_top1_ema"]
+    # the metrics of the resumed run continue without duplicates
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()
+             if json.loads(x)["kind"] == "train"]
+    assert steps == list(range(4, 97, 4))
+
+
+def test_resume_and_overwrite_guards(task, full_run, tmp_path):
+    _, _, recipe = task
+    r = _vitkit("train", "-r", recipe, "--out", full_run[0], check=False)
+    assert r.returncode == 1 and "--resume" in r.stderr
+    r = _vitkit("train", "-r", recipe, "--out", tmp_path / "none", "--resume", check=False)
+    assert r.returncode == 1 and "no checkpoint" in r.stderr
+
+
+def test_nan_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(task, tmp_path):
+    _, data, recipe_file = task
+    recipe = load_recipe(recipe_file, {"train.ckpt_every": 5, "train.ema": 0.0})
+    trainer = Trainer(recipe, tmp_path / "run", progress=False)
+    real = trainer.step_fn
+    calls = []
+
+    def poisoned(x, y):
+        calls.append(1)
+        if len(calls) == 8:  # something blows up at step 8
+            with torch.no_grad():
+                trainer.model.blocks[0].mlp.fc1.weight.fill_(float("nan"))
+        return real(x, y)
+
+    trainer.step_fn = poisoned
+    with pytest.raises(TrainingDiverged, match=r"diverged at step 8.*last good checkpoint \(step 5\)"):
+        trainer.fit()
+    st = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert st["step"] == 5
+    assert all(torch.isfinite(v).all() for v in st["model"].values())
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["kind"] == "diverged" and rows[-1]["step"] == 8
+
+
+def test_finetune_from_a_checkpoint_resizes_positions_and_replaces_the_head(task, tmp_path):
+    _, data, recipe_file = task
+    src = VisionTransformer(img_size=8, patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=7,
+                            in_chans=1)
+    with torch.no_grad():
+        src.head.weight.normal_()
+    save_model(src, tmp_path / "pre")
+    recipe = load_recipe(recipe_file, {"init.checkpoint": str(tmp_path / "pre"), "model": {"img_size": 16},
+                                       "schedule.steps": 3, "schedule.warmup_steps": 1,
+                                       "train.eval_every": 0})
+    trainer = Trainer(recipe, tmp_path / "ft", progress=False)
+    m = trainer.model
+    assert m.config.img_size == (16, 16) and m.config.num_classes == 4 and m.config.width == 32
+    assert m.pos_embed.shape == (1, 17, 32)  # 2x2 grid + class slot -> 4x4 grid + class slot
+    assert torch.count_nonzero(m.head.weight) == 0  # the paper's zero head
+    assert torch.equal(m.blocks[1].attn.qkv.weight, src.blocks[1].attn.qkv.weight)
+    assert any("pos_embed" in n for n in trainer.init_notes)
+    res = trainer.fit()
+    assert res["steps"] == 3
+
+
+def test_eval_cli_matches_the_runs_own_test_accuracy(task, full_run):
+    _, data, _ = task
+    out = full_run[0]
+    r = _vitkit("eval", out / "model", "--data", f"tensors:{data}", "--json")
+    res = json.loads(r.stdout)
+    expected = json.loads((out / "results.json").read_text())["test_top1_exported"]
+    assert res["n"] == 128 and abs(res["top1"] - expected) < 1e-9
+    r = _vitkit("eval", out / "model", "--data", f"tensors:{data}", "--split", "validation", check=False)
+    assert r.returncode == 1 and "validation" in r.stderr
