@@ -157,6 +157,9 @@ def read_tensors(path: PathLike) -> Tuple[str, Dict[str, Any], Dict[str, str]]:
         return kind, read_npz(p), {}
     if kind in (TORCH_ZIP, TORCH_LEGACY):
         return kind, unwrap_state(read_torch(p, mmap=kind == TORCH_ZIP), str(p)), {}
+    if kind == JSON:
+        raise ValueError(f"{p} is a JSON file, not weights: pass the folder that holds it and the weights "
+                         f"(a Hugging Face or vitkit checkpoint folder)")
     raise ValueError(f"{p} is not a weights file vitkit knows (safetensors, .npz, PyTorch .pth/.bin): "
                      f"its first bytes are {open(p, 'rb').read(8)!r}")
 
