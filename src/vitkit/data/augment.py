@@ -291,6 +291,8 @@ class AugmentConfig:
     repeats: int = 1  # repeated augmentation (Hoffer et al. 2020 / DeiT): copies of each image per epoch
 
     def __post_init__(self) -> None:
+        if self.crop is None:  # "none" on the command line parses to None
+            self.crop = "none"
         if self.crop not in ("none", "pad", "inception", "center"):
             raise ValueError(f"augment.crop={self.crop!r}: use none, pad, inception or center")
         if self.randaugment is not None:

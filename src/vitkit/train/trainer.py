@@ -76,7 +76,7 @@ class Trainer:
                 raise FileNotFoundError(f"--resume: no checkpoint in {self.out / 'checkpoints'}; start the run "
                                         f"without --resume")
             self._restore(load_state(last))
-        elif last is not None and self.dist.main:
+        elif last is not None:
             raise ValueError(f"{self.out} already holds a run (checkpoints/last.pt): pass --resume to continue "
                              f"it, or choose another --out")
         if self.dist.main:
@@ -113,6 +113,13 @@ class Trainer:
             self.train_data, self.val_data = train_full.subset(tr, "train"), train_full.subset(va, "val")
         else:
             self.train_data, self.val_data = train_full, None
+        if dc.train_subset:  # few labels: a seeded, class-stratified subset of the training images
+            n = len(self.train_data)
+            if not 0 < dc.train_subset <= n:
+                raise ValueError(f"data.train_subset={dc.train_subset} but the training split has {n} images")
+            if dc.train_subset < n:
+                _, keep = split_indices(n, dc.train_subset / n, r.train.seed + 1, self.train_data.labels)
+                self.train_data = self.train_data.subset(keep, "train")
         self.test_data = test
         self.periodic = self.val_data if self.val_data is not None else self.test_data
         self.load_size = load_size
@@ -135,6 +142,7 @@ class Trainer:
         self.config = model.config
         if t.grad_checkpointing:
             model.set_grad_checkpointing(True)
+        model = self.wrap_model(model)
         model.to(self.device)
         self.model = model  # the plain module (weights, export, EMA)
         self.wrapped = D.wrap(model, self.dist, t.distributed)
@@ -145,6 +153,13 @@ class Trainer:
         self.augment = BatchAugment(r.augment, self.config.img_size, len(self.classes), norm)
         self.eval_tf = EvalTransform(self.config.img_size, norm,
                                      center_crop_files=not getattr(self.train_data, "in_memory", True))
+
+    step_class = TrainStep  # the optimiser step; objectives other than classification subclass it
+
+    def wrap_model(self, model: VisionTransformer) -> torch.nn.Module:
+        """The module trained around the ViT: the ViT itself here; other objectives wrap it (masked patch
+        prediction adds a mask embedding and a prediction head: ``vitkit.train.mpp``)."""
+        return model
 
     def _build_optim(self) -> None:
         r, d = self.recipe, self.dist
@@ -157,7 +172,7 @@ class Trainer:
         self.schedule = Schedule.from_config(r.schedule, o.lr, self.steps_per_epoch)
         self.total_steps = self.schedule.total
         self.ema = EMA(self.model, r.train.ema, r.train.ema_warmup) if r.train.ema > 0 else None
-        self.step_fn = TrainStep(self.forward_model, self.optimizer, precision=r.train.precision,
+        self.step_fn = self.step_class(self.forward_model, self.optimizer, precision=r.train.precision,
                                  clip_grad=o.clip_grad, accum_steps=o.accum_steps,
                                  label_smoothing=r.augment.label_smoothing, device=self.device)
         ev = r.train.eval_every
@@ -284,10 +299,10 @@ class Trainer:
     def _eval_models(self):
         yield "", self.forward_model
         if self.ema is not None:
-            if not hasattr(self, "_ema_model"):
-                import copy
-                self._ema_model = copy.deepcopy(self.model)
-            self.ema.copy_to(self._ema_model)
+            if not hasattr(self, "_ema_model"):  # a plain (unsharded) copy that holds the averaged weights
+                self._ema_model = VisionTransformer(self.config).to(self.device)
+            shadow = {k: _full(v) for k, v in self.ema.shadow.items()}  # collective under FSDP
+            self._ema_model.load_state_dict(shadow)
             yield "_ema", self._ema_model
 
     def _periodic_eval(self) -> Dict[str, Any]:
@@ -307,14 +322,25 @@ class Trainer:
 
     # --- the end ------------------------------------------------------------------------------
     def export_model(self) -> VisionTransformer:
+        """The weights to publish as a plain model (EMA if on, unless train.export=raw). Collective under
+        FSDP: every rank calls it."""
         kind = self.recipe.train.export
-        use_ema = self.ema is not None and kind in ("auto", "ema")
         if kind == "ema" and self.ema is None:
             raise ValueError("train.export=ema but train.ema is 0: turn EMA on or export raw weights")
-        if use_ema:
+        if self.ema is not None and kind in ("auto", "ema"):
             _ = list(self._eval_models())
             return self._ema_model
+        if self.recipe.train.distributed == "fsdp" and self.dist.enabled:
+            state = D.full_state(self.wrapped)[0]  # gathered on rank 0 only
+            if not self.dist.main:
+                return None
+            plain = VisionTransformer(self.config)
+            plain.load_state_dict(state)
+            return plain
         return self.model
+
+    def _exports_ema(self) -> bool:
+        return self.ema is not None and self.recipe.train.export in ("auto", "ema")
 
     def preprocessing(self) -> Dict[str, Any]:
         dc, cfg = self.recipe.data, self.config
@@ -346,17 +372,17 @@ class Trainer:
             for k in ("top1", "top5", "loss"):
                 rec[k + suffix] = res[k]
             results[f"test_top1{suffix}"], results[f"test_top5{suffix}"] = res["top1"], res["top5"]
-            if "probs" in res and (suffix == "_ema") == (self.ema is not None and self.recipe.train.export != "raw"):
+            if "probs" in res and (suffix == "_ema") == self._exports_ema():
                 probs = res["probs"]
         self.log.write(rec)
+        exported = self.export_model()
         if d.main:
-            exported = self.export_model()
             save_model(unwrap(exported), self.out / "model", labels=self.classes, preprocessing=self.preprocessing(),
                        extra={"recipe": self.recipe.name, "steps": self.step,
-                              "test_top1": results.get("test_top1_ema", results.get("test_top1")),
-                              "weights": "ema" if exported is not self.model else "raw"})
+                              "test_top1": results.get("test_top1_ema" if self._exports_ema() else "test_top1"),
+                              "weights": "ema" if self._exports_ema() else "raw"})
             results["model"] = str(self.out / "model")
-            results["test_top1_exported"] = results.get("test_top1_ema" if exported is not self.model else "test_top1")
+            results["test_top1_exported"] = results.get("test_top1_ema" if self._exports_ema() else "test_top1")
             write_json_atomic(self.out / "results.json", results)
             plot_curves(self.out, title=f"{self.recipe.name}: test top-1 "
                         f"{100 * (results.get('test_top1_exported') or 0):.2f}%")
