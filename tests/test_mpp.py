@@ -160,3 +160,120 @@ def test_mpp_learns_to_fill_in_masked_patches(gray_cfg):
         opt.step()
         losses.append(loss.item())
     assert sum(losses[-5:]) / 5 < 0.75 * math.log(8)  # chance is log(8) for 8 grey levels
+
+
+# --- vitkit pretrain-mpp on the training engine ----------------------------------------------------------
+TINY = {"name": "tiny-mpp", "model": {"img_size": 16, "patch_size": 4, "width": 32, "depth": 2, "num_heads": 2,
+                                      "mlp_dim": 64, "pool": "gap", "class_token": False},
+        "data.mean": [0.2], "data.std": [0.3], "data.eval_batch_size": 64, "augment.crop": "pad", "augment.pad": 2,
+        "augment.flip": False, "augment.label_smoothing": 0.0, "optim.name": "adam", "optim.lr": 3e-3,
+        "optim.batch_size": 32, "optim.weight_decay": 0.0, "schedule.epochs": 3, "schedule.warmup_steps": 4,
+        "train.ema": 0.9, "train.ckpt_every": 8, "train.log_every": 4, "train.threads": 1,
+        "mpp.target": "color4x4", "mpp.eval_images": 64, "mpp.figure_images": 3}
+
+
+@pytest.fixture(scope="module")
+def quadrants(tmp_path_factory):
+    from _synthetic import write_npz
+
+    d = tmp_path_factory.mktemp("mpp")
+    return d, write_npz(d / "quadrants.npz")
+
+
+def _recipe(data, **more):
+    from vitkit.train import load_recipe
+
+    return load_recipe("fmnist-mpp", {**TINY, "data.dataset": f"tensors:{data}", **more})
+
+
+@pytest.fixture(scope="module")
+def mpp_run(quadrants):
+    from vitkit.train.mpp import pretrain_mpp
+
+    d, data = quadrants
+    return d / "run", pretrain_mpp(_recipe(data), d / "run", progress=False)
+
+
+def test_pretrain_mpp_fills_the_run_folder_and_learns(mpp_run):
+    import json
+
+    from vitkit.checkpoints import load_model
+
+    out, res = mpp_run
+    for name in ("recipe.yaml", "metrics.jsonl", "checkpoints/last.pt", "model/model.safetensors", "mpp.png",
+                 "curves.png", "results.json"):
+        assert (out / name).is_file(), name
+    assert res["steps"] == 48 and res["objective"] == "mpp" and res["mpp"]["target"] == "color4x4"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    assert train[-1]["loss"] < 0.8 * train[0]["loss"]
+    assert res["test_mpp_loss_ema"] < math.log(8)  # held-out images, 8 grey levels per cell
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert len(evals) == 3 and all("mpp_loss" in r and "mpp_loss_ema" in r for r in evals)
+    vit = load_model(out / "model")  # the bare ViT: no head, no mask embedding
+    assert vit.config.num_classes == 0 and not any("mask" in k or "mpp" in k for k in vit.state_dict())
+    assert "mpp:" in (out / "recipe.yaml").read_text()
+
+
+def test_pretrain_mpp_resumes_exactly(quadrants, mpp_run):
+    from safetensors.torch import load_file
+
+    from vitkit.train.mpp import MPPTrainer
+
+    d, data = quadrants
+    out = d / "resumed"
+    assert MPPTrainer(_recipe(data), out, progress=False, stop_after=20).fit() == {"stopped_at": 20}
+    MPPTrainer(_recipe(data), out, progress=False, resume=True).fit()
+    a, b = load_file(str(mpp_run[0] / "model/model.safetensors")), load_file(str(out / "model/model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_mpp_never_reads_labels(quadrants):
+    from vitkit.data.datasets import tensor_file
+    from vitkit.train.mpp import MPPTrainer
+
+    d, data = quadrants
+    states = []
+    for shuffle in (False, True):
+        train, test = tensor_file(data, "train"), tensor_file(data, "test")
+        if shuffle:
+            train.labels = train.labels[torch.randperm(len(train.labels))]
+        t = MPPTrainer(_recipe(data, **{"schedule.epochs": 1, "train.ema": 0.0}), d / f"labels{shuffle}",
+                       progress=False, data={"train": train, "test": test})
+        t.fit()
+        states.append(t.model.state_dict())
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+
+def test_finetune_after_mpp_on_a_stratified_subset(quadrants, mpp_run):
+    from vitkit.checkpoints import load_model
+    from vitkit.data.datasets import tensor_file
+    from vitkit.train import Trainer, load_recipe
+
+    d, data = quadrants
+    recipe = load_recipe("fmnist-1k", {**{k: v for k, v in TINY.items() if not k.startswith("mpp.")},
+                                       "name": "tiny-ft", "data.dataset": f"tensors:{data}", "data.train_subset": 128,
+                                       "optim.name": "adamw", "schedule.epochs": 2, "init.checkpoint": str(mpp_run[0] / "model")})
+    t = Trainer(recipe, d / "ft", progress=False)
+    per_class = torch.bincount(tensor_file(data, "train").labels)
+    want = [round(int(c) * 128 / 512) for c in per_class]  # class-stratified: each class in proportion
+    assert torch.bincount(t.train_data.labels).tolist() == want and abs(sum(want) - 128) <= 2
+    pre = load_model(mpp_run[0] / "model").state_dict()
+    assert torch.equal(t.model.state_dict()["blocks.1.mlp.fc1.weight"], pre["blocks.1.mlp.fc1.weight"])
+    assert t.model.config.num_classes == 4 and (t.model.head.weight == 0).all()  # the paper's zero head
+    res = t.fit()
+    assert res["steps"] == 2 * (len(t.train_data) // 32) and 0 <= res["test_top1"] <= 1
+
+
+def test_pretrain_mpp_cli_and_refusals(quadrants, capsys):
+    from vitkit.cli import main
+
+    d, data = quadrants
+    assert main(["pretrain-mpp", "--print", "--target", "pixels", "--data", f"tensors:{data}"]) == 0
+    text = capsys.readouterr().out
+    assert "target: pixels" in text and "name: fmnist-mpp" in text and "num_classes" not in text
+    assert main(["pretrain-mpp", "--data", f"tensors:{data}", "--set", "augment.mixup=0.8", "--out",
+                 str(d / "bad")]) == 1
+    assert "Mixup/CutMix blend images" in capsys.readouterr().err
+    assert main(["pretrain-mpp", "--set", "mpp.p_mask=0.95", "--out", str(d / "bad2")]) == 1
+    assert "p_mask + p_random <= 1" in capsys.readouterr().err

@@ -13,49 +13,40 @@ gets, besides the engine's files:
 from __future__ import annotations
 
 import copy
-import time
-from dataclasses import dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import nn
 
 from ..checkpoints import save_model
+from ..models import VisionTransformer
 from ..models.mpp import KEPT, MASKED, MPP_TARGETS, NONE, RANDOM, MaskedPatchPrediction, patchify
 from ..utils import PathLike, atomic_path, write_json_atomic
 from .optim import unwrap
+from .recipe import MPPConfig, Recipe
 from .step import TrainStep
-from .trainer import Trainer
+from .trainer import Trainer, _full
 
 
-@dataclass
-class MPPConfig:
-    """The ``mpp`` section of a recipe (used by ``vitkit pretrain-mpp``)."""
-
-    target: str = "mean_color"  # mean_color (512 classes for RGB) | color4x4 (16 x 512) | pixels (L2)
-    bits: int = 3  # quantisation of the colour targets, per channel
-    ratio: float = 0.5  # share of patches corrupted (the paper: 50%, BERT: 15%)
-    p_mask: float = 0.8  # of the corrupted: replaced by the [mask] embedding
-    p_random: float = 0.1  # ... by another random patch's embedding (the rest is kept)
-    eval_images: int = 2000  # evaluation-split images for the held-out MPP loss (0: all)
-    figure_images: int = 6  # images in mpp.png
-
-    def validate(self) -> None:
-        if self.target not in MPP_TARGETS:
-            raise ValueError(f"mpp.target={self.target!r}: use one of {', '.join(MPP_TARGETS)}")
-        if not 0 < self.ratio <= 1 or self.p_mask < 0 or self.p_random < 0 or self.p_mask + self.p_random > 1:
-            raise ValueError("mpp: need 0 < ratio <= 1, p_mask, p_random >= 0 and p_mask + p_random <= 1")
-        if not 1 <= self.bits <= 8:
-            raise ValueError(f"mpp.bits must be 1..8, got {self.bits}")
+def check_mpp(m: MPPConfig) -> None:
+    if m.target not in MPP_TARGETS:
+        raise ValueError(f"mpp.target={m.target!r}: use one of {', '.join(MPP_TARGETS)}")
+    if not 0 < m.ratio <= 1 or m.p_mask < 0 or m.p_random < 0 or m.p_mask + m.p_random > 1:
+        raise ValueError(f"mpp: need 0 < ratio <= 1, p_mask, p_random >= 0 and p_mask + p_random <= 1 (got ratio "
+                         f"{m.ratio}, p_mask {m.p_mask}, p_random {m.p_random})")
+    if not 1 <= m.bits <= 8:
+        raise ValueError(f"mpp.bits must be 1..8, got {m.bits}")
 
 
 class MPPStep(TrainStep):
     """The engine's step with the MPP loss; 'acc' is the share of corrupted patches whose target class is
     predicted (0 for the pixel-regression target)."""
 
-    def loss(self, x: torch.Tensor, t: torch.Tensor):
-        out = self.model(x)
+    def loss(self, x: torch.Tensor, t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        with self.autocast():
+            out = self.model(x)
         correct = out["correct"] if out["correct"] is not None else torch.zeros((), device=x.device)
         return out["loss"], correct * (x.shape[0] / out["count"].clamp_min(1))
 
@@ -65,19 +56,21 @@ class MPPTrainer(Trainer):
     mask embedding and a prediction head; evaluation reports the held-out MPP loss; the exported model
     is the bare ViT."""
 
-    def __init__(self, recipe, out: PathLike, **kwargs: Any):
-        recipe.mpp.validate()
+    step_class = MPPStep
+
+    def __init__(self, recipe: Recipe, out: PathLike, **kwargs: Any):
+        check_mpp(recipe.mpp)
         if recipe.augment.mixes:
             raise ValueError("Mixup/CutMix blend images, so the patch targets would be blends too: turn "
                              "augment.mixup and augment.cutmix off for MPP")
+        recipe = copy.deepcopy(recipe)
+        recipe.model["num_classes"] = 0  # no classification head: labels are never used
         super().__init__(recipe, out, **kwargs)
 
     def wrap_model(self, vit: nn.Module) -> nn.Module:
         m, dc = self.recipe.mpp, self.recipe.data
         return MaskedPatchPrediction(vit, m.target, bits=m.bits, ratio=m.ratio, p_mask=m.p_mask,
                                      p_random=m.p_random, pixel_mean=dc.mean, pixel_std=dc.std)
-
-    step_class = MPPStep
 
     # --- evaluation: the MPP loss on a fixed subset of the evaluation split, fixed corruption -----------
     @torch.no_grad()
@@ -110,14 +103,28 @@ class MPPTrainer(Trainer):
         self.log.write(rec)
         return rec
 
-    def export_model(self) -> nn.Module:
-        return unwrap(super().export_model()).vit
+    def _eval_models(self):
+        yield "", self.forward_model
+        if self.ema is not None:
+            if not hasattr(self, "_ema_model"):  # a plain copy of the trained module for the averaged weights
+                self._ema_model = self.wrap_model(VisionTransformer(self.config)).to(self.device)
+            self._ema_model.load_state_dict({k: _full(v) for k, v in self.ema.shadow.items()})
+            yield "_ema", self._ema_model
+
+    def export_model(self) -> VisionTransformer:
+        """The pre-trained ViT alone (EMA weights if on, unless train.export=raw)."""
+        kind = self.recipe.train.export
+        if kind == "ema" and self.ema is None:
+            raise ValueError("train.export=ema but train.ema is 0: turn EMA on or export raw weights")
+        if self.ema is not None and kind in ("auto", "ema"):
+            return dict(self._eval_models())["_ema"].vit
+        return unwrap(self.model).vit
 
     def finish(self, wall: float) -> Dict[str, Any]:
         from .runlog import plot_curves
 
         r, d = self.recipe, self.dist
-        results: Dict[str, Any] = {"recipe": r.name, "objective": "mpp", "mpp": vars(r.mpp), "steps": self.step,
+        results: Dict[str, Any] = {"recipe": r.name, "objective": "mpp", "mpp": asdict(r.mpp), "steps": self.step,
                                    "epochs": round(self.step / self.steps_per_epoch, 3),
                                    "train_wall_s": round(wall, 1), "device": str(self.device),
                                    "params": unwrap(self.model).vit.num_params()}
@@ -138,7 +145,7 @@ class MPPTrainer(Trainer):
             vit = self.export_model()
             save_model(vit, self.out / "model", preprocessing=self.preprocessing(),
                        extra={"recipe": r.name, "steps": self.step, "objective": "masked patch prediction",
-                              "mpp": vars(r.mpp)})
+                              "mpp": asdict(r.mpp)})
             results["model"] = str(self.out / "model")
             write_json_atomic(self.out / "results.json", results)
             plot_curves(self.out, title=f"{r.name}: masked patch prediction ({r.mpp.target})")
@@ -168,7 +175,8 @@ def plot_mpp(model: MaskedPatchPrediction, x: torch.Tensor, out: PathLike, *, ti
              seed: int = 0) -> Optional[Path]:
     """mpp.png: per image, the original, the corrupted input (masked patches grey with a red frame,
     replaced ones showing the other patch, kept ones framed in green), the true mean colour of every patch
-    (3-bit) and the model's predicted mean colours on the corrupted patches. None without matplotlib."""
+    (3-bit) and the model's predicted mean colours on the corrupted (framed) patches, true colours elsewhere.
+    None without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -191,7 +199,7 @@ def plot_mpp(model: MaskedPatchPrediction, x: torch.Tensor, out: PathLike, *, ti
     pred = res["predicted"].cpu()
     patches = patchify(pix, (ph, pw))  # [B, N, C, ph, pw]
     flat = patches.reshape(b * gh * gw, c, ph, pw)
-    cols = ["original", "corrupted input", f"true mean colour ({bits}-bit)", "predicted (corrupted patches)"]
+    cols = ["original", "corrupted input", f"true mean colour ({bits}-bit)", "predicted (framed patches)"]
     fig, axes = plt.subplots(b, 4, figsize=(8.4, 2.2 * b), squeeze=False)
     for i in range(b):
         corrupted = patches[i].clone()
@@ -200,7 +208,7 @@ def plot_mpp(model: MaskedPatchPrediction, x: torch.Tensor, out: PathLike, *, ti
                 corrupted[n] = 0.5
             elif kind[i, n] == RANDOM:
                 corrupted[n] = flat[int(source[i, n])]
-        shown_pred = true_q[i].clone() * 0.35 + 0.65  # untouched patches: pale (the model saw them)
+        shown_pred = true_q[i].clone()  # untouched patches keep their true colour; framed ones are predicted
         hit = kind[i] != NONE
         shown_pred[hit] = pred[i][hit]
         views = [pix[i], _unpatchify(corrupted, gh, gw),

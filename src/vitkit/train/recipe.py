@@ -38,6 +38,7 @@ class DataConfig:
     load_size: Optional[int] = None  # file datasets: decode to this square (default img_size / 0.875)
     workers: int = 0  # decoding processes for file datasets
     cache: bool = False  # decode a file dataset once into memory (small datasets)
+    train_subset: Optional[int] = None  # train on a seeded, class-stratified subset of this many images
     eval_batch_size: int = 500
 
 
@@ -92,8 +93,21 @@ class InitConfig:
     num_heads: Optional[int] = None  # for weight files that do not record it
 
 
+@dataclass
+class MPPConfig:
+    """Masked patch prediction (Section 4.6), used by ``vitkit pretrain-mpp`` (``vitkit.train.mpp``)."""
+
+    target: str = "mean_color"  # mean_color (3-bit mean colour, 512 classes for RGB) | color4x4 | pixels (L2)
+    bits: int = 3  # quantisation of the colour targets per channel
+    ratio: float = 0.5  # share of patch embeddings corrupted (the paper: 50%)
+    p_mask: float = 0.8  # of those: replaced by the learned [mask] embedding
+    p_random: float = 0.1  # ... by another random patch's embedding (the rest kept as is)
+    eval_images: int = 2000  # evaluation-split images for the held-out MPP loss (0: all)
+    figure_images: int = 6  # held-out images shown in mpp.png
+
+
 SECTIONS = {"data": DataConfig, "augment": AugmentConfig, "optim": OptimConfig, "schedule": ScheduleConfig,
-            "train": TrainConfig, "init": InitConfig}
+            "train": TrainConfig, "init": InitConfig, "mpp": MPPConfig}
 
 
 @dataclass
@@ -107,6 +121,7 @@ class Recipe:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     init: InitConfig = field(default_factory=InitConfig)
+    mpp: MPPConfig = field(default_factory=MPPConfig)
 
     # --- (de)serialisation ----------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:

@@ -9,7 +9,7 @@ benchmarks)::
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -47,13 +47,10 @@ class TrainStep:
         for i, (x, t) in enumerate(chunks):
             sync = _no_sync(self.model) if i < n - 1 else contextlib.nullcontext()
             with sync:
-                with self.autocast():
-                    logits = self.model(x)
-                loss = classification_loss(logits, t, self.label_smoothing)
+                loss, right = self.loss(x, t)
                 (loss * (x.shape[0] / images.shape[0])).backward()
             total_loss += loss.detach() * (x.shape[0] / images.shape[0])
-            hard = t if t.ndim == 1 else t.argmax(1)
-            correct += (logits.detach().argmax(1) == hard).sum()
+            correct += right
         if self.clip_grad:
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad)
         else:
@@ -64,6 +61,16 @@ class TrainStep:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {"loss": total_loss, "acc": correct / images.shape[0], "grad_norm": norm}
+
+
+    def loss(self, x: torch.Tensor, t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(mean loss, number of correct predictions) of one micro-batch. Other objectives override this
+        (masked patch prediction: ``vitkit.train.mpp``)."""
+        with self.autocast():
+            logits = self.model(x)
+        loss = classification_loss(logits, t, self.label_smoothing)
+        hard = t if t.ndim == 1 else t.argmax(1)
+        return loss, (logits.detach().argmax(1) == hard).sum()
 
 
 def _no_sync(model: nn.Module):

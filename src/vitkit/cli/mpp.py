@@ -1,0 +1,47 @@
+"""``vitkit pretrain-mpp``: masked patch prediction self-supervision (Section 4.6) on the training engine.
+
+Fine-tune the result with ``vitkit finetune RUN/model --recipe ...``.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .train import _common, _overrides
+
+
+def register(sub) -> None:
+    from ..models.mpp import MPP_TARGETS
+
+    p = sub.add_parser("pretrain-mpp", help="self-supervised pre-training by masked patch prediction (Section 4.6): "
+                       "50%% of patch embeddings corrupted, predict their 3-bit mean colour; labels unused")
+    _common(p, "fmnist-mpp")
+    p.add_argument("--target", choices=MPP_TARGETS,
+                   help="mpp.target: mean_color (3-bit mean colour), color4x4 (4x4 downsampled, 3-bit), pixels (L2)")
+    p.set_defaults(func=_pretrain)
+
+
+def _pretrain(args) -> int:
+    from ..train import load_recipe
+    from ..train.mpp import pretrain_mpp
+
+    ov = _overrides(args)
+    if args.target:
+        ov["mpp.target"] = args.target
+    recipe = load_recipe(args.recipe, ov)
+    if args.print_only:
+        print(recipe.to_yaml(), end="")
+        return 0
+    if args.resume and not args.out:
+        raise ValueError("--resume needs --out RUN_FOLDER (the run to continue)")
+    out = Path(args.out) if args.out else Path("runs") / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    res = pretrain_mpp(recipe, out, resume=args.resume, progress=not args.no_progress)
+    if res and "test_mpp_loss" in res:
+        ema = "_ema" if "test_mpp_loss_ema" in res else ""
+        acc = res.get(f"test_mpp_acc{ema}")
+        print(f"held-out MPP loss {res[f'test_mpp_loss{ema}']:.4f}"
+              + (f", {100 * acc:.2f}% of corrupted patches' {recipe.mpp.target} targets right" if acc else "")
+              + f" after {res['epochs']} epochs ({res['steps']} steps, {res['train_wall_s']:.0f} s)")
+    if res and "model" in res:
+        print(f"run folder: {out}  (model/ to fine-tune: vitkit finetune {out / 'model'} --recipe ...; mpp.png)")
+    return 0
