@@ -1,0 +1,179 @@
+"""Datasets in every supported format (small files written here), splits and epoch orders."""
+import gzip
+import pickle
+import struct
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit.data import (EpochSampler, TensorImages, cifar, image_folder, open_dataset, split_indices, tar_shards,
+                         tensor_file, write_shards)
+from vitkit.data.loader import Loader, eval_batches
+
+
+def _idx(path, arr):
+    codes = {np.uint8: 0x08}
+    header = bytes([0, 0, codes[arr.dtype.type], arr.ndim]) + b"".join(struct.pack(">I", s) for s in arr.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + arr.tobytes())
+
+
+def test_idx_folder_as_fashion_mnist(tmp_path):
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 20), ("t10k", 5)):
+        _idx(tmp_path / f"{split}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
+        _idx(tmp_path / f"{split}-labels-idx1-ubyte.gz", rng.integers(0, 10, n).astype(np.uint8))
+    d = open_dataset(f"fashion-mnist:{tmp_path}", "test")
+    assert len(d) == 5 and d.images.shape == (5, 1, 28, 28) and d.classes[0] == "T-shirt/top"
+    assert open_dataset("fashion-mnist", "train", root=tmp_path).images.dtype == torch.uint8
+
+
+def test_missing_fashion_mnist_says_how_to_get_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        open_dataset(f"fashion-mnist:{tmp_path}")
+
+
+def _cifar_batch(path, n, rng, key="labels"):
+    d = {b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), key.encode(): list(rng.integers(0, 10, n))}
+    with open(path, "wb") as f:
+        pickle.dump(d, f)
+    return d
+
+
+def test_cifar10_and_cifar100_python_batches(tmp_path):
+    rng = np.random.default_rng(1)
+    c10 = tmp_path / "c10"
+    c10.mkdir()
+    batches = [_cifar_batch(c10 / f"data_batch_{i}", 4, rng) for i in range(1, 6)]
+    _cifar_batch(c10 / "test_batch", 3, rng)
+    with open(c10 / "batches.meta", "wb") as f:
+        pickle.dump({b"label_names": [f"c{i}".encode() for i in range(10)]}, f)
+    d = cifar(c10, "train")
+    assert d.images.shape == (20, 3, 32, 32) and d.classes[3] == "c3"
+    # CIFAR rows are R plane, G plane, B plane of 32x32
+    assert torch.equal(d.images[0, 1].flatten(), torch.from_numpy(batches[0][b"data"][0, 1024:2048]))
+    assert len(open_dataset(f"cifar10:{c10}", "test")) == 3
+
+    c100 = tmp_path / "c100"
+    c100.mkdir()
+    _cifar_batch(c100 / "train", 6, rng, "fine_labels")
+    _cifar_batch(c100 / "test", 2, rng, "fine_labels")
+    with open(c100 / "meta", "wb") as f:
+        pickle.dump({b"fine_label_names": [f"f{i}".encode() for i in range(100)]}, f)
+    d = open_dataset(f"cifar100:{c100}", "train")
+    assert len(d) == 6 and len(d.classes) == 100
+
+    with pytest.raises(FileNotFoundError, match="cifar-10-python"):
+        cifar(tmp_path / "nowhere")
+
+
+def test_cifar_loader_refuses_code_in_pickles(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    (tmp_path / "test_batch").write_bytes(pickle.dumps({"data": Evil(), "labels": []}))
+    (tmp_path / "batches.meta").write_bytes(pickle.dumps({"label_names": []}))
+    with pytest.raises(ValueError, match="not a CIFAR python batch"):
+        cifar(tmp_path, "test", 10)
+
+
+def _write_images(folder, classes, n, size=(20, 14)):
+    rng = np.random.default_rng(2)
+    for c in classes:
+        (folder / c).mkdir(parents=True)
+        for i in range(n):
+            Image.fromarray(rng.integers(0, 256, size + (3,), dtype=np.uint8)).save(folder / c / f"{i}.png")
+
+
+def test_image_folder_layouts(tmp_path):
+    _write_images(tmp_path / "flat", ["cat", "dog"], 3)
+    d = image_folder(tmp_path / "flat", load_size=16)
+    assert len(d) == 6 and d.classes == ["cat", "dog"] and d.labels.tolist() == [0, 0, 0, 1, 1, 1]
+    x, y = d.gather(torch.tensor([0, 5]))
+    assert x.shape == (2, 3, 16, 16) and x.dtype == torch.uint8 and y.tolist() == [0, 1]
+    # the authors' {train,test}/class layout; the test split keeps the training label order
+    _write_images(tmp_path / "split" / "train", ["a", "b", "c"], 2)
+    _write_images(tmp_path / "split" / "test", ["b", "c"], 1)
+    tr = open_dataset(f"folder:{tmp_path / 'split'}", "train", load_size=8)
+    te = open_dataset(f"folder:{tmp_path / 'split'}", "test", load_size=8, classes=tr.classes)
+    assert tr.classes == ["a", "b", "c"] and te.labels.tolist() == [1, 2]
+    mem = te.to_memory()
+    assert mem.in_memory and mem.images.shape == (2, 3, 8, 8)
+    gray = image_folder(tmp_path / "flat", load_size=8, channels=1)
+    assert gray.gather(torch.tensor([0]))[0].shape == (1, 1, 8, 8)
+    (tmp_path / "flat" / "cat" / "bad.png").write_bytes(b"not an image")
+    bad = image_folder(tmp_path / "flat", load_size=8)
+    with pytest.raises(ValueError, match="bad.png"):
+        bad.gather(torch.arange(len(bad)))
+
+
+def test_tar_shards_round_trip(tmp_path):
+    rng = np.random.default_rng(3)
+    data = TensorImages(torch.from_numpy(rng.integers(0, 256, (25, 1, 12, 12), dtype=np.uint8)),
+                        torch.from_numpy(rng.integers(0, 3, 25)), ["x", "y", "z"])
+    paths = write_shards(data, str(tmp_path / "train-{shard}.tar"), per_shard=10)
+    assert [p.rsplit("/", 1)[1] for p in paths] == ["train-000000.tar", "train-000001.tar", "train-000002.tar"]
+    d = tar_shards(str(tmp_path / "train-{000000..000002}.tar"), load_size=12, channels=1)
+    assert len(d) == 25 and d.classes == ["x", "y", "z"]
+    x, y = d.gather(torch.arange(25))
+    assert torch.equal(x, data.images) and torch.equal(y, data.labels)  # PNG is lossless
+    same = open_dataset(f"shards:{tmp_path}/{{split}}-*.tar", "train", load_size=12, channels=1)
+    assert len(same) == 25
+    # worker processes read by offset and give the same batches
+    loader = Loader(d, EpochSampler(25, 5, seed=0), workers=2)
+    serial = Loader(d, EpochSampler(25, 5, seed=0), workers=0)
+    for (a, la), (b, lb) in zip(loader.epoch(1), serial.epoch(1)):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_tensor_files(tmp_path):
+    x = np.random.default_rng(4).integers(0, 256, (6, 8, 8, 3), dtype=np.uint8)  # NHWC
+    np.savez(tmp_path / "d.npz", images=x, labels=np.arange(6) % 2, classes=np.array(["no", "yes"]))
+    d = tensor_file(tmp_path / "d.npz")
+    assert d.images.shape == (6, 3, 8, 8) and d.classes == ["no", "yes"]
+    torch.save({"train_images": torch.zeros(4, 1, 5, 5, dtype=torch.uint8), "train_labels": torch.tensor([0, 1, 2, 0])},
+               tmp_path / "d.pt")
+    assert len(open_dataset(f"tensors:{tmp_path / 'd.pt'}")) == 4
+    with pytest.raises(ValueError, match="uint8"):
+        TensorImages(torch.rand(2, 1, 4, 4), torch.tensor([0, 1]), ["a", "b"])
+    with pytest.raises(ValueError, match="labels must be in"):
+        TensorImages(torch.zeros(2, 1, 4, 4, dtype=torch.uint8), torch.tensor([0, 5]), ["a", "b"])
+    with pytest.raises(ValueError, match="unknown dataset"):
+        open_dataset("imagenet")
+
+
+def test_split_is_deterministic_disjoint_and_stratified():
+    labels = torch.arange(1000) % 10
+    tr, va = split_indices(1000, 0.1, seed=3, labels=labels)
+    tr2, va2 = split_indices(1000, 0.1, seed=3, labels=labels)
+    assert torch.equal(tr, tr2) and torch.equal(va, va2)
+    assert len(va) == 100 and len(set(tr.tolist()) & set(va.tolist())) == 0 and len(tr) + len(va) == 1000
+    assert torch.bincount(labels[va]).tolist() == [10] * 10
+    assert not torch.equal(split_indices(1000, 0.1, seed=4, labels=labels)[1], va)
+    with pytest.raises(ValueError):
+        split_indices(10, 1.0)
+
+
+def test_epoch_order_ranks_and_resume_position():
+    one = EpochSampler(100, 20, seed=7)
+    a, b = EpochSampler(100, 20, seed=7, rank=0, world=2), EpochSampler(100, 20, seed=7, rank=1, world=2)
+    for g, x, y in zip(one.batches(2), a.batches(2), b.batches(2)):
+        assert sorted(g.tolist()) == sorted(x.tolist() + y.tolist()) and len(x) == len(y) == 10
+    assert torch.equal(torch.cat(list(one.batches(2))).sort().values, torch.arange(100))
+    assert not torch.equal(one.order(0), one.order(1))
+    rest = list(one.batches(2, start=3))
+    assert len(rest) == 2 and torch.equal(rest[0], list(one.batches(2))[3])
+    with pytest.raises(ValueError, match="divisible"):
+        EpochSampler(100, 20, world=3)
+
+
+def test_eval_batches_cover_every_sample_once_across_ranks():
+    d = TensorImages(torch.zeros(23, 1, 2, 2, dtype=torch.uint8), torch.arange(23) % 2, ["a", "b"])
+    seen = []
+    for rank in range(3):
+        for _, y in eval_batches(d, 4, rank, 3):
+            seen.append(len(y))
+    assert sum(seen) == 23

@@ -1,0 +1,113 @@
+"""Recipes (print, override, save, reload) and the optimisation pieces (no-decay groups, schedules, EMA)."""
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from vitkit import ViTConfig, VisionTransformer
+from vitkit.train import EMA, Schedule, list_recipes, load_recipe, param_groups
+from vitkit.train.optim import build_optimizer
+from vitkit.train.recipe import Recipe
+
+
+def test_every_builtin_recipe_loads_and_builds_its_model():
+    names = list_recipes()
+    for required in ("paper-pretrain", "paper-finetune", "deit", "plain-baseline", "fmnist-demo", "fmnist-fast",
+                     "fmnist-long"):
+        assert required in names
+    for name in names:
+        r = load_recipe(name)
+        assert r.name == name and r.description
+        if not r.init.checkpoint and name != "paper-finetune":
+            cfg = r.model_config(num_classes=10, in_chans=3)
+            assert cfg.num_classes == 10
+    pre = load_recipe("paper-pretrain")
+    assert (pre.optim.betas, pre.optim.clip_grad, pre.model_config(10, 3).representation_size) == ((0.9, 0.999), 1.0, 768)
+    ft = load_recipe("paper-finetune")
+    assert (ft.optim.name, ft.optim.momentum, ft.schedule.warmup_steps, ft.init.head) == ("sgd", 0.9, 500, "reset")
+    plain = load_recipe("plain-baseline").model_config(1000, 3)
+    assert (plain.posemb, plain.pool, plain.class_token) == ("sincos2d", "gap", False)
+    deit = load_recipe("deit")
+    assert deit.augment.randaugment == (2, 9.0) and deit.augment.repeats == 3 and deit.augment.mixup == 0.8
+
+
+def test_inheritance_and_overrides():
+    base = load_recipe("fmnist-fast")
+    long = load_recipe("fmnist-long")
+    assert long.data.dataset == base.data.dataset and long.schedule.epochs == 100
+    r = load_recipe("fmnist-fast", {"optim.lr": 1e-4, "epochs": 2, "width": 96, "augment.randaugment": [2, 5]})
+    assert (r.optim.lr, r.schedule.epochs, r.model["width"], r.augment.randaugment) == (1e-4, 2, 96, (2, 5.0))
+    with pytest.raises(ValueError, match="did you mean 'lr'"):
+        load_recipe("fmnist-fast", {"optim.lrr": 1})
+    with pytest.raises(ValueError, match="several sections"):
+        load_recipe("fmnist-fast", {"num_heads": 8})  # model.num_heads or init.num_heads?
+    with pytest.raises(ValueError, match="unknown config field"):
+        load_recipe("fmnist-fast", {"model.widht": 3})
+    with pytest.raises(ValueError, match="unknown recipe 'paper-pretrian'. Did you mean 'paper-pretrain'"):
+        load_recipe("paper-pretrian")
+    with pytest.raises(ValueError, match="train.precision"):
+        load_recipe("fmnist-fast", {"train.precision": "fp8"})
+
+
+def test_save_and_reload_round_trip(tmp_path):
+    r = load_recipe("deit", {"optim.lr": 3e-4, "data.dataset": "folder:/x"})
+    for suffix in (".yaml", ".json"):
+        path = r.save(tmp_path / f"r{suffix}")
+        again = load_recipe(path)
+        assert again.to_dict() == r.to_dict()
+    assert isinstance(Recipe.from_dict(r.to_dict()), Recipe)
+
+
+def test_cli_prints_lists_and_saves(tmp_path):
+    run = lambda *a: subprocess.run([sys.executable, "-m", "vitkit", *a], capture_output=True, text=True, timeout=120)
+    out = run("recipes")
+    assert out.returncode == 0 and "paper-finetune" in out.stdout
+    out = run("train", "-r", "fmnist-fast", "--set", "optim.lr=0.01", "--epochs", "3", "--print")
+    assert out.returncode == 0 and "lr: 0.01" in out.stdout and "epochs: 3" in out.stdout
+    out = run("recipes", "paper-pretrain", "--set", "batch_size=512", "--save", str(tmp_path / "p.yaml"))
+    assert out.returncode == 0 and load_recipe(tmp_path / "p.yaml").optim.batch_size == 512
+    out = run("train", "-r", "paper-pretrain")
+    assert out.returncode == 1 and "pass --data" in out.stderr
+
+
+def test_no_weight_decay_groups_follow_the_model():
+    m = VisionTransformer(ViTConfig(img_size=16, patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64,
+                                    num_classes=3))
+    groups = param_groups(m, 0.1)
+    decay = {id(p) for p in groups[0]["params"]}
+    names = {n for n, p in m.named_parameters() if id(p) not in decay}
+    assert names == m.no_weight_decay() | {n for n, p in m.named_parameters() if p.ndim <= 1}
+    assert {"cls_token", "pos_embed", "blocks.0.norm1.weight", "blocks.0.attn.qkv.bias"} <= names
+    assert "blocks.0.attn.qkv.weight" not in names and groups[1]["weight_decay"] == 0.0
+    opt = build_optimizer(m, load_recipe("fmnist-fast").optim, torch.device("cpu"))
+    assert opt.defaults["betas"] == (0.9, 0.999) and opt.defaults["foreach"]
+
+
+def test_schedules():
+    s = Schedule(1.0, 100, 10, "cosine", min_lr=0.1)
+    assert s(0) == pytest.approx(0.1) and s(9) == pytest.approx(1.0)
+    assert s(10) == pytest.approx(1.0) and s(55) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert s(100) == pytest.approx(0.1)
+    lin = Schedule(2.0, 20, 0, "linear")
+    assert lin(0) == 2.0 and lin(10) == pytest.approx(1.0) and lin(20) == 0.0
+    assert Schedule(1.0, 5, 0, "constant")(4) == 1.0
+    with pytest.raises(ValueError, match="warm-up"):
+        Schedule(1.0, 10, 10)
+
+
+def test_ema_is_an_exponential_average_and_warms_up():
+    lin = torch.nn.Linear(2, 1)
+    ema = EMA(lin, 0.9, warmup=False)
+    start = lin.weight.detach().clone()
+    with torch.no_grad():
+        lin.weight.add_(1.0)
+    ema.update(lin)
+    assert torch.allclose(ema.shadow["weight"], start + 0.1)
+    ema2 = EMA(lin, 0.9999, warmup=True)
+    assert ema2.rate() == pytest.approx(0.1)  # (1 + 0) / (10 + 0)
+    target = torch.nn.Linear(2, 1)
+    ema.copy_to(target)
+    assert torch.equal(target.weight, ema.shadow["weight"])
+    assert math.isclose(EMA(lin, 0.5, warmup=True).rate(), 0.1)
