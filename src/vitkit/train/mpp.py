@@ -24,10 +24,11 @@ from ..checkpoints import save_model
 from ..models import VisionTransformer
 from ..models.mpp import KEPT, MASKED, MPP_TARGETS, NONE, RANDOM, MaskedPatchPrediction, patchify
 from ..utils import PathLike, atomic_path, write_json_atomic
+from . import distributed as D
 from .optim import unwrap
 from .recipe import MPPConfig, Recipe
 from .step import TrainStep
-from .trainer import Trainer, _full
+from .trainer import Trainer
 
 
 def check_mpp(m: MPPConfig) -> None:
@@ -103,22 +104,10 @@ class MPPTrainer(Trainer):
         self.log.write(rec)
         return rec
 
-    def _eval_models(self):
-        yield "", self.forward_model
-        if self.ema is not None:
-            if not hasattr(self, "_ema_model"):  # a plain copy of the trained module for the averaged weights
-                self._ema_model = self.wrap_model(VisionTransformer(self.config)).to(self.device)
-            self._ema_model.load_state_dict({k: _full(v) for k, v in self.ema.shadow.items()})
-            yield "_ema", self._ema_model
-
-    def export_model(self) -> VisionTransformer:
+    def export_model(self) -> Optional[VisionTransformer]:
         """The pre-trained ViT alone (EMA weights if on, unless train.export=raw)."""
-        kind = self.recipe.train.export
-        if kind == "ema" and self.ema is None:
-            raise ValueError("train.export=ema but train.ema is 0: turn EMA on or export raw weights")
-        if self.ema is not None and kind in ("auto", "ema"):
-            return dict(self._eval_models())["_ema"].vit
-        return unwrap(self.model).vit
+        m = super().export_model()
+        return None if m is None else unwrap(m).vit
 
     def finish(self, wall: float) -> Dict[str, Any]:
         from .runlog import plot_curves
@@ -131,7 +120,7 @@ class MPPTrainer(Trainer):
         final = self.test_data if self.test_data is not None else self.periodic
         rec = {"kind": "eval", "split": "test" if self.test_data is not None else "val", "step": self.step,
                "epoch": results["epochs"], "final": True}
-        best = None
+        shown = None  # the model drawn in mpp.png: the exported one (EMA if on)
         for suffix, model in self._eval_models():
             if final is None:
                 break
@@ -139,29 +128,28 @@ class MPPTrainer(Trainer):
             for k in ("mpp_loss", "mpp_acc"):
                 rec[k + suffix] = res[k]
                 results[f"test_{k}{suffix}"] = res[k]
-            best = model
+            shown = model
         self.log.write(rec)
+        vit = self.export_model()  # collective under FSDP
         if d.main:
-            vit = self.export_model()
             save_model(vit, self.out / "model", preprocessing=self.preprocessing(),
                        extra={"recipe": r.name, "steps": self.step, "objective": "masked patch prediction",
                               "mpp": asdict(r.mpp)})
             results["model"] = str(self.out / "model")
             write_json_atomic(self.out / "results.json", results)
             plot_curves(self.out, title=f"{r.name}: masked patch prediction ({r.mpp.target})")
-            if final is not None and best is not None and r.mpp.figure_images:
+            if final is not None and shown is not None and r.mpp.figure_images:
                 n = min(r.mpp.figure_images, len(final))
                 images, _ = final.gather(torch.linspace(0, len(final) - 1, n).long())
-                plot_mpp(unwrap(best), self.eval_tf(images).to(self.device), self.out / "mpp.png",
+                plot_mpp(unwrap(shown), self.eval_tf(images).to(self.device), self.out / "mpp.png",
                          title=f"{r.name}: masked patch prediction ({r.mpp.target}), step {self.step}",
                          seed=r.train.seed)
+        D.barrier(d)
         return results
 
 
 def pretrain_mpp(recipe, out: PathLike, *, resume: bool = False, progress: bool = True) -> Dict[str, Any]:
     """MPP pre-training of ``recipe`` into the run folder ``out``; returns results.json's dict."""
-    from . import distributed as D
-
     trainer = MPPTrainer(recipe, out, resume=resume, progress=progress)
     try:
         return trainer.fit()

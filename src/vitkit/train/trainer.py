@@ -300,7 +300,7 @@ class Trainer:
         yield "", self.forward_model
         if self.ema is not None:
             if not hasattr(self, "_ema_model"):  # a plain (unsharded) copy that holds the averaged weights
-                self._ema_model = VisionTransformer(self.config).to(self.device)
+                self._ema_model = self.wrap_model(VisionTransformer(self.config)).to(self.device)
             shadow = {k: _full(v) for k, v in self.ema.shadow.items()}  # collective under FSDP
             self._ema_model.load_state_dict(shadow)
             yield "_ema", self._ema_model
@@ -334,7 +334,7 @@ class Trainer:
             state = D.full_state(self.wrapped)[0]  # gathered on rank 0 only
             if not self.dist.main:
                 return None
-            plain = VisionTransformer(self.config)
+            plain = self.wrap_model(VisionTransformer(self.config))
             plain.load_state_dict(state)
             return plain
         return self.model
