@@ -30,9 +30,12 @@ data:
 	  echo "installed Fashion-MNIST into $(FMNIST)"; \
 	else echo "Fashion-MNIST is not in $(FMNIST): run 'sudo apt-get install dataset-fashion-mnist'"; fi
 
-demo: venv
-	$(BIN)/vitkit smoke
-	$(BIN)/vitkit info
+# The main job: train a small ViT from scratch on Fashion-MNIST, evaluate it on the 10,000 test images,
+# save the model (runs/demo/model), the curves and a few predictions, print the test accuracy.
+DEMO_OUT ?= runs/demo
+demo: venv data
+	rm -rf $(DEMO_OUT)
+	$(BIN)/vitkit train --recipe fmnist-demo --out $(DEMO_OUT)
 
 test: venv data
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -212,7 +212,8 @@ class Trainer:
     # --- the loop -----------------------------------------------------------------------------
     def fit(self) -> Dict[str, Any]:
         r, d = self.recipe, self.dist
-        t0 = time.perf_counter()
+        t0 = self._t0 = time.perf_counter()
+        self._eval_time = 0.0
         total = self.total_steps
         bar = None
         if self.progress and d.main:
@@ -309,6 +310,7 @@ class Trainer:
         if self.periodic is None:
             return {}
         split = "val" if self.val_data is not None else "test"
+        start = time.perf_counter()
         rec: Dict[str, Any] = {"kind": "eval", "split": split, "step": self.step,
                                "epoch": round(self.step / self.steps_per_epoch, 4)}
         for suffix, model in self._eval_models():
@@ -317,6 +319,9 @@ class Trainer:
                            workers=self.recipe.data.workers)
             for k in ("top1", "top5", "loss"):
                 rec[k + suffix] = res[k]
+        rec["time"] = round(start - self._t0, 2)  # wall time of the run when evaluated
+        rec["train_time"] = round(start - self._t0 - self._eval_time, 2)  # the same, without evaluations
+        self._eval_time += time.perf_counter() - start
         self.log.write(rec)
         return rec
 
@@ -361,7 +366,9 @@ class Trainer:
                                    "processes": d.world, "device": str(self.device)}
         final = self.test_data if self.test_data is not None else self.periodic
         rec = {"kind": "eval", "split": "test" if self.test_data is not None else "val", "step": self.step,
-               "epoch": results["epochs"], "final": True}
+               "epoch": results["epochs"], "final": True, "time": round(wall, 2),
+               "train_time": round(wall - getattr(self, "_eval_time", 0.0), 2)}
+        results["train_s_excluding_eval"] = rec["train_time"]
         probs = None
         for suffix, model in self._eval_models():
             if final is None:
