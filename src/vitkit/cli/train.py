@@ -12,8 +12,10 @@ from ._util import parse_overrides
 
 
 def _common(p, default_recipe: str) -> None:
-    p.add_argument("--recipe", "-r", default=default_recipe,
-                   help=f"built-in recipe name or a .yaml/.json file (default: {default_recipe}; list: vitkit recipes)")
+    p.add_argument("--recipe", "-r", default=None,
+                   help=f"built-in recipe name or a .yaml/.json file (default: {default_recipe}, or with --resume the "
+                   f"run's own recipe.yaml; list: vitkit recipes)")
+    p.set_defaults(default_recipe=default_recipe)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a recipe value: optim.lr=3e-4, schedule.epochs=20, width=192 ... (repeatable)")
     p.add_argument("--data", metavar="SPEC", help="dataset: fashion-mnist[:DIR], mnist[:DIR], cifar10:DIR, "
@@ -75,7 +77,11 @@ def _overrides(args) -> dict:
 def _run(args, ov: dict) -> int:
     from ..train import load_recipe, train
 
-    recipe = load_recipe(args.recipe, ov)
+    name = args.recipe
+    if name is None:
+        saved = Path(args.out) / "recipe.yaml" if args.out else None
+        name = saved if args.resume and saved is not None and saved.is_file() else args.default_recipe
+    recipe = load_recipe(name, ov)
     if args.print_only:
         print(recipe.to_yaml(), end="")
         return 0
