@@ -28,7 +28,11 @@ def _pretrain(args) -> int:
     ov = _overrides(args)
     if args.target:
         ov["mpp.target"] = args.target
-    recipe = load_recipe(args.recipe, ov)
+    name = args.recipe
+    if name is None:  # as vitkit train: the run's own recipe when resuming, else the default
+        saved = Path(args.out) / "recipe.yaml" if args.out else None
+        name = saved if args.resume and saved is not None and saved.is_file() else args.default_recipe
+    recipe = load_recipe(name, ov)
     if args.print_only:
         print(recipe.to_yaml(), end="")
         return 0
