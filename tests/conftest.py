@@ -21,3 +21,15 @@ def randomize_head(model):
         for p in model.head.parameters():
             p.normal_(std=0.02)
     return model
+
+
+@pytest.fixture(scope="session")
+def small_trained_vit():
+    """A small ViT trained on Fashion-MNIST for about a minute (tests/_small_vit.py), once per session."""
+    from vitkit.data import find_idx_dataset
+    try:
+        find_idx_dataset()
+    except FileNotFoundError:
+        pytest.skip("Fashion-MNIST not installed (make data)")
+    from _small_vit import train_small_vit
+    return train_small_vit()

@@ -70,7 +70,7 @@ def plot_rollout(images: torch.Tensor, maps: torch.Tensor, path: PathLike, *, ti
         raise ValueError(f"{b} images but {len(maps)} maps")
     ncols = max(1, min(ncols, b))
     nrows = math.ceil(b / ncols)
-    fig = Figure(figsize=(2 * 2.1 * ncols, 2.3 * nrows))
+    fig = Figure(figsize=(2 * 2.1 * ncols, 2.3 * nrows + 0.4), constrained_layout=True)
     for i in range(b):
         r, c = divmod(i, ncols)
         for j, panel in enumerate((_to_hwc(images[i]), overlay(images[i], maps[i], cmap, alpha))):
@@ -155,7 +155,7 @@ def plot_filters(components: torch.Tensor, path: PathLike, *, ncols: int = 7,
     k = comps.shape[0]
     ncols = max(1, min(ncols, k))
     nrows = math.ceil(k / ncols)
-    fig = Figure(figsize=(1.1 * ncols, 1.2 * nrows + 0.4))
+    fig = Figure(figsize=(1.1 * ncols, 1.2 * nrows + 0.4), constrained_layout=True)
     for i in range(k):
         c = comps[i]
         c = (c - c.min()) / (c.max() - c.min()).clamp_min(1e-12)

@@ -20,8 +20,12 @@ def register(sub) -> None:
                     "images held out of the training set). Features are cached on disk.")
     p.add_argument("checkpoints", nargs="*", metavar="CHECKPOINT", help="checkpoints (any format vitkit reads)")
     p.add_argument("--pixels", action="store_true", help="also evaluate raw pixels (a baseline without a model)")
-    p.add_argument("--data", default="fashion-mnist", help="dataset: fashion-mnist or mnist, optionally :DIR "
-                   "(default: fashion-mnist from /usr/share/datasets)")
+    p.add_argument("--data", default="fashion-mnist",
+                   help="dataset with train and test splits: fashion-mnist[:DIR], mnist[:DIR], cifar10:DIR, "
+                        "cifar100:DIR, folder:DIR (DIR/{train,test}/<class>/*.jpg), tensors:FILE "
+                        "(default: fashion-mnist from /usr/share/datasets)")
+    p.add_argument("--load-size", type=int, default=None,
+                   help="size image folders are decoded at before the model's resize (default: the model size)")
     p.add_argument("--shots", type=int, nargs="*", default=[1, 5, 10, 25], metavar="K",
                    help="examples per class (default: 1 5 10 25; none: only the linear probe)")
     p.add_argument("--seeds", type=int, default=5, help="repetitions with different shots (default 5)")
@@ -54,7 +58,8 @@ def register(sub) -> None:
     p.add_argument("images", nargs="*", metavar="IMAGE", help="image files or folders for the rollout grid "
                    "(and the attention distance, unless --data is given)")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--data", help="also take images from a dataset's test split: fashion-mnist or mnist[:DIR]")
+    p.add_argument("--data", help="also take images from a dataset's test split: fashion-mnist[:DIR], mnist, "
+                   "cifar10:DIR, folder:DIR, ... (as vitkit train reads them)")
     p.add_argument("--num-images", type=int, default=128,
                    help="dataset images the attention distance is averaged over (default 128, as the paper)")
     p.add_argument("--rollout-images", type=int, default=10,
@@ -89,19 +94,20 @@ def load_checkpoint(path: str, img_size=None, device: str = "cpu"):
     return model.to(device).eval()
 
 
-def load_split(spec: str, split: str) -> Tuple[np.ndarray, np.ndarray, List[str]]:
-    """(uint8 images [N, H, W], labels [N], class names) of an IDX dataset split."""
-    from ..data.idx import DEFAULT_FASHION_MNIST_DIRS, FASHION_MNIST_CLASSES, MNIST_CLASSES, load_idx_split
+def load_split(spec: str, split: str, channels: int = 3, load_size: int = 256,
+               classes: Optional[List[str]] = None) -> Tuple[torch.Tensor, np.ndarray, List[str]]:
+    """(uint8 images [N, C, H, W], labels [N], class names) of a dataset split, all in memory.
 
-    kind, _, root = spec.partition(":")
-    kind = kind.strip().lower().replace("_", "-")
-    if kind in ("fashion-mnist", "fmnist"):
-        x, y = load_idx_split(split, root or None, DEFAULT_FASHION_MNIST_DIRS)
-        return x, y, list(FASHION_MNIST_CLASSES)
-    if kind == "mnist":
-        x, y = load_idx_split(split, root or None, ("/usr/share/datasets/mnist",))
-        return x, y, list(MNIST_CLASSES)
-    raise ValueError(f"unknown dataset {spec!r}: use fashion-mnist[:DIR] or mnist[:DIR] (IDX files)")
+    ``spec`` is any dataset the training engine reads (``fashion-mnist``,
+    ``mnist``, ``cifar10:DIR``, ``folder:DIR``, ``tensors:FILE`` ...); image
+    folders are decoded once at ``load_size`` with ``channels`` channels.
+    """
+    from ..data.datasets import open_dataset
+
+    ds = open_dataset(spec, split, load_size=load_size, channels=channels, classes=classes)
+    if not getattr(ds, "in_memory", False):
+        ds = ds.to_memory()
+    return ds.images, ds.labels.numpy(), list(ds.classes)
 
 
 def _size(values: Optional[List[int]]):
@@ -139,8 +145,11 @@ def _fewshot(args) -> int:
         raise ValueError("nothing to do: give --shots or --linear-probe")
     if args.seeds < 1:
         raise ValueError("--seeds must be at least 1")
-    train_x, train_y, classes = load_split(args.data, "train")
-    test_x, test_y, _ = load_split(args.data, "test")
+    models = [(ckpt, load_checkpoint(ckpt, device=args.device)) for ckpt in args.checkpoints]
+    chans = models[0][1].config.in_chans if models else 3
+    size = args.load_size or (max(models[0][1].config.img_size) if models else 224)
+    train_x, train_y, classes = load_split(args.data, "train", chans, size)
+    test_x, test_y, _ = load_split(args.data, "test", chans, size, classes)
     if args.train_limit:
         train_x, train_y = train_x[:args.train_limit], train_y[:args.train_limit]
     if args.test_limit:
@@ -154,8 +163,7 @@ def _fewshot(args) -> int:
     if args.pixels:
         results["pixels"] = evaluate_frozen(None, train_x, train_y, test_x, test_y, representation="pixels",
                                             **common)
-    for ckpt in args.checkpoints:
-        model = load_checkpoint(ckpt, device=args.device)
+    for ckpt, model in models:
         results[ckpt] = evaluate_frozen(model, train_x, train_y, test_x, test_y,
                                         representation=args.representation, **common)
     report = {"data": args.data, "classes": classes, "results": results}
@@ -180,9 +188,9 @@ def _fewshot(args) -> int:
     return 0
 
 
-def _dataset_images(spec: str, n_rollout: int):
+def _dataset_images(spec: str, n_rollout: int, channels: int, size: int):
     """The test split and the indices shown in the rollout grid: the first image of each class first."""
-    x, y, classes = load_split(spec, "test")
+    x, y, classes = load_split(spec, "test", channels, size)
     firsts = [int(np.flatnonzero(y == c)[0]) for c in np.unique(y)]
     taken = set(firsts)
     rest = [i for i in range(min(len(y), n_rollout + len(firsts))) if i not in taken]
@@ -206,7 +214,7 @@ def _analyze(args) -> int:
         names += n
     dist_inputs = None
     if args.data:
-        xs, ys, classes, pick = _dataset_images(args.data, args.rollout_images)
+        xs, ys, classes, pick = _dataset_images(args.data, args.rollout_images, cfg.in_chans, max(cfg.img_size))
         pre = model_preprocessing(model)
         dist_inputs = prepare_images(xs[:args.num_images], cfg.img_size, cfg.in_chans, pre)
         if pick:

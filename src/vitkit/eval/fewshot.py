@@ -32,6 +32,9 @@ STD_EPS = 1e-5
 class RidgeSolver:
     """Regularised least squares onto {-1, 1}^K targets, for many L2 strengths from one eigendecomposition.
 
+    ``branch``: "auto" decomposes the smaller of the d x d Gram and the n x n
+    kernel matrix; "gram" or "kernel" force one (both give the same weights).
+
     >>> rng = np.random.default_rng(0)
     >>> x, y = rng.normal(size=(40, 5)), rng.integers(0, 3, 40)
     >>> solver = RidgeSolver(x, y, num_classes=3)
@@ -40,7 +43,7 @@ class RidgeSolver:
     """
 
     def __init__(self, features: np.ndarray, labels: np.ndarray, num_classes: Optional[int] = None,
-                 bias_value: float = BIAS_VALUE):
+                 bias_value: float = BIAS_VALUE, branch: str = "auto"):
         x = np.asarray(features, dtype=np.float64)
         y = np.asarray(labels)
         if x.ndim != 2:
@@ -63,7 +66,9 @@ class RidgeSolver:
         xa = self.design(x)
         targets = 2.0 * np.eye(k)[y] - 1.0
         n, d = xa.shape
-        if n >= d:  # the d x d Gram matrix
+        if branch not in ("auto", "gram", "kernel"):
+            raise ValueError(f"branch must be 'auto', 'gram' or 'kernel', got {branch!r}")
+        if branch == "gram" or (branch == "auto" and n >= d):  # the d x d Gram matrix
             eigs, q = np.linalg.eigh(xa.T @ xa)
             self.lhs, self.rhs = q, q.T @ (xa.T @ targets)
             self.branch = "gram"
