@@ -10,7 +10,7 @@ PEERS ?= .venv-peers
 PEERS_PIN ?= torch==2.14.1 torchvision==0.29.1
 PYTEST_ARGS ?=
 
-.PHONY: venv data demo test test-fast test-peers peers clean
+.PHONY: venv data demo analysis-figures test test-fast test-peers peers clean
 FMNIST ?= /usr/share/datasets/fashion-mnist
 
 $(VENV)/.installed: pyproject.toml
@@ -36,6 +36,11 @@ DEMO_OUT ?= runs/demo
 demo: venv data
 	rm -rf $(DEMO_OUT)
 	$(BIN)/vitkit train --recipe fmnist-demo --out $(DEMO_OUT)
+
+# The analysis figures of docs/analysis.md (rollout, attention distance, position-embedding similarity,
+# embedding filters, few-shot) from the demo model; `make demo` first.
+analysis-figures: venv data
+	PATH=$(abspath $(BIN)):$$PATH bash docs/figures/analysis/make_figures.sh $(DEMO_OUT)/model
 
 test: venv data
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -165,7 +165,7 @@ def plot_filters(components: torch.Tensor, path: PathLike, *, ncols: int = 7,
         ax.set_yticks([])
         if explained is not None:
             ax.set_title(f"{100 * float(explained[i]):.1f}%", fontsize=6)
-    kind = "RGB" if comps.shape[1] == 3 else f"{comps.shape[1]}-channel"
+    kind = {3: "RGB", 1: "grayscale"}.get(comps.shape[1], f"{comps.shape[1]}-channel")
     fig.suptitle(title or f"{kind} embedding filters (first {k} principal components)", fontsize=9)
     save_figure(fig, path)
 

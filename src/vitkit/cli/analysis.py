@@ -223,6 +223,8 @@ def _analyze(args) -> int:
             display.append(d)
             inputs.append(x)
             names += [f"{classes[int(ys[i])]} (test #{i})" for i in pick]
+    if not inputs:
+        raise ValueError("no images for the rollout grid: give IMAGE files or --rollout-images N >= 1")
     summary = analyze(model, torch.cat(inputs), args.out, display=torch.cat(display), names=names,
                       distance_inputs=dist_inputs, head_fusion=args.head_fusion, num_filters=args.filters,
                       batch_size=args.batch_size, title=args.title,
