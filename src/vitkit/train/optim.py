@@ -41,10 +41,9 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) ->
     kw = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
     if cfg.name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, **kw)
+    # "adam" adds the decay to the gradient (L2, coupled); "adamw" decays the weights directly (decoupled),
+    # which is what the paper's Flax optimiser does.
     klass = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
-    if cfg.name == "adam" and cfg.weight_decay:
-        # Adam's coupled L2 decay differs from the decoupled decay AdamW applies; both are offered.
-        pass
     return klass(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, **kw)
 
 

@@ -73,6 +73,17 @@ class TrainStep:
         return loss, (logits.detach().argmax(1) == hard).sum()
 
 
+@contextlib.contextmanager
 def _no_sync(model: nn.Module):
-    fn = getattr(model, "no_sync", None)
-    return fn() if fn is not None else contextlib.nullcontext()
+    """Skip the gradient all-reduce on accumulation micro-steps (DDP ``no_sync``, FSDP2 gradient sync off)."""
+    if hasattr(model, "no_sync"):
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
