@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .precision import attention, conv2d, linear
+
 
 class PatchEmbed(nn.Module):
     """Eq. 1's linear projection E of flattened P x P patches, as a conv with kernel = stride = P.
@@ -27,7 +29,7 @@ class PatchEmbed(nn.Module):
             ph, pw = self.patch_size
             h, w = x.shape[-2:]
             x = F.pad(x, (0, (-w) % pw, 0, (-h) % ph))
-        return self.proj(x)
+        return conv2d(x, self.proj)
 
 
 class Attention(nn.Module):
@@ -52,7 +54,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
                 need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = linear(x, self.qkv).view(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         weights = None
         if need_weights:
             logits = (q * self.scale) @ k.transpose(-2, -1)
@@ -61,11 +63,10 @@ class Attention(nn.Module):
             weights = logits.softmax(dim=-1)
             out = F.dropout(weights, self.attn_drop, self.training) @ v
         else:
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),
-                dropout_p=self.attn_drop if self.training else 0.0)
+            out = attention(q, k, v, None if bias is None else bias.to(q.dtype),
+                            self.attn_drop if self.training else 0.0)
         out = out.transpose(1, 2).reshape(b, t, d)
-        return self.proj_drop(self.proj(out)), weights
+        return self.proj_drop(linear(out, self.proj)), weights
 
 
 class Mlp(nn.Module):
@@ -79,7 +80,7 @@ class Mlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+        return self.drop(linear(self.drop(self.act(linear(x, self.fc1))), self.fc2))
 
 
 def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:

@@ -1,0 +1,120 @@
+"""Which machine a number was measured on: one line that every benchmark prints and saves.
+
+A throughput means little without the CPU model, its vector instructions
+(AVX2 / AVX-512 / AMX / native bf16 dot products), the thread count, the
+torch build and how busy the machine was (load average): this module
+gathers them.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+from typing import Any, Dict, Optional
+
+import torch
+
+from ..models.precision import cpu_has_native_bf16
+
+_ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_tile")
+
+
+def _cpu_model_and_flags() -> tuple:
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and model in ("", platform.machine(), platform.processor()):
+                    model = value.strip()
+                elif key == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    return model, flags
+
+
+def native_bf16_matmul(device: str = "cpu") -> bool:
+    """Whether bf16 matrix products run on dedicated hardware (CUDA sm80+, or oneDNN's bf16 CPU kernels).
+
+    On a CPU without AVX-512-BF16 / AMX / AVX2-VNNI-2, torch's bf16 GEMM falls
+    back to a slow generic loop; vitkit then multiplies bf16 operands with the
+    fp32 units instead (see :mod:`vitkit.models.precision`).
+    """
+    if str(device).startswith("cuda"):
+        return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
+    return cpu_has_native_bf16()
+
+
+def machine_info(device: str = "cpu") -> Dict[str, Any]:
+    """A dict describing the machine, the torch build and the current load."""
+    model, flags = _cpu_model_and_flags()
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    info: Dict[str, Any] = {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "host_cpu": model,
+        "cores": cores,
+        "isa": [f for f in _ISA_FLAGS if f in flags],
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "mkl": torch.backends.mkl.is_available(),
+        "mkldnn": torch.backends.mkldnn.is_available(),
+        "native_bf16_matmul_cpu": native_bf16_matmul("cpu"),
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "device": str(device),
+    }
+    try:
+        info["load_avg"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        info["load_avg"] = None
+    try:
+        info["mem_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30, 1)
+    except (ValueError, OSError, AttributeError):
+        info["mem_gib"] = None
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.device(device))
+        info["gpu"] = props.name
+        info["gpu_capability"] = f"{props.major}.{props.minor}"
+        info["gpu_mem_gib"] = round(props.total_memory / 2 ** 30, 1)
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def machine_line(info: Optional[Dict[str, Any]] = None, device: str = "cpu") -> str:
+    """One line: date, CPU/GPU, instruction sets, threads, torch build, load average."""
+    i = info or machine_info(device)
+    isa = " ".join(i["isa"]) or "no avx2"
+    missing = [f for f in ("avx512f", "amx_bf16") if f not in i["isa"]]
+    bf16 = "native bf16 matmul" if i["native_bf16_matmul_cpu"] else "no native bf16 matmul"
+    parts = [
+        f"machine: {i['date']}",
+        f"{i['host_cpu']} x{i['cores']} cores ({isa}{'; no ' + '/'.join(missing) if missing else ''}; {bf16})",
+        f"{i['mem_gib']} GiB" if i.get("mem_gib") else None,
+        f"torch {i['torch']} ({i['cpu_capability']}{', MKL' if i['mkl'] else ''}{', oneDNN' if i['mkldnn'] else ''})",
+        f"threads {i['threads']}",
+        f"load {' '.join(str(x) for x in i['load_avg'])}" if i.get("load_avg") else None,
+    ]
+    if i.get("gpu"):
+        parts.insert(2, f"GPU {i['gpu']} (sm {i['gpu_capability']}, {i['gpu_mem_gib']} GiB, CUDA {i['cuda']})")
+    return " | ".join(p for p in parts if p)
+
+
+def busy_warning(info: Dict[str, Any]) -> Optional[str]:
+    """A warning when the load average says other processes competed for the cores during the run."""
+    load = info.get("load_avg")
+    if load and load[0] > info["cores"] + 0.5:
+        return (f"warning: load average {load[0]} on {info['cores']} cores: other processes were running, "
+                f"absolute numbers are low; ratios from alternated runs are still comparable")
+    return None
+
+
+def set_threads(n: Optional[int]) -> int:
+    """Use ``n`` intra-op threads (all libraries in the run share this setting); returns the count in use."""
+    if n:
+        torch.set_num_threads(int(n))
+    return torch.get_num_threads()

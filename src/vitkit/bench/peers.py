@@ -1,0 +1,220 @@
+"""The same ViT built in timm, Hugging Face transformers and torchvision, with vitkit's weights.
+
+Each builder takes a vitkit model, builds the peer library's own model of the
+same configuration, copies the weights through vitkit's checkpoint writers
+(``vitkit.checkpoints.save_weights``) and checks that the logits agree, so a
+benchmark compares the same function computed by each library. A library
+that is not installed, or cannot express the configuration, raises
+:class:`PeerUnavailable` with the reason; the harness prints it and skips
+that peer (never a stand-in).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import torch
+from torch import nn
+
+from ..models import VisionTransformer
+
+PEERS = ("timm", "hf", "torchvision")
+_MODULE = {"timm": "timm", "hf": "transformers", "torchvision": "torchvision"}
+
+
+class PeerUnavailable(RuntimeError):
+    """The peer library is missing or cannot build this configuration."""
+
+
+@dataclass
+class Peer:
+    library: str  # timm | hf | torchvision
+    version: str
+    module: nn.Module
+    forward: Callable[[torch.Tensor], torch.Tensor]  # images -> logits
+    weights: str  # how the weights relate to vitkit's
+
+    @property
+    def label(self) -> str:
+        return {"hf": "HF"}.get(self.library, self.library)
+
+
+def peer_version(library: str) -> Optional[str]:
+    """The installed version of a peer library, or None."""
+    if library not in _MODULE:
+        raise ValueError(f"unknown peer {library!r}: use one of {', '.join(PEERS)}")
+    try:
+        importlib.import_module(_MODULE[library])
+    except Exception:  # noqa: BLE001 - a broken install counts as missing
+        return None
+    try:
+        return importlib.metadata.version(_MODULE[library])
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def parse_peers(names: Optional[List[str]]) -> List[str]:
+    """``None``/``["all"]`` -> every peer; ``["none"]`` -> none; else the names checked."""
+    if not names or names == ["all"]:
+        return list(PEERS)
+    if names == ["none"]:
+        return []
+    bad = [n for n in names if n not in PEERS]
+    if bad:
+        raise ValueError(f"unknown peer(s) {bad}: use some of {', '.join(PEERS)}, 'all' or 'none'")
+    return list(dict.fromkeys(names))
+
+
+# --- configuration checks ---------------------------------------------------------------
+def _common_problems(cfg) -> List[str]:
+    out = []
+    if getattr(cfg, "backbone", None):
+        out.append("a hybrid ResNet backbone")
+    if cfg.posemb not in ("learn", "none") or cfg.posemb_where != "input":
+        out.append(f"posemb={cfg.posemb}/{cfg.posemb_where}")
+    return out
+
+
+def _problems(library: str, cfg) -> List[str]:
+    p = _common_problems(cfg)
+    if library == "timm":
+        if cfg.representation_size:
+            p.append("a pre-logits layer")
+        return p
+    if cfg.posemb != "learn":
+        p.append("no position embedding")
+    if not cfg.class_token or cfg.pool != "token":
+        p.append("no class-token read-out")
+    if cfg.representation_size:
+        p.append("a pre-logits layer" if library == "hf" else "")
+    if library == "torchvision":
+        if cfg.img_size[0] != cfg.img_size[1] or cfg.patch_size[0] != cfg.patch_size[1]:
+            p.append("non-square images or patches")
+        if not cfg.qkv_bias:
+            p.append("no qkv bias")
+        if cfg.gelu != "exact" or cfg.ln_eps != 1e-6:
+            p.append("tanh GELU or LayerNorm eps != 1e-6")
+        if cfg.drop_path:
+            p.append("stochastic depth")
+        if cfg.num_classes == 0:
+            p.append("no head")
+    if library == "hf" and cfg.num_classes == 0:
+        p.append("no head")
+    return [x for x in p if x]
+
+
+# --- builders ------------------------------------------------------------------------------
+def _build_timm(cfg) -> nn.Module:
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    act = nn.GELU if cfg.gelu == "exact" else functools.partial(nn.GELU, approximate="tanh")
+    return TimmViT(
+        img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans, num_classes=cfg.num_classes,
+        global_pool="token" if cfg.pool == "token" else "avg", embed_dim=cfg.width, depth=cfg.depth,
+        num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_dim / cfg.width, qkv_bias=cfg.qkv_bias,
+        class_token=cfg.class_token, pos_embed="learn" if cfg.posemb == "learn" else "none", fc_norm=False,
+        drop_rate=cfg.dropout, pos_drop_rate=cfg.dropout, proj_drop_rate=cfg.dropout,
+        attn_drop_rate=cfg.attn_dropout, drop_path_rate=cfg.drop_path,
+        norm_layer=functools.partial(nn.LayerNorm, eps=cfg.ln_eps), act_layer=act)
+
+
+def _hf_config(cfg):
+    import transformers
+
+    hf = transformers.ViTConfig(
+        hidden_size=cfg.width, num_hidden_layers=cfg.depth, num_attention_heads=cfg.num_heads,
+        intermediate_size=cfg.mlp_dim, hidden_act="gelu" if cfg.gelu == "exact" else "gelu_pytorch_tanh",
+        hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attn_dropout,
+        layer_norm_eps=cfg.ln_eps, image_size=list(cfg.img_size), patch_size=list(cfg.patch_size),
+        num_channels=cfg.in_chans, qkv_bias=cfg.qkv_bias, num_labels=cfg.num_classes)
+    hf._attn_implementation = "sdpa"
+    return hf
+
+
+def _build_torchvision(cfg) -> nn.Module:
+    from torchvision.models.vision_transformer import VisionTransformer as TvViT
+
+    return TvViT(image_size=cfg.img_size[0], patch_size=cfg.patch_size[0], num_layers=cfg.depth,
+                 num_heads=cfg.num_heads, hidden_dim=cfg.width, mlp_dim=cfg.mlp_dim, dropout=cfg.dropout,
+                 attention_dropout=cfg.attn_dropout, num_classes=cfg.num_classes)
+
+
+def _copy_weights(library: str, model: VisionTransformer, peer: Optional[nn.Module]) -> nn.Module:
+    """Write vitkit's weights in the peer's layout with vitkit's own converters and load them there."""
+    from safetensors.torch import load_file
+
+    from ..checkpoints import save_weights
+
+    with tempfile.TemporaryDirectory(prefix="vitkit-bench-") as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if library == "hf":
+            import transformers
+
+            transformers.utils.logging.disable_progress_bar()
+            folder = save_weights(model, Path(tmp) / "hf", to="hf")
+            return transformers.ViTForImageClassification.from_pretrained(
+                str(folder), attn_implementation="sdpa", dtype=torch.float32)
+        path = save_weights(model, Path(tmp) / f"{library}.safetensors", to=library, safetensors=True)
+        peer.load_state_dict(load_file(str(path)), strict=True)
+        return peer
+
+
+def build_peer(library: str, model: VisionTransformer, *, copy_weights: bool = True,
+               check: bool = True) -> Peer:
+    """The peer library's model of ``model``'s configuration (fp32, on the CPU, eval mode).
+
+    ``copy_weights``: load vitkit's weights (else the peer's own random
+    init). ``check``: run both on one random image and report the largest
+    logit difference in ``Peer.weights``."""
+    version = peer_version(library)
+    if version is None:
+        raise PeerUnavailable(f"{library} is not installed ({_MODULE[library]} cannot be imported)")
+    cfg = model.config
+    problems = _problems(library, cfg)
+    if problems:
+        raise PeerUnavailable(f"{library} cannot build this configuration: {', '.join(problems)}")
+    src = model.float().cpu().eval()
+    if library == "hf":
+        import transformers
+
+        module = None if copy_weights else transformers.ViTForImageClassification(_hf_config(cfg))
+    else:
+        module = _build_timm(cfg) if library == "timm" else _build_torchvision(cfg)
+    weights = "own random init"
+    if copy_weights:
+        try:
+            module = _copy_weights(library, src, module)
+            weights = "vitkit's weights"
+        except (ValueError, RuntimeError, KeyError, OSError) as err:
+            if module is None:
+                raise PeerUnavailable(f"HF model could not be built from vitkit's weights: {err}") from err
+            weights = f"own random init (copying vitkit's weights failed: {err})"
+    module = module.eval()
+    forward = _forward_fn(library, module)
+    if check and weights == "vitkit's weights":
+        x = torch.randn(1, cfg.in_chans, *cfg.img_size, generator=torch.Generator().manual_seed(0))
+        with torch.inference_mode():
+            ref, out = model(x), forward(x)
+        diff = (ref - out).abs().max().item() / max(ref.abs().max().item(), 1e-12)
+        weights += f" (logits agree to {diff:.1e} relative)"
+    return Peer(library, version, module, forward, weights)
+
+
+def _forward_fn(library: str, module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    def dtype_of() -> torch.dtype:
+        return next(module.parameters()).dtype
+
+    if library == "hf":
+        return lambda x: module(pixel_values=x.to(dtype_of())).logits
+    return lambda x: module(x.to(dtype_of()))
+
+
+def available(libraries: List[str]) -> Dict[str, Optional[str]]:
+    """{library: version or None} for the requested peers."""
+    return {lib: peer_version(lib) for lib in libraries}

@@ -1,0 +1,185 @@
+"""Roofline: how fast could the model run if it did nothing but its matrix products?
+
+The model's forward pass is a list of GEMMs (patch embedding, qkv, QK^T, AV,
+output projection, MLP, head). We time each distinct shape on this machine,
+in the benchmark's dtype, with the fastest implementation torch offers for
+it, and add up ``flops / rate``: that is the least time a forward pass can
+take here. A measured throughput divided by this bound is the fraction of
+the roofline reached (1.0 = as fast as the bare GEMMs).
+
+bf16 GEMM candidates on a CPU: torch's native bf16 kernel and the same
+product on the fp32 units (bf16 operands widened exactly to fp32, fp32
+accumulation, result rounded to bf16; the numbers a native bf16 GEMM with
+fp32 accumulation gives). The faster one sets the bound.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ViTConfig
+from ..models.cost import cost
+from .timing import alternate, synchronizer
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """``count`` products per forward, each ``groups`` independent [M, K] x [K, N] products."""
+
+    name: str
+    m: int
+    k: int
+    n: int
+    groups: int = 1
+    count: int = 1
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.k * self.n * self.groups * self.count
+
+    @property
+    def shape(self) -> Tuple[int, int, int, int]:
+        return (self.groups, self.m, self.k, self.n)
+
+
+def model_gemms(cfg: ViTConfig, batch: int = 1, img_size=None) -> List[Gemm]:
+    """The matrix products of one forward pass of ``batch`` images, as in :func:`vitkit.models.cost.cost`."""
+    c = cost(cfg, img_size)
+    t, d, m, h, L = c.tokens, cfg.width, cfg.mlp_dim, cfg.num_heads, cfg.depth
+    n = c.grid[0] * c.grid[1]
+    ph, pw = cfg.patch_size
+    in_ch = c.macs_breakdown["patch_embed"] // max(n * ph * pw * d, 1)
+    hd = d // h
+    out = [
+        Gemm("patch_embed", batch * n, in_ch * ph * pw, d),
+        Gemm("qkv", batch * t, d, 3 * d, count=L),
+        Gemm("attn_scores", t, hd, t, groups=batch * h, count=L),
+        Gemm("attn_values", t, t, hd, groups=batch * h, count=L),
+        Gemm("attn_proj", batch * t, d, d, count=L),
+        Gemm("fc1", batch * t, d, m, count=L),
+        Gemm("fc2", batch * t, m, d, count=L),
+    ]
+    rep = cfg.representation_size
+    if rep:
+        out.append(Gemm("pre_logits", batch, d, rep))
+    if cfg.num_classes:
+        out.append(Gemm("head", batch, rep or d, cfg.num_classes))
+    return out
+
+
+def _candidates(g: Gemm, dtype: torch.dtype, device: str, rows: Optional[int] = None
+                ) -> Dict[str, Callable[[], torch.Tensor]]:
+    """Implementations of one product in ``dtype`` (inputs made once, outside the timed call)."""
+    m = min(g.m, rows) if rows else g.m
+    gen = torch.Generator().manual_seed(0)
+    make = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
+    cands: Dict[str, Callable[[], torch.Tensor]] = {}
+    if g.groups == 1:
+        x, w, b = make(m, g.k), make(g.n, g.k), make(g.n)
+        cands["native"] = lambda: F.linear(x, w, b)
+        if dtype != torch.float32 and device == "cpu":
+            cands["fp32_units"] = lambda: F.linear(x.float(), w.float(), b.float()).to(dtype)
+    else:
+        a, bm = make(g.groups, m, g.k), make(g.groups, g.k, g.n)
+        cands["native"] = lambda: torch.bmm(a, bm)
+        if dtype != torch.float32 and device == "cpu":
+            cands["fp32_units"] = lambda: torch.bmm(a.float(), bm.float()).to(dtype)
+    return cands
+
+
+@dataclass
+class GemmRate:
+    gemm: Gemm
+    flops_per_s: float
+    impl: str
+    all_rates: Dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        g = self.gemm
+        return {"name": g.name, "groups": g.groups, "m": g.m, "k": g.k, "n": g.n, "count": g.count,
+                "gflop": g.flops / 1e9, "gflops_per_s": self.flops_per_s / 1e9, "impl": self.impl,
+                "candidates_gflops_per_s": {k: v / 1e9 for k, v in self.all_rates.items()}}
+
+
+def gemm_rate(g: Gemm, dtype: str = "fp32", device: str = "cpu", repeats: int = 3,
+              probe_rows: int = 1024) -> GemmRate:
+    """Fastest FLOP rate of one product shape. Candidates are first compared on at most ``probe_rows``
+    rows (a slow fallback kernel would otherwise take minutes), then the winner is timed at the full shape."""
+    dt = DTYPES[dtype]
+    sync = synchronizer(device)
+    one = Gemm(g.name, g.m, g.k, g.n, g.groups, 1)
+    probe_m = min(g.m, probe_rows)
+    cands = _candidates(one, dt, device, rows=probe_m)
+    probe_flops = 2 * probe_m * g.k * g.n * g.groups
+    rates = {}
+    if len(cands) > 1:
+        st = alternate(cands, warmup=1, repeats=max(2, repeats), sync=sync, min_seconds=0.05)
+        rates = {k: probe_flops / s.median for k, s in st.items()}
+        best = max(rates, key=rates.get)
+    else:
+        best = next(iter(cands))
+    full = _candidates(one, dt, device)[best] if probe_m != g.m else cands[best]
+    st = alternate({best: full}, warmup=1, repeats=repeats, sync=sync, min_seconds=0.1)[best]
+    rate = 2 * g.m * g.k * g.n * g.groups / st.median
+    rates[best] = max(rate, rates.get(best, 0.0)) if probe_m == g.m else rate
+    return GemmRate(g, rate, best, rates)
+
+
+@dataclass
+class Roofline:
+    """Least seconds per image that the model's GEMMs allow at the measured rates."""
+
+    dtype: str
+    batch: int
+    gflop_per_image: float
+    seconds_per_image: float
+    rates: List[GemmRate]
+    note: str = ""
+
+    @property
+    def images_per_s(self) -> float:
+        return 1.0 / self.seconds_per_image
+
+    def fraction(self, images_per_s: float) -> float:
+        """Share of the roofline reached by a measured throughput."""
+        return images_per_s * self.seconds_per_image
+
+    def to_dict(self) -> dict:
+        return {"dtype": self.dtype, "batch": self.batch, "gflop_per_image": self.gflop_per_image,
+                "roofline_images_per_s": self.images_per_s, "effective_gflops_per_s":
+                self.gflop_per_image / self.seconds_per_image, "note": self.note,
+                "gemms": [r.to_dict() for r in self.rates]}
+
+
+def roofline(cfg: ViTConfig, batch: int, dtype: str = "fp32", device: str = "cpu", img_size=None,
+             repeats: int = 3, progress: Optional[Callable[[str], None]] = None) -> Roofline:
+    """Measure every distinct GEMM shape of a forward pass of ``batch`` images and add up the bound."""
+    gemms = model_gemms(cfg, batch, img_size)
+    seen: Dict[Tuple[int, int, int, int], GemmRate] = {}
+    rates = []
+    for g in gemms:
+        if g.shape not in seen:
+            if progress:
+                progress(f"GEMM {g.name} {g.groups}x[{g.m}x{g.k}]x[{g.k}x{g.n}] {dtype}")
+            seen[g.shape] = gemm_rate(g, dtype, device, repeats)
+        r = seen[g.shape]
+        rates.append(GemmRate(g, r.flops_per_s, r.impl, r.all_rates))
+    seconds = sum(r.gemm.flops / r.flops_per_s for r in rates)
+    gemm_flops = sum(g.flops for g in gemms)
+    total = cost(cfg, img_size).flops * batch
+    note = ""
+    if total > gemm_flops:  # e.g. a hybrid's ResNet: counted at the best rate measured (optimistic bound)
+        best = max(r.flops_per_s for r in rates)
+        seconds += (total - gemm_flops) / best
+        note = f"{(total - gemm_flops) / 1e9 / batch:.2f} GFLOP/image outside the listed GEMMs counted at the best rate"
+    return Roofline(dtype, batch, total / batch / 1e9, seconds / batch, rates, note)
+
+
+def peak_gemm(dtype: str = "fp32", device: str = "cpu", size: int = 2048, repeats: int = 3) -> GemmRate:
+    """The machine's rate on a large square product, for reference."""
+    return gemm_rate(Gemm("square", size, size, size), dtype, device, repeats, probe_rows=512)

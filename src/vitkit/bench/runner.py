@@ -1,0 +1,327 @@
+"""The benchmark runs: inference throughput, latency and training steps, vitkit and its peers side by side.
+
+Every contender gets the same model configuration (and the same weights where
+the peer can hold them), the same input tensor and the same thread count, and
+their timed repeats are interleaved. Each row of the result is one
+(library, model, resolution, batch, dtype, compile) measurement; the
+comparison rows put vitkit's best batch next to each peer's best batch.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ..models.cost import cost
+from ..models.inference import inference_summary, prepare_inference, resolve_dtype
+from .gpu import peak_flops
+from .models import build_model, clone, example_batch, model_config
+from .peers import PEERS, PeerUnavailable, build_peer
+from .roofline import roofline
+from .timing import alternate, synchronizer
+
+
+@dataclass
+class BenchOptions:
+    device: str = "cpu"
+    warmup: int = 1
+    repeats: int = 5
+    peers: List[str] = field(default_factory=lambda: list(PEERS))
+    roofline: bool = True
+    peer_bf16: str = "weights"  # peers in bf16: bf16 weights (model.to(bf16)) or fp32 weights + autocast
+    chunk_tokens: int = 2048
+    copy_weights: bool = True
+    vitkit_module: bool = False  # also time vitkit's plain nn.Module (no inference engine)
+    compile_mode: Optional[str] = None  # torch.compile mode (CUDA: "reduce-overhead" = CUDA graphs)
+    overrides: Dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    log: Callable[[str], None] = print
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("log", None)
+        return d
+
+
+@dataclass
+class Contender:
+    library: str
+    fn: Callable[[torch.Tensor], Any]
+    info: Dict[str, Any]
+    context: Callable[[], Any] = contextlib.nullcontext
+
+
+def _freezing(compiled: bool, device: str):
+    """Inductor's weight freezing (constant folding, pre-packed CPU GEMM weights) for every compiled
+    contender alike; it applies to inference graphs only."""
+    if compiled and device == "cpu":
+        import torch._inductor.config as inductor_config
+
+        return inductor_config.patch(freezing=True)
+    return contextlib.nullcontext()
+
+
+def _cast_peer(peer, dtype: torch.dtype, device: str, how: str):
+    module = peer.module.to(device)
+    if dtype != torch.float32 and how == "weights":
+        module = module.to(dtype)
+    return module
+
+
+def _peer_context(dtype: torch.dtype, device: str, how: str) -> Callable[[], Any]:
+    if dtype != torch.float32 and how == "autocast":
+        return lambda: torch.autocast(device_type=device.split(":")[0], dtype=dtype)
+    return contextlib.nullcontext
+
+
+def inference_contenders(model, dtype: str, compiled: bool, opts: BenchOptions) -> Tuple[List[Contender], List[str]]:
+    """vitkit (prepared for inference), optionally vitkit's plain module, and each available peer."""
+    dt, dev = resolve_dtype(dtype), opts.device
+    notes: List[str] = []
+    fast = prepare_inference(clone(model), dt, device=dev, compile=compiled, chunk_tokens=opts.chunk_tokens,
+                             compile_mode=opts.compile_mode)
+    out = [Contender("vitkit", fast, {"engine": inference_summary(fast), "weights": "reference"})]
+    if opts.vitkit_module:
+        plain = clone(model).to(device=dev, dtype=dt).eval()
+        fn = torch.compile(plain, mode=opts.compile_mode) if compiled else plain
+        out.append(Contender("vitkit-module", lambda x, f=fn: f(x.to(dt)), {"engine": "nn.Module"}))
+    for lib in opts.peers:
+        try:
+            peer = build_peer(lib, model, copy_weights=opts.copy_weights)
+        except PeerUnavailable as err:
+            notes.append(f"{lib} skipped: {err}")
+            continue
+        module = _cast_peer(peer, dt, dev, opts.peer_bf16)
+        if compiled:
+            module = torch.compile(module, mode=opts.compile_mode)
+        from .peers import _forward_fn
+
+        info = {"version": peer.version, "weights": peer.weights,
+                "precision": "fp32" if dt == torch.float32 else
+                ("bf16 weights" if opts.peer_bf16 == "weights" else "fp32 weights + bf16 autocast")}
+        out.append(Contender(peer.label, _forward_fn(lib, module), info, _peer_context(dt, dev, opts.peer_bf16)))
+    return out, notes
+
+
+def _row(kind: str, label: str, cfg, img: int, batch: int, dtype: str, compiled: bool, library: str,
+         stats, info: Dict[str, Any]) -> Dict[str, Any]:
+    c = cost(cfg)
+    return {"kind": kind, "model": label, "img_size": img, "batch": batch, "dtype": dtype, "compile": compiled,
+            "library": library, "images_per_s": batch / stats.median, "ms_per_batch": 1e3 * stats.median,
+            "spread": stats.spread, "gflop_per_image": c.flops / 1e9, "params": c.params,
+            "stats": stats.to_dict(), **info}
+
+
+def run_inference(models: List[str], img_sizes: List[Optional[int]], batches: List[int], dtypes: List[str],
+                  compiles: List[bool], opts: BenchOptions, kind: str = "inference") -> Tuple[List[dict], List[str]]:
+    """Throughput (or, with batch 1, latency) of every contender for every combination."""
+    rows: List[dict] = []
+    notes: List[str] = []
+    sync = synchronizer(opts.device)
+    for spec in models:
+        for img in img_sizes:
+            label, cfg = model_config(spec, img, opts.overrides)
+            base = build_model(cfg, opts.seed)
+            for dtype in dtypes:
+                bounds: Dict[int, Any] = {}
+                for compiled in compiles:
+                    contenders, why = inference_contenders(base, dtype, compiled, opts)
+                    notes += [n for n in why if n not in notes]
+                    for batch in batches:
+                        x = example_batch(cfg, batch, opts.seed, opts.device)
+                        cases = {c.library: _inference_case(c, x) for c in contenders}
+                        opts.log(f"{kind}: {label} {cfg.img_size[0]}px batch {batch} {dtype}"
+                                 f"{' compiled' if compiled else ''}: {', '.join(cases)}")
+                        with _freezing(compiled, opts.device):
+                            st = alternate(cases, warmup=max(opts.warmup, 1 if compiled else 0),
+                                           repeats=opts.repeats, sync=sync, min_seconds=0.2 if kind == "latency" else 0)
+                        if opts.roofline and batch not in bounds:
+                            bounds[batch] = roofline(cfg, batch, dtype, opts.device, progress=log_progress(opts))
+                        for c in contenders:
+                            r = _row(kind, label, cfg, cfg.img_size[0], batch, dtype, compiled, c.library,
+                                     st[c.library], c.info)
+                            _add_bounds(r, bounds.get(batch), opts.device, dtype)
+                            rows.append(r)
+                            opts.log(f"  {c.library:14s} {r['images_per_s']:9.2f} img/s  "
+                                     f"{r['ms_per_batch']:9.1f} ms/batch  spread {r['spread']:.1%}"
+                                     + (f"  roofline {r['roofline_fraction']:.0%}" if 'roofline_fraction' in r else ""))
+                    del contenders
+                    gc.collect()
+    return rows, notes
+
+
+def log_progress(opts: BenchOptions) -> Callable[[str], None]:
+    return lambda msg: opts.log(f"  roofline: {msg}")
+
+
+def _inference_case(c: Contender, x: torch.Tensor) -> Callable[[], Any]:
+    def call():
+        with torch.inference_mode(), c.context():
+            return c.fn(x)
+    return call
+
+
+def _add_bounds(row: Dict[str, Any], bound, device: str, dtype: str, factor: float = 1.0) -> None:
+    """Roofline fraction (CPU and GPU) and model FLOP utilisation against the device's peak (GPU)."""
+    if bound is not None:
+        row["roofline_images_per_s"] = bound.images_per_s / factor
+        row["roofline_fraction"] = bound.fraction(row["images_per_s"]) * factor
+        row["roofline_gemm_gflops"] = bound.gflop_per_image / bound.seconds_per_image
+    if device.startswith("cuda"):
+        peak, source = peak_flops(dtype, device)
+        if peak:
+            row["mfu"] = factor * row["gflop_per_image"] * 1e9 * row["images_per_s"] / peak
+            row["peak_tflops"] = peak / 1e12
+            row["peak_source"] = source
+
+
+# --- training -------------------------------------------------------------------------------
+def _vitkit_train_step(model, dtype: str, device: str) -> Tuple[Callable, str]:
+    """vitkit's training step: the training engine's TrainStep with its fused AdamW when available."""
+    try:
+        from ..train import TrainStep, build_optimizer
+        from ..train.recipe import OptimConfig
+    except ImportError:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, fused=True)
+        return _minimal_step(model, opt, dtype, device), "minimal step (fused AdamW, clip 1.0)"
+    impl = "fused"
+    try:
+        opt = build_optimizer(model, OptimConfig(name="adamw", lr=1e-4, weight_decay=0.05, implementation=impl),
+                              torch.device(device))
+    except (RuntimeError, ValueError):
+        impl = "foreach"
+        opt = build_optimizer(model, OptimConfig(name="adamw", lr=1e-4, weight_decay=0.05, implementation=impl),
+                              torch.device(device))
+    step = TrainStep(model, opt, precision=dtype, clip_grad=1.0)
+    return step, f"vitkit.train.TrainStep ({impl} AdamW, no-decay groups, clip 1.0, {dtype})"
+
+
+def _minimal_step(model, opt, dtype: str, device: str) -> Callable:
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step(x, t):
+        with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float(), t)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+    return step
+
+
+def training_contenders(model, dtype: str, compiled: bool, opts: BenchOptions
+                        ) -> Tuple[List[Tuple[str, Callable, Dict[str, Any]]], List[str]]:
+    dev = opts.device
+    notes: List[str] = []
+    mine = clone(model).to(dev).train()
+    if compiled:
+        mine = torch.compile(mine, mode=opts.compile_mode)
+    step, how = _vitkit_train_step(mine, dtype, dev)
+    out = [("vitkit", step, {"step": how})]
+    if "timm" in opts.peers:
+        try:
+            peer = build_peer("timm", model, copy_weights=opts.copy_weights, check=False)
+            module = peer.module.to(dev).train()
+            if compiled:
+                module = torch.compile(module, mode=opts.compile_mode)
+            opt = torch.optim.AdamW(module.parameters(), lr=1e-4, weight_decay=0.05)  # PyTorch's default
+            out.append(("timm", _minimal_step(module, opt, dtype, dev),
+                        {"step": f"plain PyTorch loop (torch.optim.AdamW defaults, clip 1.0, "
+                                 f"{'bf16 autocast' if dtype == 'bf16' else 'fp32'})", "version": peer.version}))
+        except PeerUnavailable as err:
+            notes.append(f"timm skipped: {err}")
+    if [p for p in opts.peers if p != "timm"]:
+        notes.append("training steps are compared with timm only (the issue's reference)")
+    return out, notes
+
+
+def run_training(models: List[str], img_sizes: List[Optional[int]], batches: List[int], dtypes: List[str],
+                 compiles: List[bool], opts: BenchOptions) -> Tuple[List[dict], List[str]]:
+    """Optimiser steps per second (x batch = images/s) for vitkit and timm, alternated."""
+    rows: List[dict] = []
+    notes: List[str] = []
+    sync = synchronizer(opts.device)
+    for spec in models:
+        for img in img_sizes:
+            label, cfg = model_config(spec, img, opts.overrides)
+            base = build_model(cfg, opts.seed)
+            for dtype in dtypes:
+                if dtype not in ("fp32", "bf16"):
+                    raise ValueError(f"training precision {dtype!r}: use fp32 or bf16 (autocast)")
+                bounds: Dict[int, Any] = {}
+                for compiled in compiles:
+                    contenders, why = training_contenders(base, dtype, compiled, opts)
+                    notes += [n for n in why if n not in notes]
+                    for batch in batches:
+                        x = example_batch(cfg, batch, opts.seed, opts.device)
+                        t = torch.randint(0, max(cfg.num_classes, 1), (batch,),
+                                          generator=torch.Generator().manual_seed(opts.seed)).to(opts.device)
+                        cases = {name: (lambda s=s: s(x, t)) for name, s, _ in contenders}
+                        opts.log(f"train: {label} {cfg.img_size[0]}px batch {batch} {dtype}"
+                                 f"{' compiled' if compiled else ''}: {', '.join(cases)}")
+                        st = alternate(cases, warmup=max(opts.warmup, 1), repeats=opts.repeats, sync=sync)
+                        if opts.roofline and batch not in bounds:
+                            bounds[batch] = roofline(cfg, batch, dtype, opts.device, progress=log_progress(opts))
+                        for name, _, info in contenders:
+                            r = _row("train", label, cfg, cfg.img_size[0], batch, dtype, compiled, name,
+                                     st[name], info)
+                            # forward + backward ~ 3x the forward GEMMs (backward: two products per forward one)
+                            _add_bounds(r, bounds.get(batch), opts.device, dtype, factor=3.0)
+                            rows.append(r)
+                            opts.log(f"  {name:14s} {r['images_per_s']:9.2f} img/s  {r['ms_per_batch']:9.1f} ms/step"
+                                     f"  spread {r['spread']:.1%}")
+                    del contenders
+                    gc.collect()
+    return rows, notes
+
+
+# --- comparisons ------------------------------------------------------------------------------
+def compare(rows: List[dict]) -> List[dict]:
+    """For each (kind, model, size, dtype, compile): each library's best batch, and vitkit / best peer.
+
+    Throughput and training: images/s (higher is better). Latency: ms at batch 1 (lower is better, the
+    ratio is peer time / vitkit time). Memory: peak MiB (lower is better, ratio vitkit / best peer)."""
+    groups: Dict[tuple, Dict[str, dict]] = {}
+    for r in rows:
+        key = (r["kind"], r["model"], r["img_size"], r["dtype"], r.get("compile", False))
+        best = groups.setdefault(key, {})
+        lib = r["library"]
+        if r["kind"] == "memory":
+            better = lib not in best or r["peak_mib"] < best[lib]["peak_mib"]
+        else:
+            better = lib not in best or r["images_per_s"] > best[lib]["images_per_s"]
+        if better:
+            best[lib] = r
+    out = []
+    for (kind, model, img, dtype, compiled), libs in groups.items():
+        mine = libs.get("vitkit")
+        peers = {k: v for k, v in libs.items() if k not in ("vitkit", "vitkit-module")}
+        entry = {"kind": kind, "model": model, "img_size": img, "dtype": dtype, "compile": compiled,
+                 "libraries": {k: _headline(v) for k, v in libs.items()}}
+        if mine and peers:
+            if kind == "memory":
+                best_peer = min(peers.values(), key=lambda v: v["peak_mib"])
+                entry["ratio"] = mine["peak_mib"] / best_peer["peak_mib"]
+            else:
+                best_peer = max(peers.values(), key=lambda v: v["images_per_s"])
+                entry["ratio"] = mine["images_per_s"] / best_peer["images_per_s"]
+            entry["best_peer"] = best_peer["library"]
+        if mine and "roofline_fraction" in mine:
+            entry["roofline_fraction"] = mine["roofline_fraction"]
+        if mine and "mfu" in mine:
+            entry["mfu"] = mine["mfu"]
+        out.append(entry)
+    return out
+
+
+def _headline(r: dict) -> dict:
+    if r["kind"] == "memory":
+        return {"batch": r["batch"], "peak_mib": r["peak_mib"]}
+    return {"batch": r["batch"], "images_per_s": r["images_per_s"], "ms_per_batch": r["ms_per_batch"],
+            "spread": r["spread"]}

@@ -1,0 +1,106 @@
+"""Timing: warm-up, repeats alternated between the contenders, median and spread.
+
+Alternating (A B C, B C A, C A B, ...) spreads any slow-down from other
+processes or frequency changes over all contenders instead of one. The
+spread reported is the inter-quartile range relative to the median.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+
+@dataclass
+class Stats:
+    """Seconds per call over the timed repeats."""
+
+    times: List[float] = field(default_factory=list)
+    first_call: Optional[float] = None  # the first warm-up call (includes compilation, if any)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def best(self) -> float:
+        return min(self.times)
+
+    @property
+    def worst(self) -> float:
+        return max(self.times)
+
+    @property
+    def spread(self) -> float:
+        """Inter-quartile range / median (0.05 = the middle half of the repeats lies within 5%)."""
+        if len(self.times) < 2:
+            return 0.0
+        q = statistics.quantiles(self.times, n=4, method="inclusive")
+        return (q[2] - q[0]) / self.median
+
+    def to_dict(self) -> dict:
+        return {"median_s": self.median, "best_s": self.best, "worst_s": self.worst,
+                "spread": round(self.spread, 4), "repeats": len(self.times), "times_s": list(self.times),
+                "first_call_s": self.first_call}
+
+
+def synchronizer(device: str) -> Callable[[], None]:
+    """A function that waits for the device's queued work (a no-op on CPU)."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+def time_call(fn: Callable[[], object], sync: Callable[[], None] = lambda: None) -> float:
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
+
+
+def alternate(cases: Dict[str, Callable[[], object]], *, warmup: int = 1, repeats: int = 5,
+              sync: Callable[[], None] = lambda: None, min_seconds: float = 0.0,
+              on_repeat: Optional[Callable[[str, float], None]] = None) -> Dict[str, Stats]:
+    """Time every case ``repeats`` times, rotating the order each round, after ``warmup`` untimed calls each.
+
+    ``min_seconds``: a repeat of a fast case calls it several times until at
+    least this long has passed and records the mean (keeps timer noise small).
+    ``on_repeat(name, seconds)`` is called after each timed repeat (progress).
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    names = list(cases)
+    inner = {n: 1 for n in names}
+    out = {n: Stats() for n in names}
+    for n in names:
+        for w in range(max(warmup, 0)):
+            t = time_call(cases[n], sync)
+            if w == 0:
+                out[n].first_call = t
+        if warmup > 0 and min_seconds > 0 and t < min_seconds:
+            inner[n] = min(1000, max(1, int(min_seconds / max(t, 1e-6))))
+    for order in rotations(names, repeats):
+        for n in order:
+            fn, reps = cases[n], inner[n]
+            if reps == 1:
+                t = time_call(fn, sync)
+            else:
+                t = time_call(lambda: [fn() for _ in range(reps)], sync) / reps
+            out[n].times.append(t)
+            if on_repeat:
+                on_repeat(n, t)
+    return out
+
+
+def rotations(names: Sequence[str], repeats: int) -> List[List[str]]:
+    """The order in which :func:`alternate` runs the cases, round by round."""
+    names = list(names)
+    return [names[r % len(names):] + names[:r % len(names)] for r in range(repeats)]
+
+
+def stats_from_dict(d: dict) -> Stats:
+    return Stats(list(d["times_s"]), d.get("first_call_s"))

@@ -1,0 +1,115 @@
+"""bf16 autocast on CPUs that cannot multiply bf16: the same numbers, at fp32 speed.
+
+Under ``torch.autocast("cpu", dtype=torch.bfloat16)`` torch runs linear
+layers, convolutions and attention with bf16 kernels. CPUs without
+AVX-512-BF16, AMX or AVX2-VNNI-2 have no bf16 dot-product instruction, and
+torch's fallback kernels there are 5-20x slower than fp32 (measured on an AVX2
+EPYC: see docs/performance.md). vitkit's layers call the functions below
+instead of the modules. On such a CPU, inside a bf16 autocast region or on
+bf16 tensors, they round the operands to bf16 exactly as autocast does,
+widen them (exactly) to fp32, multiply on the fp32 units with fp32
+accumulation - which is what a bf16 kernel computes, up to summation order -
+and round the result to bf16. Everywhere else (fp32, CUDA, CPUs with native
+bf16) they are the plain module calls, so fp32 numerics are untouched.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BF16 = torch.bfloat16
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_has_native_bf16() -> bool:
+    """Whether oneDNN's bf16 GEMM kernels run on this CPU (AVX-512-BF16 / AMX / AVX2-VNNI-2)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4
+        return device_type == "cpu" and torch.is_autocast_cpu_enabled()
+
+
+def widen_bf16(x: torch.Tensor) -> bool:
+    """True for bf16 work on a CPU without native bf16 GEMMs: inside a CPU bf16 autocast region, or on
+    bf16 tensors (a model converted with ``.to(torch.bfloat16)``)."""
+    if x.device.type != "cpu" or not x.is_floating_point():
+        return False
+    if x.dtype != BF16:
+        if not _autocast_on("cpu"):
+            return False
+        dtype = torch.get_autocast_dtype("cpu") if hasattr(torch, "get_autocast_dtype") \
+            else torch.get_autocast_cpu_dtype()
+        if dtype != BF16:
+            return False
+    return not cpu_has_native_bf16()
+
+
+def _exact(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Round to bf16 (as autocast's cast does), then widen back to fp32 without loss."""
+    return None if t is None else t.to(BF16).float()
+
+
+class _WidenedLinear(torch.autograd.Function):
+    """y = bf16(x) bf16(W)^T + bf16(b) in fp32 arithmetic, returned in bf16; saves bf16 tensors for
+    backward (the memory autocast would use) and computes the gradients in fp32."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        with torch.autocast("cpu", enabled=False):
+            xb, wb = x.to(BF16), weight.to(BF16)
+            y = F.linear(xb.float(), wb.float(), _exact(bias)).to(BF16)
+        ctx.save_for_backward(xb, wb)
+        ctx.x_dtype, ctx.w_dtype, ctx.has_bias = x.dtype, weight.dtype, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        xb, wb = ctx.saved_tensors
+        g = grad.float()
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = (g @ wb.float()).to(ctx.x_dtype)
+        g2 = g.reshape(-1, g.shape[-1])
+        if ctx.needs_input_grad[1]:
+            gw = (g2.t() @ xb.reshape(-1, xb.shape[-1]).float()).to(ctx.w_dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g2.sum(0).to(ctx.w_dtype)
+        return gx, gw, gb
+
+
+def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """``layer(x)``, widened to the fp32 units under CPU bf16 autocast without native bf16."""
+    if widen_bf16(x):
+        return _WidenedLinear.apply(x, layer.weight, layer.bias)
+    return layer(x)
+
+
+def conv2d(x: torch.Tensor, layer: nn.Conv2d) -> torch.Tensor:
+    """``layer(x)`` for a convolution, widened like :func:`linear`."""
+    if widen_bf16(x):
+        with torch.autocast("cpu", enabled=False):
+            return F.conv2d(_exact(x), _exact(layer.weight), _exact(layer.bias), layer.stride, layer.padding,
+                            layer.dilation, layer.groups).to(BF16)
+    return layer(x)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+              dropout_p: float = 0.0) -> torch.Tensor:
+    """``F.scaled_dot_product_attention``, widened like :func:`linear` (softmax in fp32, as bf16 kernels do)."""
+    if widen_bf16(q):
+        with torch.autocast("cpu", enabled=False):
+            mask = None if attn_mask is None else attn_mask.float()
+            return F.scaled_dot_product_attention(_exact(q), _exact(k), _exact(v), attn_mask=mask,
+                                                  dropout_p=dropout_p).to(BF16)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)

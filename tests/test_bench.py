@@ -1,0 +1,311 @@
+"""The benchmark harness and the fast paths it measures: mechanics and numerics, never timings."""
+import copy
+import json
+
+import pytest
+import torch
+
+from conftest import randomize_head
+from vitkit import VisionTransformer, cost, create_model
+from vitkit.config import config_from_name
+from vitkit.bench import BenchOptions, compare, comparison_table, format_result, machine_info, machine_line
+from vitkit.bench.machine import busy_warning
+from vitkit.bench.memory import measure
+from vitkit.bench.models import model_config
+from vitkit.bench.peers import PeerUnavailable, build_peer, parse_peers
+from vitkit.bench.report import plot_figure12, rows_table
+from vitkit.bench.roofline import Gemm, gemm_rate, model_gemms, roofline
+from vitkit.bench.runner import run_inference, run_training
+from vitkit.bench.timing import Stats, alternate, rotations
+from vitkit.cli import main
+from vitkit.models import precision
+from vitkit.models.inference import FastViT, inference_summary, prepare_inference
+
+VARIANTS = [dict(), dict(posemb="relative"), dict(posemb="learn", posemb_where="every_layer"),
+            dict(pool="gap", class_token=False), dict(representation_size=32), dict(posemb="sincos2d"),
+            dict(posemb="learn2d"), dict(gelu="tanh"), dict(qkv_bias=False), dict(img_size=(32, 48))]
+
+
+def rel_err(a, b):
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+
+
+def noisy(model):
+    """Every parameter random (the paper's zero head / zero biases would hide mistakes)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(std=0.2)
+    return model.eval()
+
+
+# --- timing ------------------------------------------------------------------------------------
+def test_alternate_rotates_order_and_counts_calls():
+    calls = []
+    cases = {n: (lambda n=n: calls.append(n)) for n in "abc"}
+    st = alternate(cases, warmup=2, repeats=4)
+    assert calls[:6] == ["a", "a", "b", "b", "c", "c"]  # warm-up, each case in turn
+    assert calls[6:] == [x for order in rotations("abc", 4) for x in order]
+    assert rotations("abc", 4)[1] == ["b", "c", "a"]
+    assert all(len(s.times) == 4 and s.first_call is not None for s in st.values())
+    with pytest.raises(ValueError, match="repeats"):
+        alternate(cases, repeats=0)
+
+
+def test_alternate_min_seconds_repeats_fast_calls():
+    n = {"x": 0}
+    alternate({"x": lambda: n.__setitem__("x", n["x"] + 1)}, warmup=1, repeats=2, min_seconds=0.001)
+    assert n["x"] > 3  # the fast call ran several times per recorded repeat
+
+
+def test_stats_median_spread():
+    s = Stats([1.0, 2.0, 3.0, 4.0, 10.0])
+    assert s.median == 3.0 and s.best == 1.0 and s.worst == 10.0
+    assert s.spread == pytest.approx((4.0 - 2.0) / 3.0)
+    d = s.to_dict()
+    assert d["repeats"] == 5 and d["median_s"] == 3.0
+
+
+# --- machine -----------------------------------------------------------------------------------------
+def test_machine_line_names_cores_threads_torch():
+    info = machine_info()
+    line = machine_line(info)
+    assert f"x{info['cores']} cores" in line and f"torch {torch.__version__}" in line
+    assert f"threads {torch.get_num_threads()}" in line and line.startswith("machine: ")
+    busy = dict(info, load_avg=[info["cores"] + 3.0, 0, 0])
+    assert "other processes" in busy_warning(busy)
+    assert busy_warning(dict(info, load_avg=[0.1, 0, 0])) is None
+
+
+# --- roofline ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,kw", [("B/16", {}), ("S/32", dict(representation_size=384)),
+                                     ("Ti/16", dict(pool="gap", class_token=False, img_size=160))])
+def test_gemm_list_adds_up_to_the_cost_model(name, kw):
+    cfg = create_model(name, depth=2, **kw).config
+    for batch in (1, 3):
+        gemms = model_gemms(cfg, batch)
+        assert sum(g.flops for g in gemms) == batch * cost(cfg).flops
+    assert {g.name for g in gemms} >= {"qkv", "attn_scores", "attn_values", "fc1", "fc2", "patch_embed"}
+
+
+def test_b16_forward_is_35_1_gflop():
+    cfg = config_from_name("B/16")
+    assert sum(g.flops for g in model_gemms(cfg, 1)) / 1e9 == pytest.approx(35.1, abs=0.05)
+
+
+def test_gemm_rate_and_roofline_arithmetic():
+    r = gemm_rate(Gemm("t", 64, 32, 48), "fp32", repeats=1)
+    assert r.flops_per_s > 0 and r.impl == "native"
+    rb = gemm_rate(Gemm("t", 64, 32, 48, groups=2), "bf16", repeats=1)
+    assert set(rb.all_rates) >= {"native"} | ({"fp32_units"} if not precision.cpu_has_native_bf16() else set())
+    cfg = create_model("Ti/16", depth=1, img_size=32).config
+    b = roofline(cfg, 2, "fp32", repeats=1)
+    assert b.seconds_per_image == pytest.approx(sum(x.gemm.flops / x.flops_per_s for x in b.rates) / 2)
+    assert b.fraction(b.images_per_s) == pytest.approx(1.0)
+    assert b.fraction(b.images_per_s / 2) == pytest.approx(0.5)
+
+
+# --- fast inference engine ---------------------------------------------------------------------------
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()) or "base")
+def test_fast_inference_equals_the_model(tiny_cfg, variant):
+    model = noisy(VisionTransformer(tiny_cfg.replace(**variant)))
+    x = torch.randn(5, 3, *model.config.img_size)
+    with torch.no_grad():
+        ref, feats = model(x), model.forward_features(x)
+    for chunk in (1, 40, 10_000):  # a chunk smaller than one image still processes whole images
+        fast = FastViT(model, chunk_tokens=chunk)
+        assert rel_err(fast(x), ref) < 1e-5
+    assert rel_err(fast.forward_features(x), feats) < 1e-5
+
+
+def test_fast_inference_bf16_and_int8(tiny_cfg):
+    model = noisy(VisionTransformer(tiny_cfg))
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        ref = model(x)
+        native = copy.deepcopy(model).to(torch.bfloat16)(x.bfloat16())
+    fast = prepare_inference(copy.deepcopy(model), "bf16")
+    out = fast(x)
+    assert out.dtype == torch.bfloat16 and fast.model.head.weight.dtype == torch.bfloat16
+    assert inference_summary(fast)["widen_to_fp32"] == (not precision.cpu_has_native_bf16())
+    assert rel_err(out, ref) < 3e-2 and rel_err(out, native) < 3e-2
+    q = prepare_inference(copy.deepcopy(model), "fp32", quantize="int8")
+    assert 0 < rel_err(q(x), ref) < 0.1  # int8 changes the numbers, a little
+    with pytest.raises(ValueError, match="fp32"):
+        prepare_inference(copy.deepcopy(model), "bf16", quantize="int8")
+    with pytest.raises(ValueError, match="quantize"):
+        FastViT(model, quantize="int4")
+    with pytest.raises(ValueError, match="dtype"):
+        prepare_inference(model, "fp8")
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        FastViT(model, chunk_tokens=0)
+    with pytest.raises(ValueError, match="not divisible"):
+        FastViT(model)(torch.randn(1, 3, 30, 32))
+
+
+def test_hybrid_model_runs_through_the_fast_path():
+    model = noisy(create_model("R26+S/32", depth=1, img_size=64, num_classes=7))
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        ref = model(x)
+    assert rel_err(FastViT(model)(x), ref) < 1e-5
+
+
+# --- bf16 on CPUs without native bf16 -----------------------------------------------------------------
+def _autocast_run(model, x, t):
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x)
+    torch.nn.functional.cross_entropy(out.float(), t).backward()
+    return out.detach().float(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_widened_bf16_matches_native_bf16_autocast(tiny_cfg, monkeypatch):
+    model = noisy(VisionTransformer(tiny_cfg))
+    x, t = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    widened, gw = _autocast_run(model, x, t)
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    native, gn = _autocast_run(model, x, t)
+    model.zero_grad()
+    out32 = model(x)
+    torch.nn.functional.cross_entropy(out32, t).backward()
+    g32 = {n: p.grad for n, p in model.named_parameters()}
+    assert rel_err(widened, native) < 2e-2 and rel_err(widened, out32.detach()) < 2e-2
+    for name in g32:  # gradients agree with native bf16 to bf16 accuracy, and are no further from fp32
+        err_w = ((gw[name] - g32[name]).norm() / g32[name].norm()).item()
+        err_n = ((gn[name] - g32[name]).norm() / g32[name].norm()).item()
+        assert err_w < 0.1 and err_w < 1.5 * err_n + 1e-3, name
+        assert gw[name].dtype == torch.float32
+
+
+def test_fp32_path_is_the_plain_module_call(tiny_cfg):
+    lin = torch.nn.Linear(8, 4)
+    x = torch.randn(3, 8)
+    assert not precision.widen_bf16(x)
+    assert torch.equal(precision.linear(x, lin), lin(x))
+    if not precision.cpu_has_native_bf16():
+        assert precision.widen_bf16(x.bfloat16())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert precision.widen_bf16(x)
+            assert precision.linear(x, lin).dtype == torch.bfloat16
+
+
+# --- peers -------------------------------------------------------------------------------------------------
+def test_parse_peers():
+    assert parse_peers(None) == ["timm", "hf", "torchvision"] and parse_peers(["none"]) == []
+    assert parse_peers(["hf", "timm", "hf"]) == ["hf", "timm"]
+    with pytest.raises(ValueError, match="unknown peer"):
+        parse_peers(["keras"])
+
+
+def test_hf_peer_gets_vitkit_weights(tiny_cfg):
+    pytest.importorskip("transformers")
+    model = randomize_head(VisionTransformer(tiny_cfg.replace(ln_eps=1e-12))).eval()
+    peer = build_peer("hf", model)
+    assert peer.weights.startswith("vitkit's weights")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert rel_err(peer.forward(x), model(x)) < 1e-5
+    with pytest.raises(PeerUnavailable, match="class-token"):
+        build_peer("hf", VisionTransformer(tiny_cfg.replace(pool="gap", class_token=False)))
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("lib", ["timm", "torchvision"])
+def test_timm_torchvision_peers_get_vitkit_weights(tiny_cfg, lib):
+    pytest.importorskip(lib)
+    model = randomize_head(VisionTransformer(tiny_cfg)).eval()
+    peer = build_peer(lib, model)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert rel_err(peer.forward(x), model(x)) < 1e-5
+
+
+def test_missing_peer_is_skipped_with_a_note(tiny_cfg):
+    try:
+        import torchvision  # noqa: F401
+        pytest.skip("torchvision is installed here")
+    except ImportError:
+        pass
+    opts = BenchOptions(peers=["torchvision"], repeats=1, roofline=False, log=lambda m: None)
+    rows, notes = run_inference(["Ti/16"], [32], [2], ["fp32"], [False], BenchOptions(
+        peers=["torchvision"], repeats=1, warmup=0, roofline=False, overrides={"depth": 1}, log=lambda m: None))
+    assert [r["library"] for r in rows] == ["vitkit"]
+    assert any("torchvision skipped" in n and "not installed" in n for n in notes)
+    assert opts.to_dict()["peers"] == ["torchvision"]
+
+
+# --- runs, comparisons, reports -------------------------------------------------------------------------
+def test_inference_and_training_rows(tmp_path):
+    opts = BenchOptions(peers=["hf", "timm"], repeats=2, warmup=1, overrides={"depth": 1}, log=lambda m: None)
+    rows, notes = run_inference(["Ti/16"], [32], [1, 2], ["fp32"], [False], opts)
+    libs = {r["library"] for r in rows}
+    assert "vitkit" in libs and len(rows) == 2 * len(libs)
+    for r in rows:
+        assert r["images_per_s"] == pytest.approx(r["batch"] * 1e3 / r["ms_per_batch"])
+        assert r["stats"]["repeats"] == 2 and 0 < r["roofline_fraction"]
+    train, _ = run_training(["recipe:fmnist-fast"], [None], [4], ["fp32", "bf16"], [False],
+                            BenchOptions(peers=["timm"], repeats=1, roofline=False, log=lambda m: None))
+    vk = [r for r in train if r["library"] == "vitkit"]
+    assert len(vk) == 2 and "TrainStep" in vk[0]["step"] and vk[0]["img_size"] == 28
+    comps = compare(rows + train)
+    assert {c["kind"] for c in comps} == {"inference", "train"}
+    assert "vitkit" in rows_table(rows) and "img/s" in rows_table(rows)
+
+
+def test_compare_picks_best_batch_and_best_peer():
+    def row(lib, batch, ips, kind="inference"):
+        return {"kind": kind, "model": "B/16", "img_size": 224, "dtype": "fp32", "compile": False, "library": lib,
+                "batch": batch, "images_per_s": ips, "ms_per_batch": 1e3 * batch / ips, "spread": 0.0}
+    rows = [row("vitkit", 8, 3.0), row("vitkit", 16, 3.3), row("timm", 8, 2.9), row("HF", 16, 3.0),
+            row("vitkit-module", 8, 9.0)]
+    mem = [{"kind": "memory", "model": "B/16", "img_size": 224, "dtype": "fp32", "compile": False, "library": lib,
+            "batch": 64, "peak_mib": m} for lib, m in (("vitkit", 400.0), ("timm", 800.0), ("HF", 500.0))]
+    comps = {c["kind"]: c for c in compare(rows + mem)}
+    inf = comps["inference"]
+    assert inf["best_peer"] == "HF" and inf["ratio"] == pytest.approx(1.1)  # vitkit-module is not a peer
+    assert inf["libraries"]["vitkit"]["batch"] == 16
+    assert comps["memory"]["best_peer"] == "HF" and comps["memory"]["ratio"] == pytest.approx(0.8)
+    text = comparison_table(list(comps.values()))
+    assert "1.10x HF" in text and "0.80x of HF" in text
+
+
+def test_memory_probe_counts_the_model(tmp_path):
+    r = measure("vitkit", "Ti/16", 32, 4, "fp32", overrides={"depth": 2}, threads=1)
+    assert "error" not in r, r
+    weights_mib = create_model("Ti/16", depth=2, img_size=32).num_params() * 4 / 2 ** 20
+    assert r["peak_mib"] > 0.8 * weights_mib and r["out_shape"] == [4, 1000]
+
+
+def test_recipe_model_spec():
+    label, cfg = model_config("recipe:fmnist-fast")
+    assert label == "recipe:fmnist-fast" and cfg.in_chans == 1 and cfg.num_classes == 10
+    assert model_config("B/16", 384)[1].img_size == (384, 384)
+
+
+def test_cli_bench_writes_json_and_plot(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["bench", "Ti/16", "--set", "depth=1", "--img-size", "32", "64", "--batch", "2", "--repeats", "1",
+                 "--warmup", "0", "--peers", "hf", "--what", "inference", "roofline", "--out", str(out),
+                 "--quiet"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("machine: ") and "vitkit / best peer" in text and "roofline" in text
+    data = json.loads((out / "bench.json").read_text())
+    assert data["machine_line"].startswith("machine: ") and data["rows"] and data["comparisons"]
+    assert {r["img_size"] for r in data["rows"]} == {32, 64} and data["roofline"]
+    assert (out / "bench.png").stat().st_size > 1000
+    assert plot_figure12([], tmp_path / "none.png") is None
+    assert "machine:" in format_result({"machine_line": "machine: x", "rows": [], "comparisons": [], "notes": []})
+
+
+@pytest.mark.parametrize("argv,msg", [(["--batch", "0"], "positive"), (["--what", "speed"], None),
+                                      (["--peers", "keras"], "unknown peer"), (["--repeats", "0"], "repeats")])
+def test_cli_bench_rejects_bad_arguments(argv, msg, capsys):
+    try:
+        code = main(["bench", "Ti/16", *argv])
+    except SystemExit as e:  # argparse choices
+        code = e.code
+    assert code != 0
+    if msg:
+        assert msg in capsys.readouterr().err
