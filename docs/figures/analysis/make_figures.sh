@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Regenerate every figure of docs/analysis.md from one checkpoint (any format vitkit reads).
 #   bash docs/figures/analysis/make_figures.sh runs/demo/model
-# The checkpoint used for the committed figures: the training engine's default run,
-#   vitkit train -r fmnist-demo --out runs/demo      (make demo does the same)
+# `make analysis-figures` runs it on the default run of `make demo` (runs/demo/model); which model
+# made the committed figures is said in docs/analysis.md.
 set -euo pipefail
 CKPT=${1:?usage: make_figures.sh CHECKPOINT}
 HERE=$(cd "$(dirname "$0")" && pwd)
