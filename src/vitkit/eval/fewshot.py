@@ -106,7 +106,9 @@ class RidgeSolver:
         labels = np.asarray(labels)
         if len(labels) == 0:
             raise ValueError("no evaluation samples given")
-        return (self.scores(features, l2s).argmax(axis=-1) == labels[None]).mean(axis=1)
+        proj = self.design(features) @ self.lhs  # one [n, K] score matrix at a time: large test sets fit
+        return np.array([((proj @ (self._inverse(l2)[:, None] * self.rhs)).argmax(axis=-1) == labels).mean()
+                         for l2 in l2s])
 
 
 def sample_shots(labels: np.ndarray, shots: int, seed: int, classes: Optional[Sequence[int]] = None,
