@@ -82,3 +82,13 @@ def test_native_refuses_corrupt(tmp_path):
     (folder / "vitkit.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="upgrade vitkit"):
         load_model(folder)
+
+
+def test_native_with_bare_mean_std_record_loads_through_load_weights(tmp_path):
+    """A preprocessing record with only mean/std (one grey channel) means: resize to the model size."""
+    model = vitkit.create_model("Ti/16", img_size=28, patch_size=7, in_chans=1, depth=1, num_classes=3)
+    save_model(model, tmp_path / "m", preprocessing={"mean": [0.286], "std": [0.353]})
+    loaded = vitkit.load_weights(tmp_path / "m")
+    pre = loaded.preprocessing
+    assert pre["resize_mode"] == "squash" and pre["size"] == [28, 28]
+    assert pre["mean"] == [0.286] * 3 and pre["std"] == [0.353] * 3

@@ -156,8 +156,11 @@ class Preset:
     def __post_init__(self) -> None:
         size = self.size if isinstance(self.size, (tuple, list)) else (self.size, self.size)
         object.__setattr__(self, "size", (int(size[0]), int(size[1])))
-        object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
-        object.__setattr__(self, "std", tuple(float(v) for v in self.std))
+        mean, std = tuple(float(v) for v in self.mean), tuple(float(v) for v in self.std)
+        if len(mean) == 1 and len(std) == 1:  # single-channel statistics (e.g. Fashion-MNIST) serve all channels
+            mean, std = mean * 3, std * 3
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "std", std)
         if self.resize_mode not in ("shorter", "squash"):
             raise ValueError(f"resize_mode={self.resize_mode!r}: use 'shorter' or 'squash'")
         if self.interpolation not in _PIL_FILTERS:
@@ -232,6 +235,10 @@ class Preset:
         unknown = sorted(set(d) - names)
         if unknown:
             raise ValueError(f"unknown preprocessing fields {unknown} (known: {sorted(names)})")
+        d = dict(d)
+        d.setdefault("name", "custom")
+        if "resize" not in d and "resize_mode" not in d:  # a bare mean/std record: resize to the model size
+            d.update(resize=None, resize_mode="squash")
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
