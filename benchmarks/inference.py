@@ -4,14 +4,16 @@ Throughput at each library's best batch size, latency at batch 1, the GEMM roofl
 shapes, and the targets of issue 6 (>= 1.25x the best peer in bf16, >= 1.05x in fp32, >= 85% of the
 roofline in both). Needs the peers environment (timm, torchvision); missing peers are skipped::
 
-    flock /work/cpu.lock /work/peers/bin/python benchmarks/inference.py
-    flock /work/cpu.lock /work/peers/bin/python benchmarks/inference.py --compile both
+    flock /work/cpu.lock /work/peers/bin/python benchmarks/inference.py --dtype fp32 --batch 8 32
+    flock /work/cpu.lock /work/peers/bin/python benchmarks/inference.py --dtype bf16 --batch 8
+    flock /work/cpu.lock /work/peers/bin/python benchmarks/inference.py --dtype fp32 --batch 8 --compile on
 """
-from _common import main_guard, options, parser, run, verdict
+from _common import RESULTS, main_guard, options, parser, run, verdict
 
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0], "inference")
+    p.set_defaults(out=None)
     p.add_argument("--model", default="B/16")
     p.add_argument("--img-size", type=int, default=224)
     p.add_argument("--batch", type=int, nargs="+", default=[8, 32])
@@ -23,6 +25,9 @@ def main() -> None:
     if args.quick:
         args.batch, args.repeats = args.batch[:1], min(args.repeats, 3)
     what = ["inference"] + ([] if args.no_latency else ["latency"])
+    if args.out is None:  # one folder per setting, so runs of different settings do not overwrite each other
+        args.out = str(RESULTS / f"inference-{args.model.replace('/', '')}-{'-'.join(args.dtype)}"
+                       f"{'-compile-' + args.compile if args.compile != 'off' else ''}")
     compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
     result = run(what, [args.model], args, options(args, vitkit_module=args.vitkit_module),
                  img_sizes=[args.img_size], batches=args.batch, dtypes=args.dtype, compiles=compiles)

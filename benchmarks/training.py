@@ -14,9 +14,10 @@ SMALL = "recipe:fmnist-fast"
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0], "training")
+    p.set_defaults(repeats=3)
     p.add_argument("--models", nargs="+", default=["S/16", SMALL])
     p.add_argument("--batch", type=int, nargs="+", default=None,
-                   help="batch sizes (default: 32 for S/16, 256 for the Fashion-MNIST model)")
+                   help="batch sizes (default: 16 for S/16, 256 for the Fashion-MNIST model)")
     p.add_argument("--dtype", nargs="+", default=["fp32", "bf16"])
     p.add_argument("--compile", choices=("off", "on", "both"), default="off")
     args = p.parse_args()
@@ -26,7 +27,7 @@ def main() -> None:
     results, checks = [], []
     base_out = args.out
     for model in args.models:
-        batches = args.batch or ([256] if model.startswith("recipe:") else [32])
+        batches = args.batch or ([256] if model.startswith("recipe:") else [16])
         args.out = f"{base_out}-{model.replace('/', '').replace(':', '-')}"
         res = run(["train"], [model], args, options(args),
                   train_batches=batches, dtypes=args.dtype, compiles=compiles)

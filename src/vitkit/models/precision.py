@@ -14,7 +14,6 @@ bf16) they are the plain module calls, so fp32 numerics are untouched.
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
@@ -24,13 +23,19 @@ from torch import nn
 BF16 = torch.bfloat16
 
 
-@functools.lru_cache(maxsize=None)
-def cpu_has_native_bf16() -> bool:
-    """Whether oneDNN's bf16 GEMM kernels run on this CPU (AVX-512-BF16 / AMX / AVX2-VNNI-2)."""
+def _probe_native_bf16() -> bool:
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
+
+
+_NATIVE_BF16 = _probe_native_bf16()  # a constant, so torch.compile traces the checks below without a break
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether oneDNN's bf16 GEMM kernels run on this CPU (AVX-512-BF16 / AMX / AVX2-VNNI-2)."""
+    return _NATIVE_BF16
 
 
 def _autocast_on(device_type: str) -> bool:
