@@ -10,16 +10,23 @@ PEERS ?= .venv-peers
 PEERS_PIN ?= torch==2.14.1 torchvision==0.29.1
 PYTEST_ARGS ?=
 
-.PHONY: venv data demo analysis-figures test test-fast test-peers peers clean
+.PHONY: venv venv-test data demo analysis-figures test test-fast test-peers peers clean
 FMNIST ?= /usr/share/datasets/fashion-mnist
 
+# The demo needs only the core and matplotlib (about a minute to install); the tests add their extras
+# (scipy, scikit-image, transformers, onnx: about another minute) on top of the same environment.
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q $(TORCH_PIN)
+	$(BIN)/pip install -q -e '.[plots]'
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
 venv: $(VENV)/.installed
+venv-test: $(VENV)/.installed-test
 
 # Fashion-MNIST from Debian's package when it is missing and we are root; otherwise say how to get it.
 data:
@@ -39,13 +46,13 @@ demo: venv data
 
 # The analysis figures of docs/analysis.md (rollout, attention distance, position-embedding similarity,
 # embedding filters, few-shot) from the demo model; `make demo` first.
-analysis-figures: venv data
+analysis-figures: venv-test data
 	PATH=$(abspath $(BIN)):$$PATH bash docs/figures/analysis/make_figures.sh $(DEMO_OUT)/model
 
-test: venv data
+test: venv-test data
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-test-fast: venv data
+test-fast: venv-test data
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 # timm and torchvision need a torch build that torchvision matches (large, CUDA; runs on the CPU).
