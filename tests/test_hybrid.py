@@ -347,7 +347,8 @@ def test_hybrid_trains_with_the_engine_and_reloads_at_another_resolution(tmp_pat
     data = write_npz(tmp_path / "q.npz", n_train=128, n_test=32)
     recipe = load_recipe("fmnist-fast", {
         "name": "tiny-hybrid", "model": {"img_size": 16, "patch_size": 1, "backbone": "resnet", "backbone_layers": [1],
-                                         "backbone_width": 32, "width": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64},
+                                         "backbone_width": 32, "width": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64,
+                                         "pool": "token", "class_token": True},
         "data.dataset": f"tensors:{data}", "data.mean": [0.2], "data.std": [0.3], "optim.batch_size": 32,
         "schedule.epochs": 1, "schedule.warmup_steps": 1, "train.threads": 1, "train.predictions": 0})
     res = train(recipe, tmp_path / "run", progress=False)
