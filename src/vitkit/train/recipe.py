@@ -54,7 +54,7 @@ class OptimConfig:
     momentum: float = 0.9  # sgd
     nesterov: bool = False
     clip_grad: Optional[float] = 1.0  # global-norm clipping (the paper clips at 1)
-    implementation: str = "auto"  # auto (fused on GPU, foreach on CPU) | fused | foreach | loop
+    implementation: str = "auto"  # auto (fused where torch has it, else foreach) | fused | foreach | loop
 
 
 @dataclass
