@@ -11,7 +11,7 @@
 # every contender, and peak memory at batch 64 is measured in fp32 only.
 set -u
 cd "$(dirname "$0")/.."
-OUT=benchmarks/results
+OUT="$PWD/benchmarks/results"
 mkdir -p "$OUT"
 LOG="$OUT/cpu.log"
 PY="${PYTHON:-}"
