@@ -182,20 +182,11 @@ def _add_bounds(row: Dict[str, Any], bound, device: str, dtype: str, factor: flo
 # --- training -------------------------------------------------------------------------------
 def _vitkit_train_step(model, dtype: str, device: str) -> Tuple[Callable, str]:
     """vitkit's training step: the training engine's TrainStep with its fused AdamW when available."""
-    try:
-        from ..train import TrainStep, build_optimizer
-        from ..train.recipe import OptimConfig
-    except ImportError:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, fused=True)
-        return _minimal_step(model, opt, dtype, device), "minimal step (fused AdamW, clip 1.0)"
-    impl = "fused"
-    try:
-        opt = build_optimizer(model, OptimConfig(name="adamw", lr=1e-4, weight_decay=0.05, implementation=impl),
-                              torch.device(device))
-    except (RuntimeError, ValueError):
-        impl = "foreach"
-        opt = build_optimizer(model, OptimConfig(name="adamw", lr=1e-4, weight_decay=0.05, implementation=impl),
-                              torch.device(device))
+    from ..train import TrainStep, build_optimizer  # imported here: vitkit.train imports the model stack
+    from ..train.recipe import OptimConfig
+
+    opt = build_optimizer(model, OptimConfig(name="adamw", lr=1e-4, weight_decay=0.05), torch.device(device))
+    impl = "fused" if opt.defaults.get("fused") else "foreach"  # the engine's "auto": fused where torch has it
     step = TrainStep(model, opt, precision=dtype, clip_grad=1.0)
     return step, f"vitkit.train.TrainStep ({impl} AdamW, no-decay groups, clip 1.0, {dtype})"
 
