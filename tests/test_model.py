@@ -170,6 +170,39 @@ def test_stochastic_depth_rates_and_determinism(tiny_cfg):
     torch.testing.assert_close(model(x), model(x))
 
 
+@pytest.mark.parametrize("class_token", [True, False])
+def test_patch_dropout_keeps_a_sorted_random_subset_in_training_only(tiny_cfg, class_token):
+    cfg = tiny_cfg.replace(patch_drop=0.75, class_token=class_token, pool="token" if class_token else "gap")
+    model = VisionTransformer(cfg)
+    prefix, n = cfg.num_prefix_tokens, cfg.num_patches  # 64 patches of an 8x8 grid
+    x = torch.arange(4 * (prefix + n), dtype=torch.float32).view(4, prefix + n, 1).expand(-1, -1, 64)
+    out = model._drop_patches(x, cfg.patch_drop)
+    assert out.shape == (4, prefix + 16, 64)
+    assert torch.equal(out[:, :prefix], x[:, :prefix])
+    kept = out[:, prefix:, 0]
+    for i in range(4):
+        rows = kept[i] - i * (prefix + n) - prefix  # patch indices kept for image i
+        assert torch.equal(rows, rows.sort().values) and rows.unique().numel() == 16
+        assert 0 <= rows.min() and rows.max() < n
+    assert not all(torch.equal(kept[0] - kept[0, 0], kept[i] - kept[i, 0]) for i in range(1, 4))
+
+    images = torch.randn(3, 3, 32, 32)
+    assert model.train().forward_features(images).shape == (3, prefix + 16, 64)
+    plain = VisionTransformer(cfg.replace(patch_drop=0.0)).eval()
+    plain.load_state_dict(model.state_dict())
+    model.eval()
+    assert model.forward_features(images).shape == (3, prefix + n, 64)
+    torch.testing.assert_close(model(images), plain(images), rtol=0, atol=0)
+
+
+def test_patch_dropout_needs_input_positions(tiny_cfg):
+    for bad in (dict(posemb="relative"), dict(posemb="learn", posemb_where="every_layer")):
+        with pytest.raises(vitkit.ConfigError, match="patch_drop"):
+            tiny_cfg.replace(patch_drop=0.5, **bad)
+    with pytest.raises(vitkit.ConfigError, match="patch_drop"):
+        tiny_cfg.replace(patch_drop=1.0)
+
+
 def test_gradient_checkpointing_gives_same_gradients(tiny_cfg):
     model = randomize_head(VisionTransformer(tiny_cfg)).train()
     x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 2])

@@ -77,6 +77,7 @@ class ViTConfig:
     dropout: float = 0.0  # after position embedding and after every dense layer but qkv
     attn_dropout: float = 0.0
     drop_path: float = 0.0  # stochastic depth, rate grows linearly to this value over depth
+    patch_drop: float = 0.0  # training only: drop this fraction of patch tokens per image (PatchDropout)
     ln_eps: float = 1e-6
     gelu: str = "exact"  # exact (erf, PyTorch libraries) | tanh (Flax's nn.gelu default)
     posemb_resize: str = "bilinear"  # bilinear (aligned corners, authors) | bicubic (timm)
@@ -122,9 +123,13 @@ class ViTConfig:
             raise ConfigError(f"learn2d position embeddings need an even width, got {self.width}")
         if self.pool == "token" and not self.class_token:
             raise ConfigError("pool='token' reads out the class token: set class_token=True or pool='gap'")
-        for key in ("dropout", "attn_dropout", "drop_path"):
+        for key in ("dropout", "attn_dropout", "drop_path", "patch_drop"):
             if not 0.0 <= float(getattr(self, key)) < 1.0:
                 raise ConfigError(f"{key} must be in [0, 1), got {getattr(self, key)!r}")
+        if self.patch_drop and (self.posemb == "relative" or self.posemb_where != "input"):
+            raise ConfigError(
+                "patch_drop needs position embeddings added once at the input (posemb none/learn/learn2d/"
+                f"sincos2d, posemb_where='input'), got posemb={self.posemb!r}, posemb_where={self.posemb_where!r}")
         if self.ln_eps <= 0:
             raise ConfigError(f"ln_eps must be positive, got {self.ln_eps}")
         for key in ("std_conv_eps", "gn_eps"):

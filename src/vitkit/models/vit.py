@@ -191,8 +191,8 @@ class VisionTransformer(nn.Module):
         return x, grid
 
     def _run_blocks(self, x: torch.Tensor, grid: Grid, keep: Sequence[int] = (), need_weights: bool = False,
-                    stop_after: Optional[int] = None) -> Tuple[torch.Tensor, Dict[int, torch.Tensor],
-                                                              Dict[int, torch.Tensor]]:
+                    stop_after: Optional[int] = None, drop_patches: bool = False
+                    ) -> Tuple[torch.Tensor, Dict[int, torch.Tensor], Dict[int, torch.Tensor]]:
         cfg = self.config
         pe = self.position_embedding(grid)
         if pe is not None:
@@ -201,6 +201,8 @@ class VisionTransformer(nn.Module):
         if pe is not None and not every:
             x = x + pe
         x = self.pos_drop(x)
+        if drop_patches and cfg.patch_drop and self.training:
+            x = self._drop_patches(x, cfg.patch_drop)
         biases = None
         if self.rel_pos is not None:
             biases = [rel(grid, cfg.posemb_resize) for rel in self.rel_pos]
@@ -223,10 +225,22 @@ class VisionTransformer(nn.Module):
                 break
         return x, saved, maps
 
+    def _drop_patches(self, x: torch.Tensor, rate: float) -> torch.Tensor:
+        """PatchDropout (Liu et al. 2022): keep a random ``1 - rate`` of each image's patch tokens (in grid
+        order) and every prefix token. Training only; positions must already be added."""
+        prefix = self.config.num_prefix_tokens
+        n = x.shape[1] - prefix
+        keep = max(1, int(round(n * (1.0 - rate))))
+        if keep >= n:
+            return x
+        idx = torch.rand(x.shape[0], n, device=x.device).argsort(dim=1)[:, :keep].sort(dim=1).values
+        patches = x[:, prefix:].gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        return torch.cat([x[:, :prefix], patches], dim=1) if prefix else patches
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """All tokens after the final LayerNorm: [B, prefix + N, D]."""
         x, grid = self.embed(x)
-        x, _, _ = self._run_blocks(x, grid)
+        x, _, _ = self._run_blocks(x, grid, drop_patches=True)
         return self.norm(x)
 
     def forward_tokens(self, tokens: torch.Tensor, grid: Grid) -> torch.Tensor:
