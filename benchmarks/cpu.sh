@@ -44,7 +44,7 @@ run 600 memory.py --dtype fp32
 run 600 training.py --dtype fp32 --repeats 3
 # ... and bf16 autocast (timm's bf16 step takes about a minute at S/16 batch 4).
 run 600 training.py --models S/16 --batch 4 --dtype bf16 --repeats 1 --warmup 0 --out "$OUT/training-bf16"
-run 600 training.py --models recipe:fmnist-fast --batch 256 --dtype bf16 --repeats 2 --out "$OUT/training-bf16"
+run 600 training.py --models recipe:fmnist-demo --batch 256 --dtype bf16 --repeats 2 --out "$OUT/training-bf16"
 # 5. Figure 12: throughput against input size, S/16 and B/16, vitkit vs timm and Hugging Face.
 run 900 figure12.py --img-size 64 128 224 384 512 --repeats 2
 # 6. int8 dynamic quantisation: accuracy change on Fashion-MNIST (trained model) and speed on B/16.

@@ -9,7 +9,7 @@ PyTorch loop (``torch.optim.AdamW`` defaults, clipping at 1, the same autocast).
 """
 from _common import main_guard, options, parser, run, verdict
 
-SMALL = "recipe:fmnist-fast"
+SMALL = "recipe:fmnist-demo"
 
 
 def main() -> None:

@@ -244,7 +244,7 @@ def test_inference_and_training_rows(tmp_path):
     for r in rows:
         assert r["images_per_s"] == pytest.approx(r["batch"] * 1e3 / r["ms_per_batch"])
         assert r["stats"]["repeats"] == 2 and 0 < r["roofline_fraction"]
-    train, _ = run_training(["recipe:fmnist-fast"], [None], [4], ["fp32", "bf16"], [False],
+    train, _ = run_training(["recipe:fmnist-demo"], [None], [4], ["fp32", "bf16"], [False],
                             BenchOptions(peers=["timm"], repeats=1, roofline=False, log=lambda m: None))
     vk = [r for r in train if r["library"] == "vitkit"]
     assert len(vk) == 2 and "TrainStep" in vk[0]["step"] and vk[0]["img_size"] == 28
@@ -278,8 +278,8 @@ def test_memory_probe_counts_the_model(tmp_path):
 
 
 def test_recipe_model_spec():
-    label, cfg = model_config("recipe:fmnist-fast")
-    assert label == "recipe:fmnist-fast" and cfg.in_chans == 1 and cfg.num_classes == 10
+    label, cfg = model_config("recipe:fmnist-demo")
+    assert label == "recipe:fmnist-demo" and cfg.in_chans == 1 and cfg.num_classes == 10
     assert model_config("B/16", 384)[1].img_size == (384, 384)
 
 
