@@ -309,3 +309,12 @@ def test_cli_bench_rejects_bad_arguments(argv, msg, capsys):
     assert code != 0
     if msg:
         assert msg in capsys.readouterr().err
+
+
+def test_peers_without_patch_dropout_are_refused_not_mismatched(tiny_cfg):
+    from vitkit.bench.peers import _problems
+
+    cfg = tiny_cfg.replace(patch_drop=0.5)
+    assert "patch dropout" in _problems("hf", cfg) and "patch dropout" in _problems("torchvision", cfg)
+    assert "patch dropout" not in _problems("timm", cfg)  # timm has patch_drop_rate: built with it
+    assert "patch dropout" not in _problems("hf", tiny_cfg)

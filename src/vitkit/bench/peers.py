@@ -93,6 +93,8 @@ def _problems(library: str, cfg) -> List[str]:
         p.append("no class-token read-out")
     if cfg.representation_size:
         p.append("a pre-logits layer" if library == "hf" else "")
+    if getattr(cfg, "patch_drop", 0.0):
+        p.append("patch dropout")
     if library == "torchvision":
         if cfg.img_size[0] != cfg.img_size[1] or cfg.patch_size[0] != cfg.patch_size[1]:
             p.append("non-square images or patches")
@@ -120,7 +122,7 @@ def _build_timm(cfg) -> nn.Module:
         num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_dim / cfg.width, qkv_bias=cfg.qkv_bias,
         class_token=cfg.class_token, pos_embed="learn" if cfg.posemb == "learn" else "none", fc_norm=False,
         drop_rate=cfg.dropout, pos_drop_rate=cfg.dropout, proj_drop_rate=cfg.dropout,
-        attn_drop_rate=cfg.attn_dropout, drop_path_rate=cfg.drop_path,
+        attn_drop_rate=cfg.attn_dropout, drop_path_rate=cfg.drop_path, patch_drop_rate=cfg.patch_drop,
         norm_layer=functools.partial(nn.LayerNorm, eps=cfg.ln_eps), act_layer=act)
 
 
