@@ -93,7 +93,7 @@ def _problems(library: str, cfg) -> List[str]:
         p.append("no class-token read-out")
     if cfg.representation_size:
         p.append("a pre-logits layer" if library == "hf" else "")
-    if getattr(cfg, "patch_drop", 0.0):
+    if cfg.patch_drop:
         p.append("patch dropout")
     if library == "torchvision":
         if cfg.img_size[0] != cfg.img_size[1] or cfg.patch_size[0] != cfg.patch_size[1]:
