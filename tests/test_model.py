@@ -291,3 +291,54 @@ def test_adapt_state_dict_head_and_pre_logits(tiny_cfg):
     assert "head.weight" not in state0
     kept, _ = vitkit.adapt_state_dict(src.state_dict(), tiny_cfg.replace(representation_size=32))
     torch.testing.assert_close(kept["head.weight"], src.head.weight)
+
+
+def test_short_sequence_attention_path_matches_the_fused_kernel(monkeypatch):
+    """On a CPU, sequences up to CPU_EXPLICIT_ATTENTION_MAX_TOKENS use the explicit softmax(QK^T)V path
+    (faster there); values and gradients equal the fused kernel's."""
+    from vitkit.models import precision
+
+    assert precision._short_on_cpu(torch.zeros(1, 1, 128, 4), torch.zeros(1, 1, 128, 4))
+    assert not precision._short_on_cpu(torch.zeros(1, 1, 197, 4), torch.zeros(1, 1, 197, 4))
+    torch.manual_seed(0)
+    for t, mask_kind in ((17, None), (50, "float"), (9, "bool")):
+        q, k, v = (torch.randn(3, 2, t, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
+        mask = None
+        if mask_kind == "float":
+            mask = torch.randn(2, t, t, dtype=torch.float64)
+        elif mask_kind == "bool":
+            mask = torch.rand(t, t) > 0.3
+            mask.fill_diagonal_(True)
+        outs = []
+        for limit in (precision.CPU_EXPLICIT_ATTENTION_MAX_TOKENS, 0):
+            monkeypatch.setattr(precision, "CPU_EXPLICIT_ATTENTION_MAX_TOKENS", limit)
+            out = precision.sdpa(q, k, v, mask)
+            grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+            outs.append((out, grads))
+        torch.testing.assert_close(outs[0][0], outs[1][0])
+        for a, b in zip(outs[0][1], outs[1][1]):
+            torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("img_size,pad", [(32, False), (30, True)])
+def test_patch_embedding_gemm_matches_the_convolution(tiny_cfg, monkeypatch, img_size, pad):
+    """Training on a CPU, short patch vectors are projected as one GEMM instead of a convolution: same
+    outputs and gradients (including padded inputs)."""
+    from vitkit.models.layers import PatchEmbed
+
+    cfg = tiny_cfg.replace(img_size=img_size, dynamic_img_pad=pad)
+    model = VisionTransformer(cfg)
+    x = torch.randn(2, 3, img_size, img_size)
+    assert model.patch_embed._as_gemm(x)
+    results = []
+    for limit in (PatchEmbed.GEMM_MAX_PATCH_VALUES, 0):
+        monkeypatch.setattr(PatchEmbed, "GEMM_MAX_PATCH_VALUES", limit)
+        model.zero_grad()
+        out = model(x)
+        out.square().sum().backward()
+        results.append((out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    for n, g in results[0][1].items():
+        torch.testing.assert_close(g, results[1][1][n], msg=n)
+    with torch.no_grad():
+        assert not model.patch_embed._as_gemm(x)  # inference keeps the convolution

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .vit import VisionTransformer
+from .precision import sdpa
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
@@ -174,7 +175,7 @@ class FastViT(nn.Module):
         n_img = x.shape[0] // t
         qh, kh, vh = qkv.view(n_img, t, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         mask = None if bias is None else bias.to(qh.dtype)
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
+        o = sdpa(qh, kh, vh, mask)
         del qkv, qh, kh, vh
         self._linear_into(x, o.transpose(1, 2).reshape(x.shape[0], d), ws[1])
         del o
