@@ -161,3 +161,58 @@ def test_eval_cli_matches_the_runs_own_test_accuracy(task, full_run):
     assert res["n"] == 128 and abs(res["top1"] - expected) < 1e-9
     r = _vitkit("eval", out / "model", "--data", f"tensors:{data}", "--split", "validation", check=False)
     assert r.returncode == 1 and "validation" in r.stderr
+
+
+def test_time_budget_compresses_the_schedule_and_ends_the_run(task, tmp_path):
+    """schedule.minutes: the lr follows training time when it runs ahead of the step count, and the run
+    stops when the budget is spent (a fake clock: every step takes one second)."""
+    _, _, recipe_file = task
+    recipe = load_recipe(recipe_file, {"schedule.minutes": 0.5, "train.log_every": 1, "train.ckpt_every": 0})
+    trainer = Trainer(recipe, tmp_path / "run", progress=False)
+    now = [0.0]
+    trainer.clock = lambda: now[0]
+    real = trainer.step_fn
+
+    def one_second(x, y):
+        now[0] += 1.0
+        return real(x, y)
+
+    trainer.step_fn = one_second
+    res = trainer.fit()
+    assert trainer.total_steps == 96
+    assert res["steps"] == 30 and res["stopped_by"] == "time budget" and res["trained_s"] == 30.0
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lrs = [r["lr"] for r in rows if r["kind"] == "train"]
+    # step k (0-based) runs after k seconds: the schedule stands at max(k, k / 30 * 96)
+    assert lrs == pytest.approx([trainer.schedule(max(k, int(k / 30 * 96))) for k in range(30)])
+    assert lrs[-1] < 0.01 * recipe.optim.lr  # the decay was completed within the budget
+    assert [r for r in rows if r["kind"] == "eval"][-1]["final"]
+    st = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert st["trained_s"] == 30.0  # resumed runs continue the budget where it stood
+
+
+def test_patch_dropout_schedule(task, tmp_path):
+    _, _, recipe_file = task
+    recipe = load_recipe(recipe_file, {"model.patch_drop": 0.5, "schedule.patch_drop_end": 0.0,
+                                       "schedule.patch_drop_from": 0.5})
+    trainer = Trainer(recipe, tmp_path / "run", progress=False)
+    total = trainer.total_steps
+    assert [trainer.patch_drop_at(s) for s in (0, total // 2, 3 * total // 4, total)] == \
+        pytest.approx([0.5, 0.5, 0.25, 0.0])
+    seen = []
+    real = trainer.step_fn
+
+    def spy(x, y):
+        seen.append(trainer.vit.patch_drop_rate)
+        return real(x, y)
+
+    trainer.step_fn = spy
+    trainer.fit()
+    assert seen == pytest.approx([trainer.patch_drop_at(s) for s in range(total)])
+    bad = load_recipe(recipe_file, {"schedule.patch_drop_end": 0.0})
+    with pytest.raises(ValueError, match="model.patch_drop"):
+        Trainer(bad, tmp_path / "bad", progress=False)
+    with pytest.raises(ValueError, match="patch_drop_end"):
+        load_recipe(recipe_file, {"model.patch_drop": 0.5, "schedule.patch_drop_end": 1.0})
+    with pytest.raises(ValueError, match="minutes"):
+        load_recipe(recipe_file, {"schedule.minutes": 0})

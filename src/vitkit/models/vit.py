@@ -69,6 +69,9 @@ class VisionTransformer(nn.Module):
                            if rep else nn.Identity())
         self.head = nn.Linear(rep or d, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         self.grad_checkpointing = False
+        # the patch-dropout rate used in training; starts at config.patch_drop, and a training schedule may
+        # change it (vitkit.train: schedule.patch_drop_end) - evaluation never drops patches
+        self.patch_drop_rate = float(cfg.patch_drop)
         self.reset_parameters()
 
     # --- initialisation (the authors' Flax initialisers) ---------------------
@@ -201,8 +204,8 @@ class VisionTransformer(nn.Module):
         if pe is not None and not every:
             x = x + pe
         x = self.pos_drop(x)
-        if drop_patches and cfg.patch_drop and self.training:
-            x = self._drop_patches(x, cfg.patch_drop)
+        if drop_patches and self.patch_drop_rate and self.training:
+            x = self._drop_patches(x, self.patch_drop_rate)
         biases = None
         if self.rel_pos is not None:
             biases = [rel(grid, cfg.posemb_resize) for rel in self.rel_pos]

@@ -98,6 +98,15 @@ def barrier(d: Dist) -> None:
         dist.barrier()
 
 
+def all_reduce_max(t: torch.Tensor, d: Dist) -> torch.Tensor:
+    """The element-wise maximum over the processes (``t`` itself when not distributed)."""
+    if d.enabled:
+        t = t.to(d.device).clone()
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        t = t.cpu()
+    return t
+
+
 def broadcast_flag(flag: bool, d: Dist) -> bool:
     """True on every rank if it is true on any (e.g. a NaN seen by one process)."""
     if not d.enabled:

@@ -65,6 +65,15 @@ class ScheduleConfig:
     warmup_epochs: float = 0.0
     decay: str = "cosine"  # cosine | linear | constant
     min_lr: float = 0.0  # the lr at the end of decay
+    # A training-time budget in minutes (evaluations and checkpoints excluded): the schedule then advances
+    # by whichever is further along, steps done / total steps or training time / budget, and the run ends
+    # when either is used up - on a slower machine the same recipe compresses its decay instead of
+    # running over. Time-driven, so a resumed run is not bit-identical to an uninterrupted one.
+    minutes: Optional[float] = None
+    # Patch-dropout schedule (model.patch_drop > 0): the rate stays at model.patch_drop until this fraction
+    # of the run, then moves linearly to patch_drop_end at the end (e.g. 0 to finish on all patches).
+    patch_drop_end: Optional[float] = None
+    patch_drop_from: float = 0.0
 
 
 @dataclass
@@ -178,6 +187,13 @@ class Recipe:
             raise ValueError(f"schedule.decay={s.decay!r}: use cosine, linear or constant")
         if s.steps is None and (s.epochs is None or s.epochs <= 0):
             raise ValueError("give schedule.epochs > 0 or schedule.steps")
+        if s.minutes is not None and not s.minutes > 0:
+            raise ValueError(f"schedule.minutes must be positive (a training-time budget), got {s.minutes}")
+        if s.patch_drop_end is not None and not 0 <= s.patch_drop_end < 1:
+            raise ValueError(f"schedule.patch_drop_end must be in [0, 1), got {s.patch_drop_end}")
+        if not 0 <= s.patch_drop_from < 1:
+            raise ValueError(f"schedule.patch_drop_from must be in [0, 1) (a fraction of the run), got "
+                             f"{s.patch_drop_from}")
         if t.precision not in ("fp32", "bf16"):
             raise ValueError(f"train.precision={t.precision!r}: use fp32 or bf16")
         if t.distributed not in ("ddp", "fsdp"):

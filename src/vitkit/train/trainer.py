@@ -9,6 +9,10 @@ Run folder (``out``)::
     results.json         final test accuracy (raw and EMA weights), time, throughput
     curves.png           loss / accuracy / lr; predictions.png: a few test images with predictions
 
+Time budget (``schedule.minutes``): the schedule then advances by whichever is further along, the step
+count or the training time (evaluations and checkpoints excluded) over the budget, and the run ends when
+either is spent. Such a run is driven by the clock, so it is not bit-reproducible.
+
 Exact resume: the epoch order is a function of (seed, epoch); the augmentation and dropout noise of
 step ``s`` come from generators seeded by (seed, s, rank); the lr is a function of the step. So a run
 killed at any point and resumed from its last checkpoint ends with the same weights (on CPU, and on
@@ -67,6 +71,7 @@ class Trainer:
         self._build_model()
         self._build_optim()
         self.step = 0
+        self.trained_s = 0.0  # training time so far (evaluations and checkpoints excluded), kept on resume
         self.log = None
         if self.dist.main:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -154,6 +159,8 @@ class Trainer:
         self.eval_tf = EvalTransform(self.config.img_size, norm,
                                      center_crop_files=not getattr(self.train_data, "in_memory", True))
 
+    clock = staticmethod(time.perf_counter)  # the training-time clock (the budget's); tests replace it
+
     step_class = TrainStep  # the optimiser step; objectives other than classification subclass it
 
     def wrap_model(self, model: VisionTransformer) -> torch.nn.Module:
@@ -171,6 +178,13 @@ class Trainer:
         self.steps_per_epoch = len(self.sampler)
         self.schedule = Schedule.from_config(r.schedule, o.lr, self.steps_per_epoch)
         self.total_steps = self.schedule.total
+        s = r.schedule
+        self.budget_s = 60.0 * s.minutes if s.minutes else None
+        self.vit = next(m for m in unwrap(self.model).modules() if isinstance(m, VisionTransformer))
+        self.patch_drop_start = self.vit.patch_drop_rate
+        if s.patch_drop_end is not None and not self.patch_drop_start:
+            raise ValueError("schedule.patch_drop_end schedules patch dropout, but the model has none: set "
+                             "model.patch_drop to the starting rate (e.g. --set model.patch_drop=0.65)")
         self.ema = EMA(self.model, r.train.ema, r.train.ema_warmup) if r.train.ema > 0 else None
         self.step_fn = self.step_class(self.forward_model, self.optimizer, precision=r.train.precision,
                                  clip_grad=o.clip_grad, accum_steps=o.accum_steps,
@@ -184,7 +198,8 @@ class Trainer:
         st = {"step": self.step, "epoch": self.step // self.steps_per_epoch,
               "batch": self.step % self.steps_per_epoch, "model": model_state, "optimizer": optim_state,
               "rng": rng_state(), "recipe": self.recipe.to_dict(), "classes": self.classes,
-              "config": self.config.to_dict(), "total_steps": self.total_steps}
+              "config": self.config.to_dict(), "total_steps": self.total_steps,
+              "trained_s": self.trained_s}
         if self.ema is not None:
             ema = self.ema.state_dict()
             ema["shadow"] = {k: _full(v) for k, v in ema["shadow"].items()}
@@ -208,8 +223,28 @@ class Trainer:
             self.ema.load_state_dict(st["ema"])
         set_rng_state(st["rng"])
         self.step = int(st["step"])
+        self.trained_s = float(st.get("trained_s", 0.0))
 
     # --- the loop -----------------------------------------------------------------------------
+    def progress_step(self) -> int:
+        """Where the schedule stands: the step count, or further along when the time budget runs ahead."""
+        if self.budget_s is None:
+            return self.step
+        return max(self.step, int(self.trained_s / self.budget_s * self.total_steps))
+
+    def done(self) -> bool:
+        return self.step >= self.total_steps or (self.budget_s is not None and self.trained_s >= self.budget_s)
+
+    def patch_drop_at(self, step: int) -> float:
+        """The patch-dropout rate of schedule step ``step`` (constant without ``schedule.patch_drop_end``)."""
+        s, start = self.recipe.schedule, self.patch_drop_start
+        if s.patch_drop_end is None:
+            return start
+        frac = min(step / self.total_steps, 1.0)
+        if frac <= s.patch_drop_from:
+            return start
+        return start + (s.patch_drop_end - start) * (frac - s.patch_drop_from) / (1.0 - s.patch_drop_from)
+
     def fit(self) -> Dict[str, Any]:
         r, d = self.recipe, self.dist
         t0 = self._t0 = time.perf_counter()
@@ -221,34 +256,41 @@ class Trainer:
             bar = tqdm(total=total, initial=self.step, desc=r.name, unit="step", dynamic_ncols=True,
                        mininterval=1.0)
         acc_sum = torch.zeros(3, dtype=torch.float64)  # loss, acc, count since the last log line
-        seen, train_time = 0, 0.0
+        seen = 0
         last_good = self.step
-        tick = time.perf_counter()
+        mark = self.trained_s  # training time at the last metrics line
         stopped = False
-        while self.step < total:
+        while not self.done():
             epoch, start = divmod(self.step, self.steps_per_epoch)
+            clock = self.clock()
             for images, labels in self.loader.epoch(epoch, start):
                 step = self.step
-                lr = self.schedule(step)
+                where = self.progress_step()
+                lr = self.schedule(where)
                 set_lr(self.optimizer, lr)
+                self.vit.patch_drop_rate = self.patch_drop_at(where)
                 g = torch.Generator().manual_seed(_seed_for(r.train.seed, step, d.rank))
                 x, y = self.augment(images, labels, g)
                 torch.manual_seed(_seed_for(r.train.seed, step, d.rank, salt=1))  # dropout / stochastic depth
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                 stats = self.step_fn(x, y)
                 bad = not bool(torch.isfinite(stats["grad_norm"])) or not bool(torch.isfinite(stats["loss"]))
-                if D.broadcast_flag(bad, d) if d.enabled else bad:
+                now = self.clock()
+                self.trained_s += now - clock
+                clock = now
+                if d.enabled:  # one collective: divergence anywhere, and the slowest process's clock
+                    agreed = D.all_reduce_max(torch.tensor([float(bad), self.trained_s], dtype=torch.float64), d)
+                    bad, self.trained_s = bool(agreed[0] > 0), float(agreed[1])
+                if bad:
                     self._diverged(step, lr, stats, last_good)
                 if self.ema is not None:
                     self.ema.update(self.model)
                 self.step += 1
                 seen += x.shape[0] * d.world
                 acc_sum += torch.tensor([float(stats["loss"]), float(stats["acc"]), 1.0], dtype=torch.float64)
-                now = time.perf_counter()
-                if self.step % r.train.log_every == 0 or self.step == total:
+                if self.step % r.train.log_every == 0 or self.done():
                     m = D.all_reduce_mean(acc_sum.to(self.device), d).cpu() if d.enabled else acc_sum
-                    elapsed = now - tick
-                    train_time += elapsed
+                    elapsed = self.trained_s - mark  # evaluations and checkpoints excluded
                     rec = {"kind": "train", "step": self.step, "epoch": round(self.step / self.steps_per_epoch, 4),
                            "loss": float(m[0] / m[2]), "acc": float(m[1] / m[2]), "lr": lr,
                            "grad_norm": float(stats["grad_norm"]), "img_per_s": seen / max(elapsed, 1e-9),
@@ -258,24 +300,24 @@ class Trainer:
                         bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{100 * rec['acc']:.1f}%",
                                         lr=f"{lr:.2e}", img_s=f"{rec['img_per_s']:.0f}", refresh=False)
                     acc_sum.zero_()
-                    seen, tick = 0, time.perf_counter()
+                    seen, mark = 0, self.trained_s
                 if bar is not None:
                     bar.update(1)
-                if self.eval_interval and (self.step % self.eval_interval == 0) and self.step < total:
+                if self.eval_interval and (self.step % self.eval_interval == 0) and not self.done():
                     self._periodic_eval()
-                    tick = time.perf_counter()
-                if r.train.ckpt_every and self.step % r.train.ckpt_every == 0 and self.step < total:
+                    clock = self.clock()
+                if r.train.ckpt_every and self.step % r.train.ckpt_every == 0 and not self.done():
                     self.save_checkpoint()
                     last_good = self.step
-                    tick = time.perf_counter()
+                    clock = self.clock()
                 if self.stop_after is not None and self.step >= self.stop_after:
                     stopped = True
                     break
-                if self.step >= total:
+                if self.done():
                     break
             if stopped:
                 break
-            if self.step % self.steps_per_epoch == 0 and not r.train.ckpt_every and self.step < total:
+            if self.step % self.steps_per_epoch == 0 and not r.train.ckpt_every and not self.done():
                 self.save_checkpoint()
                 last_good = self.step
         if bar is not None:
@@ -361,6 +403,8 @@ class Trainer:
     def finish(self, wall: float) -> Dict[str, Any]:
         d = self.dist
         results: Dict[str, Any] = {"recipe": self.recipe.name, "steps": self.step,
+                                   "planned_steps": self.total_steps, "trained_s": round(self.trained_s, 1),
+                                   "stopped_by": "steps" if self.step >= self.total_steps else "time budget",
                                    "epochs": round(self.step / self.steps_per_epoch, 3),
                                    "train_wall_s": round(wall, 1), "params": unwrap(self.model).num_params(),
                                    "processes": d.world, "device": str(self.device)}
