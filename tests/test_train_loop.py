@@ -209,9 +209,11 @@ def test_patch_dropout_schedule(task, tmp_path):
     trainer.step_fn = spy
     trainer.fit()
     assert seen == pytest.approx([trainer.patch_drop_at(s) for s in range(total)])
-    bad = load_recipe(recipe_file, {"schedule.patch_drop_end": 0.0})
+    bad = load_recipe(recipe_file, {"schedule.patch_drop_end": 0.25})  # from no patch dropout
     with pytest.raises(ValueError, match="model.patch_drop"):
         Trainer(bad, tmp_path / "bad", progress=False)
+    none = Trainer(load_recipe(recipe_file, {"schedule.patch_drop_end": 0.0}), tmp_path / "none", progress=False)
+    assert none.patch_drop_at(none.total_steps) == 0.0  # ending at 0 from 0: nothing to schedule
     with pytest.raises(ValueError, match="patch_drop_end"):
         load_recipe(recipe_file, {"model.patch_drop": 0.5, "schedule.patch_drop_end": 1.0})
     with pytest.raises(ValueError, match="minutes"):

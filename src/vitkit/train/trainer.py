@@ -182,9 +182,9 @@ class Trainer:
         self.budget_s = 60.0 * s.minutes if s.minutes else None
         self.vit = next(m for m in unwrap(self.model).modules() if isinstance(m, VisionTransformer))
         self.patch_drop_start = self.vit.patch_drop_rate
-        if s.patch_drop_end is not None and not self.patch_drop_start:
-            raise ValueError("schedule.patch_drop_end schedules patch dropout, but the model has none: set "
-                             "model.patch_drop to the starting rate (e.g. --set model.patch_drop=0.65)")
+        if s.patch_drop_end and not self.patch_drop_start:  # (an end of 0 without patch dropout: nothing to do)
+            raise ValueError(f"schedule.patch_drop_end={s.patch_drop_end} schedules patch dropout, but the model has "
+                             f"none: set model.patch_drop to the starting rate (e.g. --set model.patch_drop=0.5)")
         self.ema = EMA(self.model, r.train.ema, r.train.ema_warmup) if r.train.ema > 0 else None
         self.step_fn = self.step_class(self.forward_model, self.optimizer, precision=r.train.precision,
                                  clip_grad=o.clip_grad, accum_steps=o.accum_steps,
