@@ -4,7 +4,9 @@ On a CPU vitkit computes attention as explicit softmax(QK^T/sqrt(d))V for sequen
 ``CPU_EXPLICIT_ATTENTION_MAX_TOKENS`` tokens and with torch's fused kernel above, and in training projects
 patch vectors of up to ``PatchEmbed.GEMM_MAX_PATCH_VALUES`` values as one GEMM instead of a convolution.
 This script times both alternatives of each choice on the shapes of the Fashion-MNIST, CIFAR and ImageNet
-models, in the same process, and prints the ratio (> 1: the path vitkit takes for that shape is faster)::
+models, in the same process, and prints the ratio (> 1: the path vitkit takes for that shape is faster);
+then whole training steps (``TrainStep``: forward, backward, clipping, fused AdamW) of the Fashion-MNIST
+recipes' models with both choices on and both off, alternating, at the recipes' batch size::
 
     .venv/bin/python benchmarks/cpu_kernels.py            # both cores
     .venv/bin/python benchmarks/cpu_kernels.py --threads 1
@@ -18,8 +20,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from vitkit.models import precision
+from vitkit.models import VisionTransformer, precision
 from vitkit.models.layers import PatchEmbed
+from vitkit.train import load_recipe
+from vitkit.train.optim import build_optimizer
+from vitkit.train.step import TrainStep
 
 ATTENTION = [  # batch, heads, tokens, head dim
     (64, 2, 17, 32), (64, 2, 49, 32), (128, 4, 16, 32), (64, 4, 65, 32), (32, 6, 197, 64), (16, 12, 197, 64),
@@ -47,6 +52,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seconds", type=float, default=0.5, help="per timing window")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--recipes", nargs="*", default=["fmnist-fast", "fmnist-demo"],
+                    help="recipes whose model's training step is timed (none: skip)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -74,6 +81,25 @@ def main() -> None:
         gain = conv / gemm if ours == "gemm" else gemm / conv
         print(f"  B{b:<4d} {c}x{s}x{s} patch {p:<3d} width {w:<4d}  conv {1e3 * conv:8.2f}  gemm "
               f"{1e3 * gemm:8.2f}  vitkit: {ours:5s} {gain:5.2f}x the other")
+    print("\ntraining step (fp32, batch 64, patch dropout as the recipe starts): torch's fused attention + "
+          "convolution vs vitkit's choices")
+    for name in args.recipes:
+        recipe = load_recipe(name)
+        model = VisionTransformer(recipe.model_config(num_classes=10, in_chans=1))
+        step = TrainStep(model, build_optimizer(model, recipe.optim, torch.device("cpu")), clip_grad=1.0)
+        x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+        times = {"torch": [], "vitkit": []}
+        ours = precision.CPU_EXPLICIT_ATTENTION_MAX_TOKENS, PatchEmbed.GEMM_MAX_PATCH_VALUES
+        for _ in range(args.repeats):
+            for which in times:
+                limits = (0, 0) if which == "torch" else ours
+                precision.CPU_EXPLICIT_ATTENTION_MAX_TOKENS, PatchEmbed.GEMM_MAX_PATCH_VALUES = limits
+                times[which].append(_time(lambda: step(x, y), 4 * args.seconds, 1))
+        precision.CPU_EXPLICIT_ATTENTION_MAX_TOKENS, PatchEmbed.GEMM_MAX_PATCH_VALUES = ours
+        old, new = (statistics.median(v) for v in times.values())
+        print(f"  {name:12s} patch {model.config.patch_size[0]} width {model.config.width} patch_drop "
+              f"{model.config.patch_drop:.2f}:  torch kernels {64 / old:7.0f} img/s  vitkit {64 / new:7.0f} img/s  "
+              f"{old / new:5.2f}x")
 
 
 if __name__ == "__main__":

@@ -318,3 +318,19 @@ def test_peers_without_patch_dropout_are_refused_not_mismatched(tiny_cfg):
     assert "patch dropout" in _problems("hf", cfg) and "patch dropout" in _problems("torchvision", cfg)
     assert "patch dropout" not in _problems("timm", cfg)  # timm has patch_drop_rate: built with it
     assert "patch dropout" not in _problems("hf", tiny_cfg)
+
+
+def test_cpu_kernel_benchmark_runs_and_reports_every_shape():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_kernels.py"
+    out = subprocess.run([sys.executable, str(script), "--threads", "1", "--seconds", "0.001", "--repeats", "1"],
+                         capture_output=True, text=True, check=True, timeout=300).stdout
+    lines = [x for x in out.splitlines() if "x the other" in x]
+    assert len(lines) == 12
+    assert sum("vitkit: explicit" in x for x in lines) == 4 and sum("vitkit: fused" in x for x in lines) == 3
+    assert sum("vitkit: gemm" in x for x in lines) == 4 and sum("vitkit: conv" in x for x in lines) == 1
+    steps = [x for x in out.splitlines() if "torch kernels" in x]
+    assert len(steps) == 2 and steps[0].split()[0] == "fmnist-fast" and "patch_drop 0.75" in steps[0]
