@@ -33,9 +33,9 @@ class PatchEmbed(nn.Module):
             return self._gemm(x)
         return conv2d(x, self.proj)
 
-    # Training on a CPU, the same projection as one GEMM over the flattened patches is 1.2-4x faster than
+    # Training on a CPU, the same projection as one GEMM over the flattened patches is 1.1-4x faster than
     # oneDNN's convolution for short patch vectors (the weight-gradient kernel dominates), measured up to
-    # 3 x 8 x 8 = 192 values; at 3 x 16 x 16 = 768 the convolution is faster (docs/performance.md).
+    # 3 x 8 x 8 = 192 values; at 3 x 16 x 16 = 768 the two are within the noise (docs/performance.md).
     GEMM_MAX_PATCH_VALUES = 256
 
     def _as_gemm(self, x: torch.Tensor) -> bool:

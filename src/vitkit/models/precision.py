@@ -109,10 +109,11 @@ def conv2d(x: torch.Tensor, layer: nn.Conv2d) -> torch.Tensor:
     return layer(x)
 
 
-# On a CPU, torch's fused attention kernel (flash attention for CPU) costs more than the three explicit
-# steps QK^T -> softmax -> AV for short sequences: measured on a 2-core AVX2 EPYC, forward + backward,
-# fp32, 1.9x faster at 17 tokens, 2.8x at 16 tokens x 4 heads, 1.4x at 65 tokens, even at 197 tokens x 6
-# heads and 2x slower at 577 tokens (docs/performance.md). Sequences up to this length take the explicit path.
+# On a CPU, torch's fused attention kernel (flash attention for CPU) tends to cost more than the three
+# explicit steps QK^T -> softmax -> AV for short sequences, and is clearly faster from ~200 tokens
+# (measured on a 2-core AVX2 EPYC, forward + backward, fp32: 0.8-2.8x for 16-65 tokens across runs, the
+# machine being noisy; 0.9x at 197 tokens; 0.5x at 577 - benchmarks/cpu_kernels.py, docs/performance.md).
+# Sequences up to this length take the explicit path.
 CPU_EXPLICIT_ATTENTION_MAX_TOKENS = 128
 
 

@@ -107,15 +107,6 @@ def all_reduce_max(t: torch.Tensor, d: Dist) -> torch.Tensor:
     return t
 
 
-def broadcast_flag(flag: bool, d: Dist) -> bool:
-    """True on every rank if it is true on any (e.g. a NaN seen by one process)."""
-    if not d.enabled:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=d.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item() > 0)
-
-
 @contextlib.contextmanager
 def main_first(d: Dist):
     """Rank 0 runs the body first (e.g. to create folders), then the others."""

@@ -249,11 +249,10 @@ class Trainer:
         r, d = self.recipe, self.dist
         t0 = self._t0 = time.perf_counter()
         self._eval_time = 0.0
-        total = self.total_steps
         bar = None
         if self.progress and d.main:
             from tqdm.auto import tqdm
-            bar = tqdm(total=total, initial=self.step, desc=r.name, unit="step", dynamic_ncols=True,
+            bar = tqdm(total=self.total_steps, initial=self.step, desc=r.name, unit="step", dynamic_ncols=True,
                        mininterval=1.0)
         acc_sum = torch.zeros(3, dtype=torch.float64)  # loss, acc, count since the last log line
         seen = 0
