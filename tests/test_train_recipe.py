@@ -36,7 +36,7 @@ def test_every_builtin_recipe_loads_and_builds_its_model():
 def test_inheritance_and_overrides():
     base = load_recipe("fmnist-fast")
     long = load_recipe("fmnist-long")
-    assert long.data.dataset == base.data.dataset and long.schedule.epochs == 100
+    assert long.data.dataset == base.data.dataset and long.model["width"] == 128 != base.model["width"]
     r = load_recipe("fmnist-fast", {"optim.lr": 1e-4, "epochs": 2, "width": 96, "augment.randaugment": [2, 5]})
     assert (r.optim.lr, r.schedule.epochs, r.model["width"], r.augment.randaugment) == (1e-4, 2, 96, (2, 5.0))
     with pytest.raises(ValueError, match="did you mean 'lr'"):
@@ -49,6 +49,14 @@ def test_inheritance_and_overrides():
         load_recipe("paper-pretrian")
     with pytest.raises(ValueError, match="train.precision"):
         load_recipe("fmnist-fast", {"train.precision": "fp8"})
+
+
+def test_a_folder_named_like_a_recipe_does_not_shadow_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fmnist-long").mkdir()  # e.g. a run folder named after its recipe
+    assert load_recipe("fmnist-long").model["width"] == 128
+    (tmp_path / "mine").write_text("base: fmnist-fast\noptim: {lr: 0.002}\n")  # a file without a suffix is read
+    assert load_recipe("mine").optim.lr == 0.002
 
 
 def test_save_and_reload_round_trip(tmp_path):

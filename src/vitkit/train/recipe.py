@@ -266,7 +266,9 @@ def _raw(name_or_path: Union[str, PathLike], seen: Tuple[str, ...] = ()) -> Dict
     if key in seen:
         raise ValueError(f"recipe inheritance loops: {' -> '.join(seen + (key,))}")
     p = Path(key)
-    if p.suffix in (".yaml", ".yml", ".json") or p.exists():
+    # a file path, or a name; a folder never shadows a built-in name (a run folder called
+    # ``fmnist-long`` in the working directory must not hide the recipe of that name)
+    if p.suffix in (".yaml", ".yml", ".json") or p.is_file():
         d = _read_file(p)
     else:
         res = resources.files(_RECIPE_PACKAGE).joinpath(f"{key}.yaml")
