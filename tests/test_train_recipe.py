@@ -37,6 +37,7 @@ def test_inheritance_and_overrides():
     base = load_recipe("fmnist-fast")
     long = load_recipe("fmnist-long")
     assert long.data.dataset == base.data.dataset and long.model["width"] == 128 != base.model["width"]
+    assert "_fmnist" not in list_recipes() and load_recipe("_fmnist").data.std == [0.353]  # a partial, usable as base
     r = load_recipe("fmnist-fast", {"optim.lr": 1e-4, "epochs": 2, "width": 96, "augment.randaugment": [2, 5]})
     assert (r.optim.lr, r.schedule.epochs, r.model["width"], r.augment.randaugment) == (1e-4, 2, 96, (2, 5.0))
     with pytest.raises(ValueError, match="did you mean 'lr'"):

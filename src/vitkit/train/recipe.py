@@ -244,7 +244,9 @@ def _check_keys(d: Dict[str, Any], allowed: List[str], where: str) -> None:
 
 # --- named recipes --------------------------------------------------------------------------------
 def list_recipes() -> List[str]:
-    return sorted(p.name[:-5] for p in resources.files(_RECIPE_PACKAGE).iterdir() if p.name.endswith(".yaml"))
+    """Built-in recipe names; partial recipes (``_*.yaml``, only meant as a ``base:``) are left out."""
+    return sorted(p.name[:-5] for p in resources.files(_RECIPE_PACKAGE).iterdir()
+                  if p.name.endswith(".yaml") and not p.name.startswith("_"))
 
 
 def _read_file(path: Path) -> Dict[str, Any]:
