@@ -163,6 +163,34 @@ def test_eval_cli_matches_the_runs_own_test_accuracy(task, full_run):
     assert r.returncode == 1 and "validation" in r.stderr
 
 
+def test_flip_tta_scores_the_mean_probability_of_an_image_and_its_mirror(task, full_run):
+    from vitkit.data.datasets import open_dataset
+    from vitkit.data.loader import eval_batches
+    from vitkit.train.evaluate import evaluate, transform_for
+    from vitkit.train.weights import load_for_eval
+
+    _, data, _ = task
+    out = full_run[0]
+    res = json.loads(_vitkit("eval", out / "model", "--data", f"tensors:{data}", "--json", "--tta", "flip").stdout)
+    model, _, pre = load_for_eval(out / "model")
+    model.eval()
+    ds = open_dataset(f"tensors:{data}", "test")
+    tf = transform_for(pre, model.config.img_size, True)
+    (images, y), = list(eval_batches(ds, 1000, 0, 1, 0))
+    x = tf(images)
+    with torch.no_grad():
+        p = (model(x).softmax(1) + model(x.flip(-1)).softmax(1)) / 2
+    assert res["tta"] == "flip" and res["n"] == len(y) == 128
+    assert abs(res["top1"] - (p.argmax(1) == y).double().mean().item()) < 1e-9
+    assert abs(res["loss"] - torch.nn.functional.nll_loss(p.log(), y).item()) < 1e-5
+    # a mirror-symmetric batch scores the same with and without TTA
+    one = evaluate(model, ds, lambda b: tf(torch.cat([b[..., :8], b[..., :8].flip(-1)], -1)))
+    two = evaluate(model, ds, lambda b: tf(torch.cat([b[..., :8], b[..., :8].flip(-1)], -1)), tta="flip")
+    assert one["top1"] == two["top1"] and abs(one["loss"] - two["loss"]) < 1e-5
+    with pytest.raises(ValueError, match="tta"):
+        evaluate(model, ds, tf, tta="crops")
+
+
 def test_time_budget_compresses_the_schedule_and_ends_the_run(task, tmp_path):
     """schedule.minutes: the lr follows training time when it runs ahead of the step count, and the run
     stops when the budget is spent (a fake clock: every step takes one second)."""

@@ -53,6 +53,9 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument("--device", default="auto")
     p.add_argument("--workers", type=int, default=0, help="decoding processes for image folders / shards")
+    p.add_argument("--tta", choices=["none", "flip"], default="none",
+                   help="test-time augmentation: flip scores each image by the mean probability of it and its "
+                        "mirror image (default: none)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.add_argument("--debug", action="store_true")
     p.set_defaults(func=_eval)
@@ -122,11 +125,12 @@ def _eval(args) -> int:
     from ..train import evaluate_checkpoint
 
     res = evaluate_checkpoint(args.checkpoint, args.data, args.split, root=args.root, batch_size=args.batch_size,
-                              device=args.device, workers=args.workers)
+                              device=args.device, workers=args.workers, tta=args.tta)
     if args.json:
         print(json.dumps(res))
     else:
-        print(f"{args.data} [{args.split}, {res['n']} images]: top-1 {100 * res['top1']:.2f}%, "
+        tta = ", flip TTA" if args.tta == "flip" else ""
+        print(f"{args.data} [{args.split}, {res['n']} images{tta}]: top-1 {100 * res['top1']:.2f}%, "
               f"top-5 {100 * res['top5']:.2f}%, loss {res['loss']:.4f}")
     return 0
 

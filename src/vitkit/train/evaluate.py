@@ -1,6 +1,7 @@
 """Accuracy of a model on a dataset (top-1, top-5, loss), in the model's own preprocessing."""
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -13,13 +14,22 @@ from ..data.loader import eval_batches
 from ..utils import PathLike
 from .distributed import Dist, all_reduce_sum
 
+TTA_MODES = ("none", "flip")
+
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Dataset, transform: EvalTransform, *, batch_size: int = 500,
              device: Optional[torch.device] = None, dist: Optional[Dist] = None, precision: str = "fp32",
-             workers: int = 0, keep_probs: bool = False) -> Dict[str, Any]:
+             workers: int = 0, keep_probs: bool = False, tta: str = "none") -> Dict[str, Any]:
     """{"top1", "top5", "loss", "n"} over every sample of ``data`` (shared across ranks when distributed);
-    with ``keep_probs`` also "probs" [N, K] (single process only)."""
+    with ``keep_probs`` also "probs" [N, K] (single process only).
+
+    ``tta="flip"``: test-time augmentation, each image is scored as the mean of the softmax probabilities
+    of the image and its mirror image (loss: cross-entropy of that mean). ``"none"``: one view, scored by
+    its logits.
+    """
+    if tta not in TTA_MODES:
+        raise ValueError(f"tta={tta!r}: use one of {', '.join(TTA_MODES)}")
     dist = dist or Dist()
     device = device or next(model.parameters()).device
     was_training = model.training
@@ -31,8 +41,10 @@ def evaluate(model: nn.Module, data: Dataset, transform: EvalTransform, *, batch
         x = transform(images).to(device, non_blocking=True)
         y = labels.to(device)
         with ac:
-            logits = model(x)
+            logits = model(torch.cat([x, x.flip(-1)]) if tta == "flip" else x)
         logits = logits.float()
+        if tta == "flip":  # score = log of the mean probability of the two views
+            logits = logits.log_softmax(1).view(2, len(y), -1).logsumexp(0) - math.log(2)
         k = min(5, logits.shape[1])
         top = logits.topk(k, dim=1).indices
         sums[0] += (top[:, 0] == y).sum().item()
@@ -69,10 +81,11 @@ def transform_for(preprocessing: Optional[Dict[str, Any]], img_size: Sequence[in
 
 def evaluate_checkpoint(path: PathLike, dataset: str, split: str = "test", *, root: Optional[PathLike] = None,
                         batch_size: int = 500, device: str = "auto", workers: int = 0,
-                        mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None
-                        ) -> Dict[str, Any]:
+                        mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None,
+                        tta: str = "none") -> Dict[str, Any]:
     """Load a checkpoint (any format vitkit reads) and measure its accuracy on ``dataset``/``split`` with
-    the preprocessing stored in the checkpoint (or ``mean``/``std`` given here)."""
+    the preprocessing stored in the checkpoint (or ``mean``/``std`` given here); ``tta`` as in
+    :func:`evaluate`."""
     from .distributed import pick_device
     from .weights import load_for_eval
 
@@ -94,6 +107,6 @@ def evaluate_checkpoint(path: PathLike, dataset: str, split: str = "test", *, ro
         raise ValueError(f"{dataset} has {len(data.classes)} classes but the model predicts {cfg.num_classes}: "
                          f"fine-tune it first (vitkit finetune)")
     tf = transform_for(pre, cfg.img_size, getattr(data, "in_memory", False))
-    res = evaluate(model, data, tf, batch_size=batch_size, device=dev, workers=workers)
-    res.update(dataset=dataset, split=split, checkpoint=str(path))
+    res = evaluate(model, data, tf, batch_size=batch_size, device=dev, workers=workers, tta=tta)
+    res.update(dataset=dataset, split=split, checkpoint=str(path), tta=tta)
     return res
