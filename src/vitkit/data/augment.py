@@ -330,6 +330,16 @@ class Normalize:
             x = x.expand(-1, 3, -1, -1)
         elif self.channels == 1 and x.shape[1] == 3:
             x = _gray(x)[:, :1]
+        mean, inv_std = self._stats(x)
+        return (x - mean) * inv_std
+
+    def invert(self, x: Tensor) -> Tensor:
+        """Back from normalised values to [0, 1] pixels (the channels stay as they are)."""
+        mean, inv_std = self._stats(x)
+        return x / inv_std + mean
+
+    def _stats(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        """(mean, 1 / std) as [1, C, 1, 1] tensors for the channel count, dtype and device of ``x``."""
         key = (x.shape[1], x.dtype, x.device)
         if key not in self._cache:
             c = x.shape[1]
@@ -345,8 +355,7 @@ class Normalize:
                                  f"value or one per channel")
             self._cache[key] = (torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, c, 1, 1),
                                 1.0 / torch.tensor(std, dtype=x.dtype, device=x.device).view(1, c, 1, 1))
-        mean, inv_std = self._cache[key]
-        return (x - mean) * inv_std
+        return self._cache[key]
 
 
 class BatchAugment:

@@ -1,8 +1,8 @@
 """Recipes: named, printable, overridable training configurations.
 
 A recipe is a YAML (or JSON) file with the sections ``model``, ``data``, ``augment``, ``optim``,
-``schedule``, ``train`` and ``init``. ``base: NAME`` inherits another recipe and changes only what it
-lists. Built-in recipes live in ``vitkit/recipes/*.yaml`` (``paper-pretrain``, ``paper-finetune``,
+``schedule``, ``train``, ``init`` (and ``mpp`` / ``distill`` for those objectives). ``base: NAME``
+inherits another recipe and changes only what it lists. Built-in recipes live in ``vitkit/recipes/*.yaml`` (``paper-pretrain``, ``paper-finetune``,
 ``deit``, ``plain-baseline``, ``fmnist-*``). Overrides are dotted keys (``optim.lr=3e-4``) or, when
 unambiguous, bare field names (``lr=3e-4``). The resolved recipe is saved in every run folder.
 """
@@ -115,8 +115,20 @@ class MPPConfig:
     figure_images: int = 6  # held-out images shown in mpp.png
 
 
+@dataclass
+class DistillConfig:
+    """Knowledge distillation from a teacher (DeiT), used when ``teacher`` is set (``vitkit.train.distill``):
+    loss = (1 - alpha) * CE(student, labels) + alpha * teacher term."""
+
+    teacher: Optional[str] = None  # the teacher's weights: any checkpoint vitkit loads (e.g. RUN/model); null = off
+    kind: str = "hard"  # hard (CE against the teacher's arg-max, DeiT) | soft (tau^2 * KL, Hinton et al.)
+    alpha: float = 0.5  # weight of the teacher term (1: the labels are not used)
+    tau: float = 1.0  # temperature of the soft term
+    num_heads: Optional[int] = None  # for teacher weight files that do not record it
+
+
 SECTIONS = {"data": DataConfig, "augment": AugmentConfig, "optim": OptimConfig, "schedule": ScheduleConfig,
-            "train": TrainConfig, "init": InitConfig, "mpp": MPPConfig}
+            "train": TrainConfig, "init": InitConfig, "mpp": MPPConfig, "distill": DistillConfig}
 
 
 @dataclass
@@ -131,6 +143,7 @@ class Recipe:
     train: TrainConfig = field(default_factory=TrainConfig)
     init: InitConfig = field(default_factory=InitConfig)
     mpp: MPPConfig = field(default_factory=MPPConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
     # --- (de)serialisation ----------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -204,6 +217,12 @@ class Recipe:
             raise ValueError(f"train.export={t.export!r}: use auto, ema or raw")
         if self.init.head not in ("auto", "reset", "keep"):
             raise ValueError(f"init.head={self.init.head!r}: use auto, reset or keep")
+        dd = self.distill
+        if dd.kind not in ("hard", "soft"):
+            raise ValueError(f"distill.kind={dd.kind!r}: use hard or soft")
+        if not 0 < dd.alpha <= 1 or not dd.tau > 0:
+            raise ValueError(f"distill.alpha must be in (0, 1] and distill.tau positive, got alpha={dd.alpha}, "
+                             f"tau={dd.tau}")
         if "arch" in self.model and self.model["arch"] is not None:
             config_from_name(str(self.model["arch"]))  # fails early on unknown names
 

@@ -186,11 +186,32 @@ class Trainer:
             raise ValueError(f"schedule.patch_drop_end={s.patch_drop_end} schedules patch dropout, but the model has "
                              f"none: set model.patch_drop to the starting rate (e.g. --set model.patch_drop=0.5)")
         self.ema = EMA(self.model, r.train.ema, r.train.ema_warmup) if r.train.ema > 0 else None
-        self.step_fn = self.step_class(self.forward_model, self.optimizer, precision=r.train.precision,
-                                 clip_grad=o.clip_grad, accum_steps=o.accum_steps,
-                                 label_smoothing=r.augment.label_smoothing, device=self.device)
+        step_kw = dict(precision=r.train.precision, clip_grad=o.clip_grad, accum_steps=o.accum_steps,
+                       label_smoothing=r.augment.label_smoothing, device=self.device)
+        self.teacher = None
+        if r.distill.teacher:
+            self.step_fn = self._distill_step(step_kw)
+        else:
+            self.step_fn = self.step_class(self.forward_model, self.optimizer, **step_kw)
         ev = r.train.eval_every
         self.eval_interval = max(1, int(round(ev * self.steps_per_epoch))) if ev > 0 else 0
+
+    def _distill_step(self, step_kw: Dict[str, Any]):
+        """The step with a teacher (recipe section ``distill``): loaded here, frozen, fed the augmented batch
+        in its own preprocessing."""
+        from .distill import DistillStep, TeacherInput, load_teacher
+
+        dd = self.recipe.distill
+        if self.step_class is not TrainStep:
+            raise ValueError(f"distill.teacher is for classification training, not for {type(self).__name__}")
+        teacher, pre = load_teacher(dd.teacher, self.classes, num_heads=dd.num_heads)
+        tcfg = teacher.config
+        self.teacher = teacher.to(self.device)
+        self.teacher_norm = Normalize(pre.get("mean", [0.5]), pre.get("std", [0.5]), channels=tcfg.in_chans)
+        self.teacher_size = tuple(pre.get("size") or tcfg.img_size)
+        feed = TeacherInput(self.normalize, self.config.img_size, self.teacher_norm, self.teacher_size)
+        return DistillStep(self.forward_model, self.optimizer, teacher=self.teacher, teacher_input=feed,
+                           kind=dd.kind, alpha=dd.alpha, tau=dd.tau, **step_kw)
 
     # --- checkpoints ------------------------------------------------------------------------
     def _state(self) -> Dict[str, Any]:
@@ -424,6 +445,15 @@ class Trainer:
             results[f"test_top1{suffix}"], results[f"test_top5{suffix}"] = res["top1"], res["top5"]
             if "probs" in res and (suffix == "_ema") == self._exports_ema():
                 probs = res["probs"]
+        if self.teacher is not None:
+            results["teacher"] = str(self.recipe.distill.teacher)
+            if final is not None:  # how the student compares with its teacher, on the same images
+                tf = EvalTransform(self.teacher_size, self.teacher_norm,
+                                   center_crop_files=not getattr(final, "in_memory", True))
+                res = evaluate(self.teacher, final, tf, batch_size=self.recipe.data.eval_batch_size,
+                               device=self.device, dist=d, precision=self.recipe.train.precision,
+                               workers=self.recipe.data.workers)
+                rec["teacher_top1"] = results["teacher_test_top1"] = res["top1"]
         self.log.write(rec)
         exported = self.export_model()
         if d.main:

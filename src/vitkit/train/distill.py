@@ -1,0 +1,108 @@
+"""Knowledge distillation from a trained teacher (DeiT: Touvron et al. 2021, Section 5; Hinton et al. 2015).
+
+The recipe's ``distill`` section names the teacher (any checkpoint vitkit loads: a vitkit folder such as
+``RUN/model``, a timm / torchvision / Hugging Face file, the authors' .npz; hybrids included) and the
+student is trained on
+
+    (1 - alpha) * CE(student, labels) + alpha * teacher term
+
+with the teacher term ``hard``: cross-entropy against the teacher's arg-max class (DeiT's hard-label
+distillation, its best variant), or ``soft``: tau^2 * KL(teacher || student) of the temperature-tau
+distributions. The teacher sees the same augmented batch as the student (DeiT's choice), converted to
+its own preprocessing (mean / std, resolution), in eval mode and without gradients. The student keeps
+one head (DeiT's "usual distillation"; its extra distillation token is not part of vitkit's models).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data.augment import Normalize, resize
+from .step import TrainStep, classification_loss
+
+KINDS = ("hard", "soft")
+
+
+class TeacherInput:
+    """Student-normalised batch -> the teacher's input: pixels back from the student's mean / std, resized
+    to the teacher's resolution, normalised with the teacher's mean / std (grey <-> RGB as Normalize does).
+    The identity when both preprocessings agree."""
+
+    def __init__(self, student: Normalize, student_size: Sequence[int], teacher: Normalize,
+                 teacher_size: Sequence[int]):
+        self.student, self.teacher = student, teacher
+        self.size = tuple(teacher_size)
+        same_stats = ([float(v) for v in student.mean], [float(v) for v in student.std]) == \
+            ([float(v) for v in teacher.mean], [float(v) for v in teacher.std])
+        self.identity = same_stats and tuple(student_size) == self.size and student.channels == teacher.channels
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.identity:
+            return x
+        pixels = self.student.invert(x.float())
+        if tuple(pixels.shape[-2:]) != self.size:
+            pixels = resize(pixels, self.size)
+        return self.teacher(pixels)
+
+
+class DistillStep(TrainStep):
+    """:class:`TrainStep` whose loss mixes the labels with a teacher's predictions."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, teacher: nn.Module,
+                 teacher_input=None, kind: str = "hard", alpha: float = 0.5, tau: float = 1.0, **kw: Any):
+        super().__init__(model, optimizer, **kw)
+        if kind not in KINDS:
+            raise ValueError(f"distillation kind {kind!r}: use {' or '.join(KINDS)}")
+        self.teacher = teacher.eval().requires_grad_(False)
+        self.teacher_input = teacher_input or (lambda x: x)
+        self.kind, self.alpha, self.tau = kind, float(alpha), float(tau)
+
+    def loss(self, x: torch.Tensor, t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad(), self.autocast():
+            teacher_logits = self.teacher(self.teacher_input(x)).float()
+        with self.autocast():
+            logits = self.model(x)
+        loss = distillation_loss(logits, t, teacher_logits, kind=self.kind, alpha=self.alpha, tau=self.tau,
+                                 label_smoothing=self.label_smoothing)
+        hard = t if t.ndim == 1 else t.argmax(1)
+        return loss, (logits.detach().argmax(1) == hard).sum()
+
+
+def distillation_loss(logits: torch.Tensor, targets: torch.Tensor, teacher_logits: torch.Tensor, *,
+                      kind: str = "hard", alpha: float = 0.5, tau: float = 1.0,
+                      label_smoothing: float = 0.0) -> torch.Tensor:
+    """(1 - alpha) * CE(logits, targets) + alpha * (CE against the teacher's arg-max | tau^2 * KL(teacher ||
+    student) at temperature tau). ``targets``: labels [B] or soft targets [B, K] (Mixup / CutMix)."""
+    logits = logits.float()
+    if kind == "hard":
+        teacher_term = F.cross_entropy(logits, teacher_logits.argmax(1))
+    elif kind == "soft":
+        teacher_term = F.kl_div(F.log_softmax(logits / tau, 1), F.log_softmax(teacher_logits.float() / tau, 1),
+                                reduction="batchmean", log_target=True) * (tau * tau)
+    else:
+        raise ValueError(f"distillation kind {kind!r}: use {' or '.join(KINDS)}")
+    if alpha >= 1.0:
+        return teacher_term
+    return (1.0 - alpha) * classification_loss(logits, targets, label_smoothing) + alpha * teacher_term
+
+
+def load_teacher(path: str, classes: List[str], *, num_heads: Optional[int] = None
+                 ) -> Tuple[nn.Module, Dict[str, Any]]:
+    """The teacher model (eval mode, frozen) and its preprocessing record; checks that it predicts the
+    student's classes (same count, and the same names in the same order when the checkpoint lists them)."""
+    from ..checkpoints import load_weights
+
+    model = load_weights(path, num_heads=num_heads)
+    k = model.config.num_classes
+    if k != len(classes):
+        raise ValueError(f"distill.teacher {path} predicts {k} classes but the training data has {len(classes)}: "
+                         f"the teacher must be trained on the same classes")
+    labels = getattr(model, "labels", None)
+    if labels and [str(v) for v in labels] != [str(v) for v in classes]:
+        diff = next(i for i, (a, b) in enumerate(zip(labels, classes)) if str(a) != str(b))
+        raise ValueError(f"distill.teacher {path} has other classes or another order than the training data "
+                         f"(class {diff}: teacher {labels[diff]!r}, data {classes[diff]!r})")
+    return model.eval().requires_grad_(False), dict(getattr(model, "preprocessing", None) or {})

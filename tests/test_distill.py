@@ -1,0 +1,88 @@
+"""Knowledge distillation (vitkit.train.distill): the loss, the teacher's input, the teacher checks."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vitkit import ViTConfig, VisionTransformer
+from vitkit.checkpoints import save_model
+from vitkit.data.augment import EvalTransform, Normalize
+from vitkit.train.distill import DistillStep, TeacherInput, distillation_loss, load_teacher
+from vitkit.train.recipe import load_recipe
+from vitkit.train.step import TrainStep
+
+
+def test_hard_and_soft_losses_by_hand():
+    g = torch.Generator().manual_seed(0)
+    s, t = torch.randn(8, 5, generator=g), torch.randn(8, 5, generator=g)
+    y = torch.randint(0, 5, (8,), generator=g)
+    hard = distillation_loss(s, y, t, kind="hard", alpha=0.3)
+    by_hand = 0.7 * F.cross_entropy(s, y) + 0.3 * F.cross_entropy(s, t.argmax(1))
+    assert torch.allclose(hard, by_hand)
+    tau = 2.0
+    p_t = (t / tau).softmax(1)
+    kl = (p_t * (p_t.log() - (s / tau).log_softmax(1))).sum(1).mean() * tau ** 2
+    soft = distillation_loss(s, y, t, kind="soft", alpha=0.5, tau=tau, label_smoothing=0.1)
+    assert torch.allclose(soft, 0.5 * F.cross_entropy(s, y, label_smoothing=0.1) + 0.5 * kl, atol=1e-6)
+    # alpha 1: the labels do not matter; a student equal to its teacher has no soft teacher term
+    assert torch.equal(distillation_loss(s, y, t, alpha=1.0), distillation_loss(s, (y + 1) % 5, t, alpha=1.0))
+    assert distillation_loss(t, y, t, kind="soft", alpha=1.0).abs() < 1e-6
+    # soft targets (Mixup / CutMix) in the label term
+    mixed = F.one_hot(y, 5).float() * 0.6 + F.one_hot((y + 1) % 5, 5).float() * 0.4
+    assert torch.allclose(distillation_loss(s, mixed, t, alpha=0.5),
+                          0.5 * F.cross_entropy(s, mixed) + 0.5 * F.cross_entropy(s, t.argmax(1)))
+    with pytest.raises(ValueError, match="hard or soft"):
+        distillation_loss(s, y, t, kind="feature")
+
+
+def test_the_teacher_gets_the_batch_in_its_own_preprocessing():
+    g = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (4, 1, 16, 16), dtype=torch.uint8, generator=g)
+    student = Normalize([0.2], [0.3], channels=1)
+    teacher = Normalize([0.5, 0.4, 0.3], [0.2, 0.25, 0.3], channels=3)  # an RGB teacher at twice the size
+    x = EvalTransform((16, 16), student)(images)
+    feed = TeacherInput(student, (16, 16), teacher, (32, 32))
+    assert not feed.identity
+    assert torch.allclose(feed(x), EvalTransform((32, 32), teacher)(images), atol=1e-5)
+    same = TeacherInput(student, (16, 16), Normalize([0.2], [0.3], channels=1), (16, 16))
+    assert same.identity and same(x) is x
+
+
+def _vit(num_classes=4, **kw):
+    cfg = dict(img_size=16, patch_size=4, in_chans=1, num_classes=num_classes, width=32, depth=1, num_heads=2,
+               mlp_dim=64, class_token=False, pool="gap")
+    cfg.update(kw)
+    return VisionTransformer(ViTConfig(**cfg))
+
+
+def test_distill_step_trains_the_student_only():
+    torch.manual_seed(0)
+    student, teacher = _vit(), _vit()
+    torch.nn.init.normal_(teacher.head.weight, std=0.5)
+    before = [p.detach().clone() for p in teacher.parameters()]
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    step = DistillStep(student, opt, teacher=teacher, kind="hard", alpha=0.5)
+    x, y = torch.randn(6, 1, 16, 16), torch.randint(0, 4, (6,))
+    with torch.no_grad():
+        expected = distillation_loss(student.train()(x), y, teacher.eval()(x), alpha=0.5)
+    stats = step(x, y)
+    assert torch.allclose(stats["loss"], expected, atol=1e-6)
+    assert all(torch.equal(a, b) for a, b in zip(before, teacher.parameters()))
+    assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+    assert isinstance(step, TrainStep)
+
+
+def test_teacher_checks(tmp_path):
+    save_model(_vit(num_classes=3), tmp_path / "three")
+    with pytest.raises(ValueError, match="predicts 3 classes but the training data has 4"):
+        load_teacher(str(tmp_path / "three"), ["a", "b", "c", "d"])
+    save_model(_vit(), tmp_path / "named", labels=["a", "b", "d", "c"])
+    with pytest.raises(ValueError, match="class 2: teacher 'd', data 'c'"):
+        load_teacher(str(tmp_path / "named"), ["a", "b", "c", "d"])
+    model, pre = load_teacher(str(tmp_path / "named"), ["a", "b", "d", "c"])
+    assert not model.training and model.config.num_classes == 4
+    for bad in ({"distill.kind": "feature"}, {"distill.alpha": 0.0}, {"distill.tau": -1.0}):
+        with pytest.raises(ValueError, match="distill"):
+            load_recipe("fmnist-fast", bad)
+    assert math.isclose(load_recipe("fmnist-fast").distill.alpha, 0.5) and load_recipe("deit").distill.teacher is None
