@@ -7,6 +7,9 @@ final accuracy and the training time, as JSON and as a curve (accuracy against w
     flock /work/cpu.lock .venv/bin/python benchmarks/time_to_accuracy.py                    # >= 91 % in <= 15 min
     nice -n 15 .venv/bin/python benchmarks/time_to_accuracy.py --recipe fmnist-long --target 0.94
 
+With ``--resume`` the run in ``--out`` is continued (or, when it is complete, only evaluated and
+reported again); the training time then covers every part of the run.
+
 Wall times are those of the run itself (data in memory, evaluations excluded from "training time");
 they depend on the machine and on what else runs on it: the JSON records the CPU count and load.
 """
@@ -60,7 +63,8 @@ def main(argv=None) -> int:
     summary = {
         "recipe": recipe.name, "target": args.target, "budget_min": args.budget_min,
         "final_top1": final, "final_top1_raw": res.get("test_top1"), "final_top1_ema": res.get("test_top1_ema"),
-        "train_s": res.get("train_s_excluding_eval"), "wall_s_total": round(wall, 1),
+        # training time of the whole run, resumed parts included (evaluations and checkpoints excluded)
+        "train_s": res.get("trained_s", res.get("train_s_excluding_eval")), "wall_s_total": round(wall, 1),
         "reached_target": reached is not None,
         "time_to_target_train_s": reached["train_s"] if reached else None,
         "within_budget": bool(reached and reached["train_s"] <= 60 * args.budget_min),
