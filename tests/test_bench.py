@@ -23,7 +23,8 @@ from vitkit.models.inference import FastViT, inference_summary, prepare_inferenc
 
 VARIANTS = [dict(), dict(posemb="relative"), dict(posemb="learn", posemb_where="every_layer"),
             dict(pool="gap", class_token=False), dict(representation_size=32), dict(posemb="sincos2d"),
-            dict(posemb="learn2d"), dict(gelu="tanh"), dict(qkv_bias=False), dict(img_size=(32, 48))]
+            dict(posemb="learn2d"), dict(gelu="tanh"), dict(qkv_bias=False), dict(img_size=(32, 48)),
+            dict(distill_token=True), dict(distill_token=True, distill_head=False)]
 
 
 def rel_err(a, b):

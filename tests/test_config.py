@@ -24,6 +24,8 @@ def test_name_forms_parse_to_b16(name):
     ("vit-h14", dict(width=1280, depth=32, mlp_dim=5120, num_heads=16, patch_size=14)),
     ("vit_large_patch16_384", dict(width=1024, patch_size=16, img_size=384)),
     ("S/8", dict(width=384, patch_size=8)),
+    ("deit_small_patch16_224", dict(width=384, num_heads=6, patch_size=16, img_size=224, name="DeiT-S/16@224")),
+    ("facebook/deit-base-distilled-patch16-384", dict(width=768, img_size=384, distill_token=True)),
 ])
 def test_other_names(name, fields):
     parsed = parse_model_name(name)
@@ -33,7 +35,9 @@ def test_other_names(name, fields):
 
 @pytest.mark.parametrize("name,expected", [
     ("Ti/16", 5_717_416), ("S/16", 22_050_664), ("B/16", 86_567_656), ("B/32", 88_224_232),
-    ("L/16", 304_326_632), ("H/14", 632_045_800)])
+    ("L/16", 304_326_632), ("H/14", 632_045_800),
+    # DeiT's distilled models (timm: 5.91M / 87.34M): one more token and a second 1000-class head
+    ("deit_tiny_distilled_patch16_224", 5_910_800), ("deit_base_distilled_patch16_224", 87_338_192)])
 def test_reference_parameter_counts(name, expected):
     cfg = ViTConfig(**parse_model_name(name))
     assert param_count(cfg) == expected

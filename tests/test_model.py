@@ -293,6 +293,69 @@ def test_adapt_state_dict_head_and_pre_logits(tiny_cfg):
     torch.testing.assert_close(kept["head.weight"], src.head.weight)
 
 
+@pytest.mark.parametrize("posemb", ["learn", "learn2d", "sincos2d", "none"])
+def test_distillation_token(tiny_cfg, posemb):
+    """DeiT's distillation token: [cls, dist, patches]; logits = mean of the class head on token 0 and the
+    distillation head on token 1 (the pair in distilled training); features = mean of the two tokens."""
+    cfg = tiny_cfg.replace(distill_token=True, posemb=posemb)
+    assert cfg.num_prefix_tokens == 2 and cfg.seq_len == 66
+    model = randomize_head(VisionTransformer(cfg))
+    torch.nn.init.normal_(model.head_dist.weight, std=0.1)
+    assert model.head_dist.weight.shape == (10, 64) and not torch.equal(model.dist_token, model.cls_token)
+    x = torch.randn(2, 3, 32, 32)
+    tokens, _ = model.embed(x)
+    torch.testing.assert_close(tokens[:, 1], model.dist_token[0].expand(2, -1))
+    if posemb != "none":
+        pe = model.position_embedding()
+        assert pe.shape == (1, 66, 64)
+        if posemb != "learn":  # fixed / 2D tables give the two tokens no position, as for the class token
+            assert pe[0, :2].abs().sum() == 0
+    tokens = model.eval().forward_features(x)
+    logits = model(x)
+    torch.testing.assert_close(logits, (model.head(tokens[:, 0]) + model.head_dist(tokens[:, 1])) / 2)
+    torch.testing.assert_close(model.forward_head(tokens, pre_logits=True), (tokens[:, 0] + tokens[:, 1]) / 2)
+    model.train()
+    torch.testing.assert_close(model(x), logits)  # distilled_training off: the mean in training too
+    model.distilled_training = True
+    cls_logits, dist_logits = model(x)
+    torch.testing.assert_close((cls_logits + dist_logits) / 2, logits)
+    model.patch_drop_rate = 0.5  # patch dropout keeps both tokens
+    kept = model.forward_features(x)
+    assert kept.shape == (2, 2 + 32, 64)
+    assert "dist_token" in model.no_weight_decay()
+    assert vitkit.models.cost.param_count(cfg) == model.num_params()
+    one_head = VisionTransformer(cfg.replace(distill_head=False)).eval()  # HF's DeiTForImageClassification
+    assert one_head.head_dist is None
+    one_head.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("head_dist")})
+    t1 = one_head.forward_features(x)
+    torch.testing.assert_close(one_head(x), one_head.head(t1[:, 0]))
+    assert vitkit.models.cost.param_count(one_head.config) == one_head.num_params()
+
+
+def test_distillation_token_config_and_adaptation(tiny_cfg):
+    for bad, match in (({"pool": "gap"}, "class token read-out"), ({"class_token": False, "pool": "gap"}, "class"),
+                       ({"representation_size": 32}, "pre-logits"), ({"posemb": "relative"}, "relative")):
+        with pytest.raises(vitkit.ConfigError, match=match):
+            tiny_cfg.replace(distill_token=True, **bad)
+    with pytest.raises(vitkit.ConfigError, match="distill_head=False only applies"):
+        tiny_cfg.replace(distill_head=False)
+    cfg = tiny_cfg.replace(distill_token=True)
+    src = randomize_head(VisionTransformer(cfg))
+    state, notes = vitkit.adapt_state_dict(src.state_dict(), cfg.replace(num_classes=3, img_size=48))
+    assert state["pos_embed"].shape == (1, 2 + 144, 64)
+    torch.testing.assert_close(state["pos_embed"][:, :2], src.pos_embed[:, :2])  # the token slots kept
+    assert state["head_dist.weight"].shape == (3, 64) and state["head_dist.weight"].abs().sum() == 0
+    assert "head_dist re-initialised to zeros: 10 -> 3 classes" in notes
+    VisionTransformer(cfg.replace(num_classes=3, img_size=48)).load_state_dict(state)
+    state, notes = vitkit.adapt_state_dict(src.state_dict(), cfg.replace(distill_head=False))
+    assert "head_dist.weight" not in state and "head_dist dropped (the model has no distillation head)" in notes
+    state, _ = vitkit.adapt_state_dict(src.state_dict(), cfg.replace(num_classes=0))
+    assert not any(k.startswith(("head.", "head_dist.")) for k in state)
+    model = VisionTransformer(cfg)
+    model.set_img_size(48)
+    assert model.pos_embed.shape == (1, 146, 64)
+
+
 def test_short_sequence_attention_path_matches_the_fused_kernel(monkeypatch):
     """On a CPU, sequences up to CPU_EXPLICIT_ATTENTION_MAX_TOKENS use the explicit softmax(QK^T)V path
     (faster there); values and gradients equal the fused kernel's."""

@@ -69,6 +69,12 @@ class ViTConfig:
     num_heads: int = 12
     mlp_dim: int = 3072
     class_token: bool = True
+    # DeiT's distillation token (Touvron et al. 2021): a second learned token after the class token, read
+    # out by its own head (head_dist); trained on a teacher's labels, averaged with the class head at test
+    distill_token: bool = False
+    # False: the distillation token stays in the sequence but only the class token is read out (one head;
+    # Hugging Face's DeiTForImageClassification / DeiTModel)
+    distill_head: bool = True
     pool: str = "token"  # "token": read out token 0 (Eq. 4); "gap": mean of patch tokens (App. D.3)
     posemb: str = "learn"  # none | learn (1D) | learn2d | relative | sincos2d (App. D.4)
     posemb_where: str = "input"  # input | every_layer | every_layer_shared (Table 8)
@@ -123,6 +129,15 @@ class ViTConfig:
             raise ConfigError(f"learn2d position embeddings need an even width, got {self.width}")
         if self.pool == "token" and not self.class_token:
             raise ConfigError("pool='token' reads out the class token: set class_token=True or pool='gap'")
+        if self.distill_token:
+            problems = [what for what, bad in (
+                ("a class token read-out (class_token=True, pool='token')", not self.class_token or self.pool != "token"),
+                ("no pre-logits layer (representation_size=None)", self.representation_size is not None),
+                ("no relative position bias (posemb other than 'relative')", self.posemb == "relative")) if bad]
+            if problems:
+                raise ConfigError("distill_token=True (DeiT's distillation token) needs " + "; ".join(problems))
+        elif not self.distill_head:
+            raise ConfigError("distill_head=False only applies to a model with distill_token=True")
         for key in ("dropout", "attn_dropout", "drop_path", "patch_drop"):
             if not 0.0 <= float(getattr(self, key)) < 1.0:
                 raise ConfigError(f"{key} must be in [0, 1), got {getattr(self, key)!r}")
@@ -177,7 +192,7 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        return 1 if self.class_token else 0
+        return int(self.class_token) + int(self.distill_token)
 
     @property
     def seq_len(self) -> int:
@@ -261,12 +276,23 @@ def parse_model_name(name: str) -> Dict[str, Any]:
 
     Accepts ``B/16``, ``ViT-B/16``, ``ViT-B_16``, ``vit-b16``, ``vit_b_16``,
     ``vit_base_patch16_224``, ``google/vit-base-patch16-384`` and registered
-    names. Unknown names raise ConfigError with close suggestions.
+    names; DeiT's ``deit_small_patch16_224`` (a ViT-S/16) and distilled
+    ``deit_base_distilled_patch16_384`` / ``facebook/deit-tiny-distilled-patch16-224``
+    (``distill_token=True``). Unknown names raise ConfigError with close suggestions.
     """
     if name in _REGISTRY:
         return dict(_REGISTRY[name], name=name)
     s = name.strip().lower()
-    s = re.sub(r"^google/", "", s)
+    s = re.sub(r"^(google|facebook)/", "", s)
+    deit = re.match(r"^deit[-_/ .]+(.+)$", s)
+    if deit:  # DeiT's models are the ViT sizes; the distilled ones add the distillation token
+        rest = re.sub(r"(^|[-_/ .])distilled(?=$|[-_/ .])", r"\1", deit.group(1))
+        fields = parse_model_name("vit_" + rest)
+        distilled = rest != deit.group(1)
+        fields["name"] = "DeiT-" + fields["name"] + (" distilled" if distilled else "")
+        if distilled:
+            fields["distill_token"] = True
+        return fields
     hybrid = _HYBRID_RE.match(s) or _TIMM_HYBRID_RE.match(s)
     if hybrid:
         return _parse_hybrid(name, hybrid)

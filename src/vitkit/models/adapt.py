@@ -68,23 +68,25 @@ def adapt_state_dict(state: Dict[str, torch.Tensor], config: ViTConfig, *,
         notes.append("pre-logits layer dropped (model has none)")
         if "head.weight" in out and out["head.weight"].shape[1] != config.width and head == "auto":
             head = "reset"
-    if head != "keep" and "head.weight" in out:
-        in_features = config.representation_size or config.width
-        w = out["head.weight"]
-        if config.num_classes == 0:
-            del out["head.weight"]
-            out.pop("head.bias", None)
-            notes.append("head dropped (num_classes=0)")
-        elif head == "reset" or tuple(w.shape) != (config.num_classes, in_features):
-            out["head.weight"] = w.new_zeros(config.num_classes, in_features)
-            out["head.bias"] = w.new_zeros(config.num_classes)
-            notes.append(f"head re-initialised to zeros: {w.shape[0]} -> {config.num_classes} classes")
-    elif head != "keep" and config.num_classes > 0 and "head.weight" not in out:
-        ref = out.get("norm.weight", next(iter(out.values()), torch.zeros(1)))
-        in_features = config.representation_size or config.width
-        out["head.weight"] = ref.new_zeros(config.num_classes, in_features)
-        out["head.bias"] = ref.new_zeros(config.num_classes)
-        notes.append(f"head re-initialised to zeros: none -> {config.num_classes} classes")
+    if head != "keep":
+        # the class head, and DeiT's distillation head when the model has a distillation token
+        heads = [("head", config.representation_size or config.width, True),
+                 ("head_dist", config.width, config.distill_token and config.distill_head)]
+        for name, in_features, wanted in heads:
+            w = out.get(f"{name}.weight")
+            if w is not None and (config.num_classes == 0 or not wanted):
+                del out[f"{name}.weight"]
+                out.pop(f"{name}.bias", None)
+                notes.append(f"{name} dropped ({'num_classes=0' if wanted else 'the model has no distillation head'})")
+            elif w is not None and (head == "reset" or tuple(w.shape) != (config.num_classes, in_features)):
+                out[f"{name}.weight"] = w.new_zeros(config.num_classes, in_features)
+                out[f"{name}.bias"] = w.new_zeros(config.num_classes)
+                notes.append(f"{name} re-initialised to zeros: {w.shape[0]} -> {config.num_classes} classes")
+            elif w is None and wanted and config.num_classes > 0:
+                ref = out.get("norm.weight", next(iter(out.values()), torch.zeros(1)))
+                out[f"{name}.weight"] = ref.new_zeros(config.num_classes, in_features)
+                out[f"{name}.bias"] = ref.new_zeros(config.num_classes)
+                notes.append(f"{name} re-initialised to zeros: none -> {config.num_classes} classes")
     return out, notes
 
 

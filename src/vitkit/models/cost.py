@@ -44,7 +44,7 @@ def param_count(cfg: ViTConfig) -> int:
     if cfg.backbone:  # hybrid: the ResNet, then the projection of its feature-map patches
         rc = resnet_cost(cfg.in_chans, cfg.backbone_layers, cfg.backbone_width, cfg.img_size)
         n = rc["params"] + rc["out_chans"] * ph * pw * d + d
-    n += d if cfg.class_token else 0
+    n += d * cfg.num_prefix_tokens  # class (and distillation) token
     if cfg.posemb == "learn":
         n += cfg.num_posemb_tables * cfg.seq_len * d
     elif cfg.posemb == "learn2d":
@@ -60,6 +60,8 @@ def param_count(cfg: ViTConfig) -> int:
         n += d * r + r
     if c:
         n += (r or d) * c + c
+        if cfg.distill_token and cfg.distill_head:  # DeiT's distillation head
+            n += d * c + c
     return n
 
 
@@ -87,7 +89,7 @@ def cost(cfg: ViTConfig, img_size: Union[None, int, Sequence[int]] = None) -> Co
         "attn_proj": L * t * d * d,
         "mlp": L * 2 * t * d * m,
         "head": ((d * cfg.representation_size) if cfg.representation_size else 0)
-        + (cfg.representation_size or d) * cfg.num_classes,
+        + (cfg.representation_size or d) * cfg.num_classes * (2 if cfg.distill_token and cfg.distill_head else 1),
     }
     f32 = 4
     img = cfg.in_chans * size[0] * size[1]

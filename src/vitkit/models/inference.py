@@ -130,10 +130,7 @@ class FastViT(nn.Module):
             tokens = torch.addmm(proj.bias.float(), patches.float(), wmat.float().t()).to(images.dtype)
         else:
             tokens = torch.addmm(proj.bias, patches, wmat.t())
-        tokens = tokens.view(b, gh * gw, -1)
-        if m.cls_token is not None:
-            tokens = torch.cat([m.cls_token.expand(b, -1, -1).to(tokens.dtype), tokens], dim=1)
-        return tokens, (gh, gw)
+        return m.add_prefix_tokens(tokens.view(b, gh * gw, -1)), (gh, gw)
 
     def _weights(self, i: int, blk) -> List[tuple]:
         """(weight, bias, int8 module) of qkv, proj, fc1, fc2 of block ``i``, widened to fp32 if needed.
@@ -223,11 +220,16 @@ class FastViT(nn.Module):
         m = self.model
         with torch.inference_mode():
             tokens = self._features(images)
+            wide = (lambda t: t.float()) if self.widen else (lambda t: t)
+            apply = lambda lin, x: self._linear(  # noqa: E731
+                x, (wide(lin.weight), None if lin.bias is None else wide(lin.bias), None))
+            if m.head_dist is not None:  # DeiT: mean of the class head and the distillation head
+                feats = (apply(m.head, tokens[:, 0]) + apply(m.head_dist, tokens[:, 1])) / 2
+                return feats.to(self._act_dtype())
             feats = m.pool(tokens)
             for lin in (m.pre_logits.fc if isinstance(m.pre_logits, nn.Sequential) else None, m.head):
                 if isinstance(lin, nn.Linear):
-                    wide = (lambda t: t.float()) if self.widen else (lambda t: t)
-                    feats = self._linear(feats, (wide(lin.weight), None if lin.bias is None else wide(lin.bias), None))
+                    feats = apply(lin, feats)
                     if lin is not m.head:
                         feats = torch.tanh(feats)
             return feats.to(self._act_dtype())

@@ -39,6 +39,7 @@ class VisionTransformer(nn.Module):
         else:
             self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, d, pad=cfg.dynamic_img_pad)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.distill_token else None
 
         # Position embeddings (Appendix D.4): a table per layer for "every_layer", else one.
         n_tab = cfg.num_posemb_tables
@@ -68,6 +69,10 @@ class VisionTransformer(nn.Module):
         self.pre_logits = (nn.Sequential(OrderedDict(fc=nn.Linear(d, rep), act=nn.Tanh()))
                            if rep else nn.Identity())
         self.head = nn.Linear(rep or d, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        # DeiT: the distillation token's own head; set distilled_training to get both heads' logits in training
+        self.head_dist = (nn.Linear(d, cfg.num_classes)
+                          if cfg.distill_token and cfg.distill_head and cfg.num_classes > 0 else None)
+        self.distilled_training = False
         self.grad_checkpointing = False
         # the patch-dropout rate used in training; starts at config.patch_drop, and a training schedule may
         # change it (vitkit.train: schedule.patch_drop_end) - evaluation never drops patches
@@ -86,6 +91,8 @@ class VisionTransformer(nn.Module):
                 nn.init.normal_(p, std=0.02)
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
+        if self.dist_token is not None:  # DeiT's init; it must differ from the class token's
+            nn.init.trunc_normal_(self.dist_token, std=0.02, a=-0.04, b=0.04)
         for blk in self.blocks:
             for i in range(3):  # q, k and v each get their own Xavier-uniform [D, D] kernel
                 nn.init.xavier_uniform_(blk.attn.qkv.weight[i * d:(i + 1) * d])
@@ -99,9 +106,10 @@ class VisionTransformer(nn.Module):
         if isinstance(self.pre_logits, nn.Sequential):
             lecun_normal_(self.pre_logits.fc.weight)
             nn.init.zeros_(self.pre_logits.fc.bias)
-        if isinstance(self.head, nn.Linear):  # the paper's zero-initialised head
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
+        for head in (self.head, self.head_dist):
+            if isinstance(head, nn.Linear):  # the paper's zero-initialised head
+                nn.init.zeros_(head.weight)
+                nn.init.zeros_(head.bias)
 
     def set_grad_checkpointing(self, enable: bool = True) -> "VisionTransformer":
         """Recompute block activations in backward instead of storing them (saves memory)."""
@@ -111,8 +119,9 @@ class VisionTransformer(nn.Module):
     # --- position embeddings ---------------------------------------------------
     def _sincos(self, grid: Grid, device=None, dtype=torch.float32) -> torch.Tensor:
         pe = sincos_2d(grid, self.config.width, dtype=dtype, device=device)
-        if self.config.class_token:
-            pe = torch.cat([pe.new_zeros(1, pe.shape[1]), pe], dim=0)
+        prefix = self.config.num_prefix_tokens
+        if prefix:
+            pe = torch.cat([pe.new_zeros(prefix, pe.shape[1]), pe], dim=0)
         return pe.unsqueeze(0)
 
     def position_embedding(self, grid: Optional[Grid] = None) -> Optional[torch.Tensor]:
@@ -130,8 +139,8 @@ class VisionTransformer(nn.Module):
             n, h = row.shape[0], row.shape[-1]
             pe = torch.cat([row[:, :, None].expand(n, grid[0], grid[1], h),
                             col[:, None].expand(n, grid[0], grid[1], h)], dim=-1).reshape(n, -1, 2 * h)
-            if cfg.class_token:
-                pe = torch.cat([pe.new_zeros(n, 1, 2 * h), pe], dim=1)
+            if cfg.num_prefix_tokens:
+                pe = torch.cat([pe.new_zeros(n, cfg.num_prefix_tokens, 2 * h), pe], dim=1)
             return pe
         if cfg.posemb == "sincos2d":
             fixed = self.pos_embed_fixed
@@ -188,10 +197,13 @@ class VisionTransformer(nn.Module):
         self._check_input(x)
         x = self.patch_embed(x)
         grid = (x.shape[-2], x.shape[-1])
-        x = x.flatten(2).transpose(1, 2)
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
-        return x, grid
+        return self.add_prefix_tokens(x.flatten(2).transpose(1, 2)), grid
+
+    def add_prefix_tokens(self, patches: torch.Tensor) -> torch.Tensor:
+        """[B, N, D] patch tokens -> [B, prefix + N, D]: the class token, then DeiT's distillation token."""
+        prefix = [t.expand(patches.shape[0], -1, -1).to(patches.dtype) for t in (self.cls_token, self.dist_token)
+                  if t is not None]
+        return torch.cat(prefix + [patches], dim=1) if prefix else patches
 
     def _run_blocks(self, x: torch.Tensor, grid: Grid, keep: Sequence[int] = (), need_weights: bool = False,
                     stop_after: Optional[int] = None, drop_patches: bool = False
@@ -252,13 +264,26 @@ class VisionTransformer(nn.Module):
         return self.norm(x)
 
     def pool(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Eq. 4's read-out: token 0, or the mean of the patch tokens (GAP)."""
+        """Eq. 4's read-out: token 0, or the mean of the patch tokens (GAP). With a distillation token read
+        out by its own head (``distill_head``), the mean of the class and distillation tokens (the features
+        timm's DeiT gives)."""
+        if self.dist_token is not None and self.config.distill_head:
+            return (tokens[:, 0] + tokens[:, 1]) / 2
         if self.config.pool == "token":
             return tokens[:, 0]
         return tokens[:, self.config.num_prefix_tokens:].mean(dim=1)
 
-    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Pool the final tokens, apply the pre-logits layer, then (unless ``pre_logits``) the head."""
+    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False):
+        """Pool the final tokens, apply the pre-logits layer, then (unless ``pre_logits``) the head.
+
+        With a distillation token the logits are the mean of the class head (on token 0) and the
+        distillation head (on token 1); in training with ``distilled_training`` set, the pair
+        ``(class logits, distillation logits)`` instead, for a loss on each (DeiT)."""
+        if self.head_dist is not None and not pre_logits:
+            cls, dist = self.head(tokens[:, 0]), self.head_dist(tokens[:, 1])
+            if self.training and self.distilled_training:
+                return cls, dist
+            return (cls + dist) / 2
         feats = self.pre_logits(self.pool(tokens))
         return feats if pre_logits else self.head(feats)
 
@@ -316,9 +341,10 @@ class VisionTransformer(nn.Module):
     def no_weight_decay(self) -> set:
         """Names of parameters the paper's recipes exclude from weight decay."""
         return {n for n, p in self.named_parameters()
-                if p.ndim <= 1 or n.startswith(("cls_token", "pos_embed")) or ".table" in n or n.endswith(".cls")}
+                if p.ndim <= 1 or n.startswith(("cls_token", "dist_token", "pos_embed")) or ".table" in n or n.endswith(".cls")}
 
     def extra_repr(self) -> str:
         c = self.config
         return (f"name={c.name}, img_size={c.img_size}, patch_size={c.patch_size}, width={c.width}, "
-                f"depth={c.depth}, heads={c.num_heads}, posemb={c.posemb}, pool={c.pool}")
+                f"depth={c.depth}, heads={c.num_heads}, posemb={c.posemb}, pool={c.pool}"
+                + (", distill_token=True" if c.distill_token else ""))
