@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import vitkit
 from vitkit.checkpoints import load_weights, read_checkpoint, save_weights
 from vitkit.models.posemb import resize_pos_embed
 
@@ -123,3 +124,29 @@ def test_raw_state_dict_sharded_and_in_memory_names(tmp_path):
         ref = hf(pixel_values=x).logits
         assert rel_err(sharded(x), ref) < 1e-5
         assert rel_err(raw_model(x), ref) < 1e-5
+
+
+@pytest.mark.parametrize("preset", ["hf", "timm-imagenet"])
+def test_written_preprocessor_config_is_what_hf_runs(preset, tmp_path):
+    """The preprocessor_config.json vitkit writes makes HF's AutoImageProcessor compute the checkpoint's
+    own preprocessing (a crop preset becomes DeiTImageProcessor: resize, centre crop; checked on a square
+    photo, where its square resize equals the shorter-side resize), and reading it back gives that preset."""
+    skimage_data = pytest.importorskip("skimage.data")
+    from PIL import Image
+
+    from vitkit.data.preprocess import get_preset
+    model = vitkit.create_model("Ti/16", depth=1, num_classes=3)
+    model.preprocessing = get_preset(preset, 224).to_dict()
+    out = save_weights(model, tmp_path / "f", "hf")
+    processor = transformers.AutoImageProcessor.from_pretrained(out)
+    img = Image.fromarray(skimage_data.chelsea()[:300, 50:350])  # 300 x 300
+    theirs = processor(images=img, return_tensors="pt")["pixel_values"][0]
+    ours = get_preset(preset, 224)(img)
+    assert theirs.shape == ours.shape == (3, 224, 224)
+    print(f"{preset}: max |HF - vitkit| = {(theirs - ours).abs().max():.2e}")
+    assert (theirs - ours).abs().max() < 1e-6
+    back = load_weights(out).preprocessing
+    assert (tuple(back["size"]), back["interpolation"], back["resize_mode"]) == (
+        (224, 224), get_preset(preset).interpolation, get_preset(preset).resize_mode)
+    if preset == "timm-imagenet":
+        assert type(processor).__name__.startswith("DeiTImageProcessor") and back["resize"] == 248

@@ -109,6 +109,40 @@ def test_timm_gap_without_class_token(tmp_path):
         save_weights(model, tmp_path / "gap_tv.pth", "torchvision")
 
 
+def test_distilled_deit_layouts_round_trip_and_refusals(tmp_path):
+    """timm's VisionTransformerDistilled names (dist_token, head_dist, a 2-slot prefix in pos_embed), the
+    vitkit folder, and clear refusals where a layout has no distillation token."""
+    model = tiny(distill_token=True)
+    x = torch.randn(2, 3, IMG, IMG)
+    with torch.no_grad():
+        ref = model(x)
+    save_weights(model, tmp_path / "d.safetensors", "timm", safetensors=True)
+    written = load_file(str(tmp_path / "d.safetensors"))
+    want = dict(timm_keys(), pos_embed=(1, S + 1, D), dist_token=(1, 1, D), **{"head_dist.weight": (C, D),
+                                                                                 "head_dist.bias": (C,)})
+    assert shapes(written) == want
+    for path in (tmp_path / "d.safetensors", save_weights(model, tmp_path / "native", "vitkit")):
+        loaded = load_weights(path, num_heads=HEADS)
+        assert loaded.config.distill_token and loaded.config.distill_head
+        with torch.no_grad():
+            assert torch.equal(loaded(x), ref)
+    # a distilled table without token slots (no_embed_class style): two zero slots are added
+    ck = read_checkpoint(tmp_path / "d.safetensors", num_heads=HEADS)
+    state = dict(written, pos_embed=written["pos_embed"][:, 2:].clone())
+    torch.save(state, tmp_path / "noembed.pth")
+    ck = read_checkpoint(tmp_path / "noembed.pth", num_heads=HEADS)
+    assert ck.state["pos_embed"].shape == (1, S + 1, D) and ck.state["pos_embed"][:, :2].abs().sum() == 0
+    save_weights(ck, tmp_path / "again.pth", "timm")
+    again = torch.load(tmp_path / "again.pth", weights_only=True)
+    assert all(torch.equal(again[k], state[k]) for k in state) and sorted(again) == sorted(state)
+    for fmt, match in (("torchvision", "no distillation token"), ("npz", "no distillation token")):
+        with pytest.raises(ValueError, match=match):
+            save_weights(model, tmp_path / f"x.{fmt}", fmt)
+    one_head = tiny(distill_token=True, distill_head=False)
+    with pytest.raises(ValueError, match="distill_head=False"):
+        save_weights(one_head, tmp_path / "one.pth", "timm")
+
+
 def test_numerics_warning_names_the_difference(tmp_path):
     model = tiny(gelu="tanh")
     with warnings.catch_warnings(record=True) as caught:
@@ -185,6 +219,47 @@ def test_timm_logits_both_ways(tmp_path, kind):
         err_in, err_out = rel_err(ours(x), ref(x)), rel_err(back(x), ref(x))
     print(f"timm {kind}: rel err in {err_in:.2e}, out {err_out:.2e} (timm {timm.__version__})")
     assert err_in < 1e-5 and err_out < 1e-5
+
+
+@pytest.mark.peers
+def test_timm_deit_distilled_logits_both_ways(tmp_path):
+    """timm's VisionTransformerDistilled (DeiT): dist_token, head_dist, logits = mean of the two heads in
+    eval, the pair in distilled training; and back into timm with the same logits."""
+    pytest.importorskip("timm")
+    from timm.models.deit import VisionTransformerDistilled
+    kw = dict(img_size=IMG, patch_size=P, embed_dim=D, depth=DEPTH, num_heads=HEADS, mlp_ratio=M / D, num_classes=C)
+    ref = randomize(VisionTransformerDistilled(**kw))
+    torch.save(ref.state_dict(), tmp_path / "deit.pth")
+    ours = load_weights(tmp_path / "deit.pth", num_heads=HEADS)
+    assert ours.config.distill_token and ours.config.distill_head and ours.config.seq_len == S + 1
+    x = torch.randn(3, 3, IMG, IMG)
+    back = VisionTransformerDistilled(**kw).eval()
+    save_weights(ours, tmp_path / "ours.pth", "timm")
+    back.load_state_dict(torch.load(tmp_path / "ours.pth", weights_only=True), strict=True)
+    with torch.no_grad():
+        err_in, err_out = rel_err(ours(x), ref(x)), rel_err(back(x), ref(x))
+        feats = rel_err(ours.forward_head(ours.forward_features(x), pre_logits=True),
+                        ref.forward_head(ref.forward_features(x), pre_logits=True))
+        ours.train().distilled_training = True  # no dropout in either: train mode only returns the pair
+        ref.train().set_distilled_training(True)
+        pairs = [rel_err(a, b) for a, b in zip(ours(x), ref(x))]
+    print(f"timm DeiT distilled: rel err in {err_in:.2e}, out {err_out:.2e}, features {feats:.2e}, pair {pairs}")
+    assert max(err_in, err_out, feats, *pairs) < 1e-5
+
+
+@pytest.mark.peers
+def test_timm_deit_tiny_distilled_patch16_224_by_name(tmp_path):
+    timm = pytest.importorskip("timm")
+    ref = randomize(timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False), std=0.02)
+    torch.save(ref.state_dict(), tmp_path / "deit.pth")
+    ours = load_weights(tmp_path / "deit.pth")
+    named = vitkit.create_model("deit_tiny_distilled_patch16_224").config
+    assert ours.config.replace(name=None) == named.replace(name=None)  # heads (3) guessed from the width
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        err = rel_err(ours(x), ref(x))
+    print(f"timm deit_tiny_distilled_patch16_224: rel err {err:.2e}")
+    assert err < 1e-5
 
 
 @pytest.mark.peers

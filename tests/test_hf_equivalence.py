@@ -86,3 +86,56 @@ def test_image_classification_logits(tmp_path):
     x = torch.randn(3, 3, 48, 48)
     with torch.no_grad():
         assert_rel_close(ours(x), hf(pixel_values=x).logits)
+
+
+def deit_config(**kw):
+    base = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                image_size=32, patch_size=8, num_channels=3, hidden_act="gelu", layer_norm_eps=1e-12, num_labels=5)
+    base.update(kw)
+    cfg = transformers.DeiTConfig(**base)
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+@pytest.mark.parametrize("kind", ["teacher", "classifier", "model"])
+def test_deit_logits_and_features_both_ways(kind, tmp_path):
+    """HF's DeiT: with teacher (two heads, logits averaged), DeiTForImageClassification (the class token's
+    head only, the distillation token still in the sequence) and DeiTModel; read from a saved folder and
+    written back as a folder HF loads with the same outputs."""
+    from vitkit.checkpoints import load_weights, save_weights
+    torch.manual_seed(2)
+    cfg = deit_config()
+    cls = {"teacher": transformers.DeiTForImageClassificationWithTeacher,
+           "classifier": transformers.DeiTForImageClassification, "model": transformers.DeiTModel}[kind]
+    hf = cls(cfg).eval()
+    for p in hf.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    hf.save_pretrained(tmp_path / "hf")
+    ours = load_weights(tmp_path / "hf")
+    c = ours.config
+    assert c.distill_token and c.seq_len == 2 + 16 and c.distill_head == (kind == "teacher")
+    assert c.num_classes == (0 if kind == "model" else 5)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ref = hf(pixel_values=x)
+        if kind == "model":
+            assert_rel_close(ours.forward_features(x), ref.last_hidden_state)
+            assert_rel_close(ours(x), ref.last_hidden_state[:, 0])  # the class token's features
+        else:
+            assert_rel_close(ours(x), ref.logits)
+        if kind == "teacher":
+            ours.train().distilled_training = True
+            cls_logits, dist_logits = ours(x)
+            assert_rel_close(cls_logits, ref.cls_logits)
+            assert_rel_close(dist_logits, ref.distillation_logits)
+            ours.eval()
+    out = save_weights(ours, tmp_path / "back", "hf")
+    saved = __import__("json").loads((out / "config.json").read_text())
+    assert saved["model_type"] == "deit" and saved["architectures"] == [cls.__name__]
+    back = cls.from_pretrained(out).eval()
+    with torch.no_grad():
+        new = back(pixel_values=x)
+    if kind == "model":
+        assert_rel_close(new.last_hidden_state, ref.last_hidden_state)
+    else:
+        assert_rel_close(new.logits, ref.logits)

@@ -35,7 +35,8 @@ class Checkpoint:
         return (f"{self.format} checkpoint{' ' + self.layout.get('flavour') if self.layout.get('flavour') else ''}: "
                 f"width {c.width}, depth {c.depth}, heads {c.num_heads}, patch {c.patch_size[0]}, "
                 f"{c.img_size[0]}x{c.img_size[1]} px, {c.num_classes} classes"
-                f"{', pre-logits ' + str(c.representation_size) if c.representation_size else ''}")
+                f"{', pre-logits ' + str(c.representation_size) if c.representation_size else ''}"
+                f"{', distillation token' if c.distill_token else ''}")
 
 
 def guess_num_heads(width: int) -> int:
@@ -53,30 +54,37 @@ def square_grid(n: int) -> Optional[int]:
     return side if side * side == n and n > 0 else None
 
 
+PREFIX_KEYS = ("cls_token", "dist_token")  # the tokens before the patches, in order
+
+
 def add_class_slot(state: Dict[str, Tensor]) -> bool:
-    """If the position table has no slot for the class token (big_vision, timm no_embed_class), add a zero
-    one: the class token then gets no position, exactly as in the source. Returns whether it was added."""
-    pe, cls = state.get("pos_embed"), state.get("cls_token")
-    if pe is None or cls is None:
+    """If the position table has no slot for the class (and distillation) token (big_vision, timm
+    no_embed_class), add zero ones: the tokens then get no position, exactly as in the source. Returns
+    whether slots were added."""
+    pe = state.get("pos_embed")
+    prefix = sum(k in state for k in PREFIX_KEYS)
+    if pe is None or "cls_token" not in state:
         return False
     n = pe.shape[-2]
-    if square_grid(n) and not square_grid(n - 1):
-        state["pos_embed"] = torch.cat([pe.new_zeros(pe.shape[0], 1, pe.shape[-1]), pe], dim=1)
+    if square_grid(n) and not square_grid(n - prefix):
+        state["pos_embed"] = torch.cat([pe.new_zeros(pe.shape[0], prefix, pe.shape[-1]), pe], dim=1)
         return True
     return False
 
 
 def drop_class_slot(state: Dict[str, Tensor]) -> Dict[str, Tensor]:
-    """The inverse of :func:`add_class_slot` for writing: the slot's value is folded into the class token
-    (the sum is what the model adds), so the function computed is unchanged."""
+    """The inverse of :func:`add_class_slot` for writing: each slot's value is folded into its token (the
+    sum is what the model adds), so the function computed is unchanged."""
     out = dict(state)
     pe = out.get("pos_embed")
     if pe is None or out.get("cls_token") is None:
         return out
-    slot = pe[:, :1]
-    if bool(slot.any()):
-        out["cls_token"] = out["cls_token"] + slot
-    out["pos_embed"] = pe[:, 1:].contiguous()
+    keys = [k for k in PREFIX_KEYS if k in out]
+    for j, key in enumerate(keys):
+        slot = pe[:, j:j + 1]
+        if bool(slot.any()):
+            out[key] = out[key] + slot
+    out["pos_embed"] = pe[:, len(keys):].contiguous()
     return out
 
 
@@ -98,11 +106,14 @@ def infer_config(state: Dict[str, Tensor], *, num_heads: Optional[int] = None, i
     if depth == 0:
         raise ValueError("no encoder blocks in the weights: not a ViT checkpoint")
     class_token = "cls_token" in state
-    prefix = 1 if class_token else 0
+    distill_token = "dist_token" in state  # DeiT's distillation token (timm / HF distilled models)
+    prefix = int(class_token) + int(distill_token)
     fields: Dict[str, Any] = dict(
         width=width, in_chans=in_chans, patch_size=(ph, pw), depth=depth,
         mlp_dim=int(state["blocks.0.mlp.fc1.weight"].shape[0]),
-        num_heads=num_heads or guess_num_heads(width), class_token=class_token,
+        num_heads=num_heads or guess_num_heads(width), class_token=class_token, distill_token=distill_token,
+        # a distilled model with a class head but no distillation head reads out the class token only
+        distill_head=not distill_token or "head_dist.weight" in state or "head.weight" not in state,
         pool="token" if class_token else "gap",
         qkv_bias="blocks.0.attn.qkv.bias" in state)
     from .formats.hybrid import backbone_fields
@@ -116,7 +127,7 @@ def infer_config(state: Dict[str, Tensor], *, num_heads: Optional[int] = None, i
         side = square_grid(pe.shape[-2] - prefix)
         if side is None:
             raise ValueError(
-                f"the position table has {pe.shape[-2]} slots, not a square grid plus {prefix} class slot: "
+                f"the position table has {pe.shape[-2]} slots, not a square grid plus {prefix} token slot(s): "
                 f"pass img_size=(height, width) of the checkpoint")
         fields["img_size"] = (side * ph * stride, side * pw * stride)
     if pe is None:

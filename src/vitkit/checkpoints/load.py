@@ -86,6 +86,9 @@ def _read_hf_weights(p: Path) -> Dict[str, Any]:
 
 
 def _hf_preprocessing(pre: Dict[str, Any], ckpt: Checkpoint) -> Optional[Dict[str, Any]]:
+    """The preset a ``preprocessor_config.json`` describes: ViTImageProcessor squashes to ``size``;
+    DeiTImageProcessor (``do_center_crop``) resizes to ``size`` then crops ``crop_size``, taken here as
+    shorter side to ``size`` + centre crop (the same on square images)."""
     from ..data.preprocess import get_preset
     size = pre.get("size") or {}
     h = size.get("height") or size.get("shortest_edge")
@@ -93,8 +96,16 @@ def _hf_preprocessing(pre: Dict[str, Any], ckpt: Checkpoint) -> Optional[Dict[st
     if not h:
         return None
     base = get_preset("hf", (int(h), int(w)))
-    return dataclasses.replace(base, mean=tuple(pre.get("image_mean", base.mean)),
-                               std=tuple(pre.get("image_std", base.std))).to_dict()
+    crop = pre.get("crop_size") if pre.get("do_center_crop") else None
+    extra: Dict[str, Any] = {}
+    if isinstance(crop, dict) and crop.get("height"):
+        ch, cw = int(crop["height"]), int(crop.get("width") or crop["height"])
+        extra = dict(name="hf-crop", size=(ch, cw), resize=int(min(h, w)), resize_mode="shorter",
+                     description=f"Hugging Face DeiTImageProcessor: resize to {h}, centre crop {ch}x{cw}",
+                     crop_pct=None)
+    interp = FORMATS["hf"].RESAMPLE.get(pre.get("resample"), base.interpolation)
+    return dataclasses.replace(base, mean=tuple(pre.get("image_mean", base.mean)), interpolation=interp,
+                               std=tuple(pre.get("image_std", base.std)), **extra).to_dict()
 
 
 def _read_file(p: Path, num_heads: Optional[int]) -> Checkpoint:

@@ -7,6 +7,13 @@ which ``save_pretrained`` still writes; transformers 5's in-memory names
 tanh on token 0) is the paper's pre-logits layer. The config carries width,
 depth, heads, LayerNorm epsilon (1e-12 in HF configs), GELU flavour, image
 and patch size and the labels.
+
+DeiT (``model_type: deit``) is the same backbone under ``deit.`` with a
+distillation token: ``DeiTForImageClassificationWithTeacher`` (``cls_classifier``
++ ``distillation_classifier``, logits averaged) becomes a model with
+``distill_token=True``; ``DeiTForImageClassification`` (one ``classifier`` on the
+class token) and ``DeiTModel`` keep the token but read out the class token only
+(``distill_head=False``). DeiTModel's pooler is not part of DeiT and is dropped.
 """
 from __future__ import annotations
 
@@ -40,6 +47,14 @@ RULES: List[Rule] = [
     *linear("pre_logits.fc", "pooler.dense", optional=True),
     *linear("head", "classifier", optional=True),
 ]
+# DeiT: the backbone's rules (its pooler aside) plus the distillation token and the two-head classifier
+_BACKBONE = [r for r in RULES if not r.ours.startswith(("pre_logits.", "head."))]
+DEIT_RULES: List[Rule] = _BACKBONE + [rule("dist_token", "embeddings.distillation_token"),
+                                      *linear("head", "classifier", optional=True)]
+DEIT_TEACHER_RULES: List[Rule] = _BACKBONE + [rule("dist_token", "embeddings.distillation_token"),
+                                              *linear("head", "cls_classifier"),
+                                              *linear("head_dist", "distillation_classifier")]
+RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}  # PIL's codes in preprocessor_config.json
 ACTS = {"gelu": "exact", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh"}
 GENERIC_LABEL = re.compile(r"^LABEL_\d+$")
 
@@ -49,22 +64,39 @@ def rules(layout: Optional[Dict[str, Any]] = None) -> List[Rule]:
 
 
 def strip_prefix(tensors: Dict[str, Any]) -> Dict[str, Any]:
-    """ViTForImageClassification keeps the backbone under ``vit.`` and the classifier at the top."""
-    return {k[4:] if k.startswith("vit.") else k: v for k, v in tensors.items()}
+    """ViTForImageClassification keeps the backbone under ``vit.`` (DeiT's under ``deit.``) and the
+    classifier at the top."""
+    return {(k.split(".", 1)[1] if k.startswith(("vit.", "deit.")) else k): v for k, v in tensors.items()}
+
+
+def _is_deit(tensors: Dict[str, Any], config: Optional[Dict[str, Any]]) -> bool:
+    return "embeddings.distillation_token" in tensors or bool(config and config.get("model_type") == "deit")
 
 
 def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, num_heads: Optional[int] = None,
          source: str = "") -> Checkpoint:
     tensors = strip_prefix(tensors)
     depth = max(count_blocks(tensors, E + "layernorm_before.weight"), count_blocks(tensors, N + "layernorm_before.weight"))
-    mapped = to_vitkit(tensors, RULES, depth, Context(1, 1))
+    notes = []
+    deit = _is_deit(tensors, config)
+    table = RULES
+    if deit:
+        teacher = "cls_classifier.weight" in tensors or "distillation_classifier.weight" in tensors
+        table = DEIT_TEACHER_RULES if teacher else DEIT_RULES
+        pooler = [k for k in tensors if k.startswith("pooler.")]
+        if pooler:  # DeiTModel's default pooler: not part of DeiT's classifiers
+            tensors = {k: v for k, v in tensors.items() if k not in pooler}
+            notes.append("DeiTModel's pooler (dense + tanh on the class token) is not part of DeiT: dropped")
+    mapped = to_vitkit(tensors, table, depth, Context(1, 1))
     check(mapped, source, NAME)
     fixed: Dict[str, Any] = {"ln_eps": 1e-12, "gelu": "exact"}
+    if deit:
+        fixed["distill_head"] = "head_dist.weight" in mapped.state
     labels = None
-    notes = []
     if config:
-        if config.get("model_type", "vit") != "vit":
-            raise ValueError(f"{source}: config.json is for model_type={config.get('model_type')!r}, not 'vit'")
+        if config.get("model_type", "vit") not in ("vit", "deit"):
+            raise ValueError(f"{source}: config.json is for model_type={config.get('model_type')!r}, "
+                             f"not 'vit' or 'deit'")
         act = config.get("hidden_act", "gelu")
         if act not in ACTS:
             raise ValueError(f"{source}: hidden_act={act!r} is not a GELU; vitkit's ViT supports {sorted(ACTS)}")
@@ -84,8 +116,9 @@ def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, nu
         raise ValueError(f"{source}: config.json says patch_size={config['patch_size']} but the weights have "
                          f"{cfg.patch_size[0]}: the folder mixes two models")
     return Checkpoint(mapped.state, cfg, NAME, labels=labels, preprocessing=preprocessing(cfg),
-                      layout={"flavour": "hf", "model_class": "classification" if "head.weight" in mapped.state
-                              else "model"}, source=source, notes=notes)
+                      layout={"flavour": "hf", "model_type": "deit" if deit else "vit",
+                              "model_class": "classification" if "head.weight" in mapped.state else "model"},
+                      source=source, notes=notes)
 
 
 def labels_from_config(config: Dict[str, Any], state) -> Optional[List[str]]:
@@ -110,6 +143,7 @@ def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
         problems.append("a class token read-out")
     if cfg.posemb != "learn" or cfg.posemb_where != "input":
         problems.append("learned 1D position embeddings at the input")
+    deit = cfg.distill_token
     if cfg.representation_size and cfg.num_classes:
         problems.append("no pre-logits layer under a classifier (HF's pooler is only in ViTModel, which has no "
                         "classifier); drop it with representation_size=None or num_classes=0")
@@ -122,14 +156,24 @@ def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
     if problems:
         raise ValueError(f"Hugging Face's ViT needs {'; '.join(problems)}: this model cannot be written as an "
                          f"HF folder")
-    mapped = from_vitkit(ckpt.state, RULES, cfg.depth, Context(cfg.width, cfg.num_heads))
     classify = cfg.num_classes > 0
-    state = {(k if k.startswith("classifier") or not classify else "vit." + k): v for k, v in mapped.state.items()}
+    if deit:  # DeiTForImageClassificationWithTeacher (two heads), DeiTForImageClassification or DeiTModel
+        table = DEIT_TEACHER_RULES if cfg.distill_head and classify else DEIT_RULES
+        arch = ("DeiTForImageClassificationWithTeacher" if cfg.distill_head else "DeiTForImageClassification"
+                ) if classify else "DeiTModel"
+        top = ("classifier", "cls_classifier", "distillation_classifier")
+    else:
+        table, arch, top = RULES, "ViTForImageClassification" if classify else "ViTModel", ("classifier",)
+    mapped = from_vitkit(ckpt.state, table, cfg.depth, Context(cfg.width, cfg.num_heads))
+    if mapped.unused:
+        raise ValueError(f"Hugging Face's {arch} has no place for {mapped.unused}")
+    prefix = "deit." if deit else "vit."
+    state = {(k if k.startswith(top) or not classify else prefix + k): v for k, v in mapped.state.items()}
     folder = Path(dst)
     folder.mkdir(parents=True, exist_ok=True)
     labels = ckpt.labels or [f"LABEL_{i}" for i in range(cfg.num_classes)]
     config = {
-        "architectures": ["ViTForImageClassification" if classify else "ViTModel"], "model_type": "vit",
+        "architectures": [arch], "model_type": "deit" if deit else "vit",
         "hidden_size": cfg.width, "num_hidden_layers": cfg.depth, "num_attention_heads": cfg.num_heads,
         "intermediate_size": cfg.mlp_dim, "hidden_act": "gelu" if cfg.gelu == "exact" else "gelu_pytorch_tanh",
         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "initializer_range": 0.02,
@@ -144,8 +188,14 @@ def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
     write_json_atomic(folder / "config.json", config)
     from ...data.preprocess import get_preset
     pre = get_preset(ckpt.preprocessing) if ckpt.preprocessing else get_preset("hf", cfg.img_size)
+    resample = {name: code for code, name in RESAMPLE.items()}[pre.interpolation]
+    processor = {"image_processor_type": "ViTImageProcessor", "do_resize": True,
+                 "size": {"height": pre.size[0], "width": pre.size[1]}}
+    if pre.resize_mode == "shorter":  # resize + centre crop: DeiTImageProcessor's pipeline
+        processor = {"image_processor_type": "DeiTImageProcessor", "do_resize": True,
+                     "size": {"height": pre.resize, "width": pre.resize}, "do_center_crop": True,
+                     "crop_size": {"height": pre.size[0], "width": pre.size[1]}}
     write_json_atomic(folder / "preprocessor_config.json", {
-        "image_processor_type": "ViTImageProcessor", "do_resize": True,
-        "size": {"height": pre.size[0], "width": pre.size[1]}, "resample": 2, "do_rescale": True,
-        "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(pre.mean), "image_std": list(pre.std)})
+        **processor, "resample": resample, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+        "image_mean": list(pre.mean), "image_std": list(pre.std)})
     return folder

@@ -127,6 +127,8 @@ def write(ckpt: Checkpoint, dst: Path, *, flavour: Optional[str] = None, prefix:
     if cfg.posemb not in ("learn", "none") or cfg.posemb_where != "input":
         raise ValueError(f"the .npz layouts hold a learned 1D position table at the input; this model has "
                          f"posemb={cfg.posemb}, posemb_where={cfg.posemb_where}: use --to vitkit")
+    if cfg.distill_token:
+        raise ValueError("the .npz layouts have no distillation token (DeiT): write this model as vitkit, timm or hf")
     layout = layout_for(ckpt, NAME)
     if flavour:
         if flavour not in FLAVOURS:

@@ -5,8 +5,10 @@ timm files also carry ``pre_logits.fc``. timm uses LayerNorm eps 1e-6 and
 exact GELU; heads are not stored (the standard size for the width is assumed).
 Files written with ``no_embed_class=True`` (no class slot in ``pos_embed``)
 are read too. A GAP model corresponds to timm's ``global_pool='avg',
-fc_norm=False`` (final norm, then the mean of the patch tokens). Layer scale, register tokens, ``fc_norm`` and other timm
-extensions are not the paper's model and are reported as unrecognised.
+fc_norm=False`` (final norm, then the mean of the patch tokens). DeiT's distilled models
+(``VisionTransformerDistilled``: ``dist_token``, ``head_dist``) are read and written. Layer scale,
+register tokens, ``fc_norm`` and other timm extensions are not the paper's model and are reported as
+unrecognised.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ B = "blocks.{i}."
 RULES: List[Rule] = [
     *linear("patch_embed.proj", "patch_embed.proj"),
     rule("cls_token", "cls_token", optional=True),
+    rule("dist_token", "dist_token", optional=True),  # VisionTransformerDistilled (DeiT)
     rule("pos_embed", "pos_embed", optional=True),
     *linear("blocks.{i}.norm1", B + "norm1"),
     rule("blocks.{i}.attn.qkv.weight", B + "attn.qkv.weight"),
@@ -35,6 +38,7 @@ RULES: List[Rule] = [
     *linear("norm", "norm"),
     *linear("pre_logits.fc", "pre_logits.fc", optional=True),
     *linear("head", "head", optional=True),
+    *linear("head_dist", "head_dist", optional=True),
 ]
 DEPTH_KEY = B + "norm1.weight"
 
@@ -60,6 +64,10 @@ def write(ckpt: Checkpoint, dst: Path, *, safetensors: bool = False) -> Path:
     if cfg.posemb not in ("learn", "none") or cfg.posemb_where != "input":
         raise ValueError(f"timm's VisionTransformer has learned 1D position embeddings at the input; this model "
                          f"has posemb={cfg.posemb}, posemb_where={cfg.posemb_where}: use --to vitkit")
+    if cfg.distill_token and not cfg.distill_head and cfg.num_classes:
+        raise ValueError("timm's distilled DeiT reads out both tokens (head and head_dist); this model reads out "
+                         "the class token only (distill_head=False, e.g. from HF's DeiTForImageClassification): "
+                         "use --to vitkit or hf")
     warn_numerics(cfg, "timm", ln_eps=1e-6, gelu="exact")
     state = ckpt.state
     if layout_for(ckpt, NAME).get("posemb_class_slot") is False:

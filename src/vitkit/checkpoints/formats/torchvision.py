@@ -76,6 +76,8 @@ def _require(cfg) -> None:
         hard.append("square images and patches")
     if cfg.backbone:
         hard.append("no hybrid ResNet backbone (torchvision has no ResNet+ViT; write hybrids as vitkit, npz or timm)")
+    if cfg.distill_token:
+        hard.append("no distillation token (DeiT; write it as vitkit, timm or hf)")
     if hard:
         raise ValueError(f"torchvision's VisionTransformer needs {'; '.join(hard)}: this model cannot be "
                          f"written in its layout (use --to vitkit, or hf / timm where they fit)")
