@@ -86,3 +86,35 @@ def test_teacher_checks(tmp_path):
         with pytest.raises(ValueError, match="distill"):
             load_recipe("fmnist-fast", bad)
     assert math.isclose(load_recipe("fmnist-fast").distill.alpha, 0.5) and load_recipe("deit").distill.teacher is None
+
+
+def test_a_distillation_token_student_learns_the_teacher_on_its_own_head():
+    """DeiT's distillation token: the class head takes the label term, the distillation head the teacher
+    term; in eval the model predicts with the mean of the two heads."""
+    torch.manual_seed(3)
+    student = _vit(class_token=True, pool="token", distill_token=True)
+    teacher = _vit()
+    torch.nn.init.normal_(teacher.head.weight, std=0.5)
+    for head in (student.head, student.head_dist):  # non-zero heads, so the two terms differ
+        torch.nn.init.normal_(head.weight, std=0.3)
+    opt = torch.optim.SGD(student.parameters(), lr=0.0)
+    step = DistillStep(student, opt, teacher=teacher, kind="soft", alpha=0.3, tau=2.0)
+    assert student.distilled_training
+    x, y = torch.randn(6, 1, 16, 16), torch.randint(0, 4, (6,))
+    with torch.no_grad():
+        cls_logits, dist_logits = student.train()(x)
+        t = teacher(x)
+        expected = 0.7 * F.cross_entropy(cls_logits, y) + 0.3 * distillation_loss(dist_logits, y, t, kind="soft",
+                                                                                   alpha=1.0, tau=2.0)
+        both = distillation_loss(cls_logits, y, t, kind="soft", alpha=0.3, tau=2.0)  # one head takes both terms
+        assert not torch.allclose(expected, both)
+        mean_right = (((cls_logits + dist_logits) / 2).argmax(1) == y).sum()
+    stats = step(x, y)
+    assert torch.allclose(stats["loss"], expected, atol=1e-6)
+    assert torch.isclose(stats["acc"], mean_right / 6)
+    # the loss reaches both heads: the class head through the labels, the distillation head through the teacher
+    student.zero_grad()
+    step.loss(x, y)[0].backward()
+    assert student.head.weight.grad.abs().sum() > 0 and student.head_dist.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        assert torch.allclose(student.eval()(x), (cls_logits + dist_logits) / 2, atol=1e-6)

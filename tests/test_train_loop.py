@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from _synthetic import write_npz, write_recipe
-from vitkit.checkpoints import save_model
+from vitkit.checkpoints import load_weights, save_model
 from vitkit.models import VisionTransformer
 from vitkit.train import Trainer, TrainingDiverged, load_recipe
 
@@ -210,6 +210,18 @@ def test_distillation_teaches_the_student_what_the_teacher_predicts(task, full_r
     assert abs(accs["trained"]["teacher_test_top1"] - expected) < 1e-9  # the teacher, in its preprocessing
     assert accs["trained"]["test_top1"] > 0.8 and accs["trained"]["teacher"] == str(teacher)  # (0.97 here)
     assert accs["untrained"]["teacher_test_top1"] < 0.4 and accs["untrained"]["test_top1"] < 0.5  # chance: 0.25
+    # DeiT's distillation token, alpha 1: the teacher term goes to the distillation head alone, so the class
+    # head stays at its zero init and the student predicts through the distillation token (class-token
+    # read-outs need a lower lr and more steps than GAP on this task)
+    recipe = load_recipe(recipe_file, {"distill.teacher": str(teacher), "distill.alpha": 1.0, "optim.lr": 2e-3,
+                                       "schedule.epochs": 12, "train.eval_every": 0, "train.ckpt_every": 0,
+                                       "train.ema": 0.0, "augment.crop": "none", "augment.erasing": 0.0,
+                                       "model.class_token": True, "model.pool": "token", "model.distill_token": True})
+    res = Trainer(recipe, tmp_path / "token", progress=False).fit()
+    student = load_weights(tmp_path / "token" / "model")
+    assert student.config.distill_token and not student.distilled_training
+    assert student.head.weight.abs().sum() == 0 and student.head_dist.weight.abs().sum() > 0
+    assert res["test_top1"] > 0.85, res["test_top1"]
 
 
 def test_time_budget_compresses_the_schedule_and_ends_the_run(task, tmp_path):

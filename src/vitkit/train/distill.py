@@ -9,8 +9,12 @@ student is trained on
 with the teacher term ``hard``: cross-entropy against the teacher's arg-max class (DeiT's hard-label
 distillation, its best variant), or ``soft``: tau^2 * KL(teacher || student) of the temperature-tau
 distributions. The teacher sees the same augmented batch as the student (DeiT's choice), converted to
-its own preprocessing (mean / std, resolution), in eval mode and without gradients. The student keeps
-one head (DeiT's "usual distillation"; its extra distillation token is not part of vitkit's models).
+its own preprocessing (mean / std, resolution), in eval mode and without gradients.
+
+A student with one head learns both terms on its class token (DeiT's "usual distillation"). A student
+built with ``distill_token=True`` (DeiT's distillation token, ``model.distill_token`` in the recipe)
+learns the label term on its class head and the teacher term on its distillation head; it predicts
+with the mean of the two heads, as DeiT's distilled models do.
 """
 from __future__ import annotations
 
@@ -59,28 +63,46 @@ class DistillStep(TrainStep):
         self.teacher = teacher.eval().requires_grad_(False)
         self.teacher_input = teacher_input or (lambda x: x)
         self.kind, self.alpha, self.tau = kind, float(alpha), float(tau)
+        core = unwrap(model)
+        if getattr(core, "head_dist", None) is not None:  # a distillation token: train both heads apart
+            core.distilled_training = True
 
     def loss(self, x: torch.Tensor, t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad(), self.autocast():
             teacher_logits = self.teacher(self.teacher_input(x)).float()
         with self.autocast():
-            logits = self.model(x)
+            out = self.model(x)
+        logits, dist_logits = out if isinstance(out, tuple) else (out, None)
         loss = distillation_loss(logits, t, teacher_logits, kind=self.kind, alpha=self.alpha, tau=self.tau,
-                                 label_smoothing=self.label_smoothing)
+                                 label_smoothing=self.label_smoothing, dist_logits=dist_logits)
+        if dist_logits is not None:  # predictions as at test time: the mean of the two heads
+            logits = (logits + dist_logits) / 2
         hard = t if t.ndim == 1 else t.argmax(1)
         return loss, (logits.detach().argmax(1) == hard).sum()
 
 
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside DDP (``.module``) and torch.compile (``._orig_mod``) wrappers."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
 def distillation_loss(logits: torch.Tensor, targets: torch.Tensor, teacher_logits: torch.Tensor, *,
-                      kind: str = "hard", alpha: float = 0.5, tau: float = 1.0,
-                      label_smoothing: float = 0.0) -> torch.Tensor:
+                      kind: str = "hard", alpha: float = 0.5, tau: float = 1.0, label_smoothing: float = 0.0,
+                      dist_logits: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(1 - alpha) * CE(logits, targets) + alpha * (CE against the teacher's arg-max | tau^2 * KL(teacher ||
-    student) at temperature tau). ``targets``: labels [B] or soft targets [B, K] (Mixup / CutMix)."""
+    student) at temperature tau). ``targets``: labels [B] or soft targets [B, K] (Mixup / CutMix).
+    ``dist_logits``: a distillation head's logits, which then take the teacher term (DeiT's distillation
+    token); otherwise ``logits`` take both."""
     logits = logits.float()
+    student = logits if dist_logits is None else dist_logits.float()
     if kind == "hard":
-        teacher_term = F.cross_entropy(logits, teacher_logits.argmax(1))
+        teacher_term = F.cross_entropy(student, teacher_logits.argmax(1))
     elif kind == "soft":
-        teacher_term = F.kl_div(F.log_softmax(logits / tau, 1), F.log_softmax(teacher_logits.float() / tau, 1),
+        teacher_term = F.kl_div(F.log_softmax(student / tau, 1), F.log_softmax(teacher_logits.float() / tau, 1),
                                 reduction="batchmean", log_target=True) * (tau * tau)
     else:
         raise ValueError(f"distillation kind {kind!r}: use {' or '.join(KINDS)}")
