@@ -319,6 +319,8 @@ def test_peers_without_patch_dropout_are_refused_not_mismatched(tiny_cfg):
     assert "patch dropout" in _problems("hf", cfg) and "patch dropout" in _problems("torchvision", cfg)
     assert "patch dropout" not in _problems("timm", cfg)  # timm has patch_drop_rate: built with it
     assert "patch dropout" not in _problems("hf", tiny_cfg)
+    deit = tiny_cfg.replace(distill_token=True)  # the peers' plain ViTs have no distillation token
+    assert all("a distillation token" in _problems(lib, deit) for lib in ("timm", "hf", "torchvision"))
 
 
 def test_cpu_kernel_benchmark_runs_and_reports_every_shape():

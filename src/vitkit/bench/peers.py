@@ -76,6 +76,8 @@ def _common_problems(cfg) -> List[str]:
     out = []
     if getattr(cfg, "backbone", None):
         out.append("a hybrid ResNet backbone")
+    if getattr(cfg, "distill_token", False):
+        out.append("a distillation token")
     if cfg.posemb not in ("learn", "none") or cfg.posemb_where != "input":
         out.append(f"posemb={cfg.posemb}/{cfg.posemb_where}")
     return out
