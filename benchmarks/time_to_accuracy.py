@@ -52,7 +52,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     res = train(recipe, out, resume=args.resume, progress=sys.stderr.isatty())
     wall = time.perf_counter() - t0
-    rows = [r for r in read_metrics(out) if r.get("kind") == "eval"]
+    # one point per step: a finished run resumed with --resume is evaluated again, and the later row wins
+    rows = list({r["step"]: r for r in read_metrics(out) if r.get("kind") == "eval"}.values())
     curve = []
     for r in rows:
         best = max(r.get("top1") or 0.0, r.get("top1_ema") or 0.0)
@@ -60,8 +61,9 @@ def main(argv=None) -> int:
                       "top1": r.get("top1"), "top1_ema": r.get("top1_ema"), "best": best})
     reached = next((c for c in curve if c["best"] >= args.target), None)
     final = res.get("test_top1_exported", res.get("test_top1"))
+    stem = args.name or recipe.name
     summary = {
-        "recipe": recipe.name, "target": args.target, "budget_min": args.budget_min,
+        "name": stem, "recipe": recipe.name, "target": args.target, "budget_min": args.budget_min,
         "final_top1": final, "final_top1_raw": res.get("test_top1"), "final_top1_ema": res.get("test_top1_ema"),
         # training time of the whole run, resumed parts included (evaluations and checkpoints excluded)
         "train_s": res.get("trained_s", res.get("train_s_excluding_eval")), "wall_s_total": round(wall, 1),
@@ -74,7 +76,6 @@ def main(argv=None) -> int:
         "command": "python benchmarks/time_to_accuracy.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
     FIGURES.mkdir(parents=True, exist_ok=True)
-    stem = args.name or recipe.name
     (FIGURES / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
     _plot(summary, FIGURES / f"{stem}.png")
     shutil.copy(out / "curves.png", FIGURES / f"{stem}-curves.png")
@@ -99,7 +100,7 @@ def _plot(summary, path: Path) -> None:
     ax.axhline(100 * summary["target"], color="gray", lw=0.8, ls=":", label=f"target {100 * summary['target']:.0f}%")
     ax.axvline(summary["budget_min"], color="red", lw=0.8, ls=":", label=f"{summary['budget_min']:.0f} min")
     ax.set(xlabel="training time (min, evaluations excluded)", ylabel="Fashion-MNIST test top-1 (%)",
-           title=f"{summary['recipe']}: {100 * summary['final_top1']:.2f}% ({summary['machine']['cpus']} CPU cores)")
+           title=f"{summary.get('name', summary['recipe'])}: {100 * summary['final_top1']:.2f}% ({summary['machine']['cpus']} CPU cores)")
     lo = min([100 * p["best"] for p in c] + [100 * summary["target"]]) - 2
     ax.set_ylim(max(lo, 50), 100)
     ax.grid(alpha=0.3)

@@ -97,6 +97,10 @@ def test_killed_run_resumes_to_identical_weights(task, full_run):
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()
              if json.loads(x)["kind"] == "train"]
     assert steps == list(range(4, 97, 4))
+    # evaluations carry the run's training time, resumed parts included: it never restarts
+    evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
+    times = [r["train_time"] for r in evals]
+    assert len(evals) >= 6 and times == sorted(times) and times[-1] == pytest.approx(rb["trained_s"], abs=0.1)
 
 
 def test_resume_and_overwrite_guards(task, full_run, tmp_path):

@@ -381,8 +381,9 @@ class Trainer:
                            workers=self.recipe.data.workers)
             for k in ("top1", "top5", "loss"):
                 rec[k + suffix] = res[k]
-        rec["time"] = round(start - self._t0, 2)  # wall time of the run when evaluated
-        rec["train_time"] = round(start - self._t0 - self._eval_time, 2)  # the same, without evaluations
+        rec["time"] = round(start - self._t0, 2)  # wall time of this process (restarts on --resume)
+        # training time of the whole run (evaluations and checkpoints excluded; resumed parts included)
+        rec["train_time"] = round(self.trained_s, 2)
         self._eval_time += time.perf_counter() - start
         self.log.write(rec)
         return rec
@@ -431,7 +432,7 @@ class Trainer:
         final = self.test_data if self.test_data is not None else self.periodic
         rec = {"kind": "eval", "split": "test" if self.test_data is not None else "val", "step": self.step,
                "epoch": results["epochs"], "final": True, "time": round(wall, 2),
-               "train_time": round(wall - getattr(self, "_eval_time", 0.0), 2)}
+               "train_time": round(self.trained_s, 2)}
         results["train_s_excluding_eval"] = rec["train_time"]
         probs = None
         for suffix, model in self._eval_models():
