@@ -131,7 +131,8 @@ class ViTConfig:
             raise ConfigError("pool='token' reads out the class token: set class_token=True or pool='gap'")
         if self.distill_token:
             problems = [what for what, bad in (
-                ("a class token read-out (class_token=True, pool='token')", not self.class_token or self.pool != "token"),
+                ("a class token read-out (class_token=True, pool='token')",
+                 not self.class_token or self.pool != "token"),
                 ("no pre-logits layer (representation_size=None)", self.representation_size is not None),
                 ("no relative position bias (posemb other than 'relative')", self.posemb == "relative")) if bad]
             if problems:

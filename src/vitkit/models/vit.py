@@ -341,7 +341,8 @@ class VisionTransformer(nn.Module):
     def no_weight_decay(self) -> set:
         """Names of parameters the paper's recipes exclude from weight decay."""
         return {n for n, p in self.named_parameters()
-                if p.ndim <= 1 or n.startswith(("cls_token", "dist_token", "pos_embed")) or ".table" in n or n.endswith(".cls")}
+                if p.ndim <= 1 or n.startswith(("cls_token", "dist_token", "pos_embed")) or ".table" in n
+                or n.endswith(".cls")}
 
     def extra_repr(self) -> str:
         c = self.config
