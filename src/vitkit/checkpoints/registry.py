@@ -102,6 +102,17 @@ KNOWN: Dict[str, KnownCheckpoint] = {k.name: k for k in (
                     "vit_base_patch16_224.augreg2_in21k_ft_in1k.safetensors",
                     HF + "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k/resolve/main/model.safetensors",
                     "B/16", 224, "timm", "imagenet1k", 1000, reference="timm (save model.safetensors under this name)"),
+    # DeiT's distilled models (Touvron et al. 2021): a distillation token and a second head, ImageNet-1k only
+    KnownCheckpoint("timm/deit_tiny_distilled_patch16_224.fb_in1k", "timm",
+                    "deit_tiny_distilled_patch16_224.fb_in1k.safetensors",
+                    HF + "timm/deit_tiny_distilled_patch16_224.fb_in1k/resolve/main/model.safetensors",
+                    "deit_tiny_distilled_patch16_224", 224, "timm-imagenet", "imagenet1k", 1000, params=5910800,
+                    top1=74.5, reference="DeiT paper (DeiT-Ti, distilled); timm (save model.safetensors under this name)"),
+    KnownCheckpoint("timm/deit_base_distilled_patch16_224.fb_in1k", "timm",
+                    "deit_base_distilled_patch16_224.fb_in1k.safetensors",
+                    HF + "timm/deit_base_distilled_patch16_224.fb_in1k/resolve/main/model.safetensors",
+                    "deit_base_distilled_patch16_224", 224, "timm-imagenet", "imagenet1k", 1000, params=87338192,
+                    top1=83.4, reference="DeiT paper (DeiT-B, distilled); timm (save model.safetensors under this name)"),
 )}
 
 
