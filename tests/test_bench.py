@@ -209,14 +209,27 @@ def test_hf_peer_gets_vitkit_weights(tiny_cfg):
         assert rel_err(peer.forward(x), model(x)) < 1e-5
     with pytest.raises(PeerUnavailable, match="class-token"):
         build_peer("hf", VisionTransformer(tiny_cfg.replace(pool="gap", class_token=False)))
+    for head in (True, False):  # DeiT: with teacher (two heads), or the class head only
+        deit = randomize_head(VisionTransformer(tiny_cfg.replace(ln_eps=1e-12, distill_token=True,
+                                                                 distill_head=head))).eval()
+        if deit.head_dist is not None:
+            torch.nn.init.normal_(deit.head_dist.weight, std=0.1)
+        peer = build_peer("hf", deit)
+        assert type(peer.module).__name__.startswith("DeiTForImageClassification")
+        with torch.no_grad():
+            assert rel_err(peer.forward(x), deit(x)) < 1e-5
 
 
 @pytest.mark.peers
-@pytest.mark.parametrize("lib", ["timm", "torchvision"])
+@pytest.mark.parametrize("lib", ["timm", "torchvision", "timm-deit"])
 def test_timm_torchvision_peers_get_vitkit_weights(tiny_cfg, lib):
+    lib, deit = lib.split("-")[0], lib.endswith("-deit")
     pytest.importorskip(lib)
-    model = randomize_head(VisionTransformer(tiny_cfg)).eval()
+    model = randomize_head(VisionTransformer(tiny_cfg.replace(distill_token=deit))).eval()
+    if deit:
+        torch.nn.init.normal_(model.head_dist.weight, std=0.1)
     peer = build_peer(lib, model)
+    assert type(peer.module).__name__ == ("VisionTransformerDistilled" if deit else "VisionTransformer")
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert rel_err(peer.forward(x), model(x)) < 1e-5
@@ -319,8 +332,11 @@ def test_peers_without_patch_dropout_are_refused_not_mismatched(tiny_cfg):
     assert "patch dropout" in _problems("hf", cfg) and "patch dropout" in _problems("torchvision", cfg)
     assert "patch dropout" not in _problems("timm", cfg)  # timm has patch_drop_rate: built with it
     assert "patch dropout" not in _problems("hf", tiny_cfg)
-    deit = tiny_cfg.replace(distill_token=True)  # the peers' plain ViTs have no distillation token
-    assert all("a distillation token" in _problems(lib, deit) for lib in ("timm", "hf", "torchvision"))
+    deit = tiny_cfg.replace(distill_token=True)  # timm and HF build DeiT; torchvision has no such model
+    assert "a distillation token" in _problems("torchvision", deit)
+    assert not _problems("timm", deit) and not _problems("hf", deit)
+    assert "a distillation token read out by the class token only" in _problems(
+        "timm", deit.replace(distill_head=False))
 
 
 def test_cpu_kernel_benchmark_runs_and_reports_every_shape():

@@ -76,8 +76,6 @@ def _common_problems(cfg) -> List[str]:
     out = []
     if getattr(cfg, "backbone", None):
         out.append("a hybrid ResNet backbone")
-    if getattr(cfg, "distill_token", False):
-        out.append("a distillation token")
     if cfg.posemb not in ("learn", "none") or cfg.posemb_where != "input":
         out.append(f"posemb={cfg.posemb}/{cfg.posemb_where}")
     return out
@@ -85,6 +83,8 @@ def _common_problems(cfg) -> List[str]:
 
 def _problems(library: str, cfg) -> List[str]:
     p = _common_problems(cfg)
+    if cfg.distill_token and (library == "torchvision" or (library == "timm" and not cfg.distill_head)):
+        p.append("a distillation token" + (" read out by the class token only" if library == "timm" else ""))
     if library == "timm":
         if cfg.representation_size:
             p.append("a pre-logits layer")
@@ -116,6 +116,8 @@ def _problems(library: str, cfg) -> List[str]:
 # --- builders ------------------------------------------------------------------------------
 def _build_timm(cfg) -> nn.Module:
     from timm.models.vision_transformer import VisionTransformer as TimmViT
+    if cfg.distill_token:  # DeiT's distilled model: the same arguments
+        from timm.models.deit import VisionTransformerDistilled as TimmViT
 
     act = nn.GELU if cfg.gelu == "exact" else functools.partial(nn.GELU, approximate="tanh")
     return TimmViT(
@@ -128,10 +130,21 @@ def _build_timm(cfg) -> nn.Module:
         norm_layer=functools.partial(nn.LayerNorm, eps=cfg.ln_eps), act_layer=act)
 
 
+def _hf_class(cfg):
+    """HF's model class for ``cfg``: ViT, or DeiT (with teacher: two heads) for a distillation token."""
+    import transformers
+
+    if not cfg.distill_token:
+        return transformers.ViTForImageClassification
+    if cfg.distill_head:
+        return transformers.DeiTForImageClassificationWithTeacher
+    return transformers.DeiTForImageClassification
+
+
 def _hf_config(cfg):
     import transformers
 
-    hf = transformers.ViTConfig(
+    hf = (transformers.DeiTConfig if cfg.distill_token else transformers.ViTConfig)(
         hidden_size=cfg.width, num_hidden_layers=cfg.depth, num_attention_heads=cfg.num_heads,
         intermediate_size=cfg.mlp_dim, hidden_act="gelu" if cfg.gelu == "exact" else "gelu_pytorch_tanh",
         hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attn_dropout,
@@ -162,8 +175,8 @@ def _copy_weights(library: str, model: VisionTransformer, peer: Optional[nn.Modu
 
             transformers.utils.logging.disable_progress_bar()
             folder = save_weights(model, Path(tmp) / "hf", to="hf")
-            return transformers.ViTForImageClassification.from_pretrained(
-                str(folder), attn_implementation="sdpa", dtype=torch.float32)
+            return _hf_class(model.config).from_pretrained(str(folder), attn_implementation="sdpa",
+                                                           dtype=torch.float32)
         path = save_weights(model, Path(tmp) / f"{library}.safetensors", to=library, safetensors=True)
         peer.load_state_dict(load_file(str(path)), strict=True)
         return peer
@@ -187,7 +200,7 @@ def build_peer(library: str, model: VisionTransformer, *, copy_weights: bool = T
     if library == "hf":
         import transformers
 
-        module = None if copy_weights else transformers.ViTForImageClassification(_hf_config(cfg))
+        module = None if copy_weights else _hf_class(cfg)(_hf_config(cfg))
     else:
         module = _build_timm(cfg) if library == "timm" else _build_torchvision(cfg)
     weights = "own random init"
