@@ -107,12 +107,14 @@ KNOWN: Dict[str, KnownCheckpoint] = {k.name: k for k in (
                     "deit_tiny_distilled_patch16_224.fb_in1k.safetensors",
                     HF + "timm/deit_tiny_distilled_patch16_224.fb_in1k/resolve/main/model.safetensors",
                     "deit_tiny_distilled_patch16_224", 224, "timm-imagenet", "imagenet1k", 1000, params=5910800,
-                    top1=74.5, reference="DeiT paper (DeiT-Ti, distilled); timm (save model.safetensors under this name)"),
+                    top1=74.5,
+                    reference="DeiT paper (DeiT-Ti, distilled); timm (save model.safetensors under this name)"),
     KnownCheckpoint("timm/deit_base_distilled_patch16_224.fb_in1k", "timm",
                     "deit_base_distilled_patch16_224.fb_in1k.safetensors",
                     HF + "timm/deit_base_distilled_patch16_224.fb_in1k/resolve/main/model.safetensors",
                     "deit_base_distilled_patch16_224", 224, "timm-imagenet", "imagenet1k", 1000, params=87338192,
-                    top1=83.4, reference="DeiT paper (DeiT-B, distilled); timm (save model.safetensors under this name)"),
+                    top1=83.4,
+                    reference="DeiT paper (DeiT-B, distilled); timm (save model.safetensors under this name)"),
 )}
 
 

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.augment import Normalize, resize
+from .optim import unwrap
 from .step import TrainStep, classification_loss
 
 KINDS = ("hard", "soft")
@@ -79,15 +80,6 @@ class DistillStep(TrainStep):
             logits = (logits + dist_logits) / 2
         hard = t if t.ndim == 1 else t.argmax(1)
         return loss, (logits.detach().argmax(1) == hard).sum()
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The model inside DDP (``.module``) and torch.compile (``._orig_mod``) wrappers."""
-    while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if not isinstance(inner, nn.Module):
-            return model
-        model = inner
 
 
 def distillation_loss(logits: torch.Tensor, targets: torch.Tensor, teacher_logits: torch.Tensor, *,

@@ -269,7 +269,6 @@ class Trainer:
     def fit(self) -> Dict[str, Any]:
         r, d = self.recipe, self.dist
         t0 = self._t0 = time.perf_counter()
-        self._eval_time = 0.0
         bar = None
         if self.progress and d.main:
             from tqdm.auto import tqdm
@@ -384,7 +383,6 @@ class Trainer:
         rec["time"] = round(start - self._t0, 2)  # wall time of this process (restarts on --resume)
         # training time of the whole run (evaluations and checkpoints excluded; resumed parts included)
         rec["train_time"] = round(self.trained_s, 2)
-        self._eval_time += time.perf_counter() - start
         self.log.write(rec)
         return rec
 
