@@ -53,6 +53,15 @@ def _tv(name, file, model, size, preset, params, top1, top5):
                            top1, top5, file.rsplit("-", 1)[1].split(".")[0], None, _TV_DOC)
 
 
+def _deit(size, short, params, top1):
+    tag = f"deit_{size}_distilled_patch16_224"
+    return KnownCheckpoint(f"timm/{tag}.fb_in1k", "timm", f"{tag}.fb_in1k.safetensors",
+                           HF + f"timm/{tag}.fb_in1k/resolve/main/model.safetensors", tag, 224, "timm-imagenet",
+                           "imagenet1k", 1000, params=params, top1=top1,
+                           reference=f"DeiT paper (DeiT-{short}, distilled); timm (save model.safetensors under "
+                                     f"this name)")
+
+
 KNOWN: Dict[str, KnownCheckpoint] = {k.name: k for k in (
     _tv("torchvision/vit_b_16", "vit_b_16-c867db91.pth", "B/16", 224, "torchvision", 86567656, 81.072, 95.318),
     _tv("torchvision/vit_b_16-swag-e2e", "vit_b_16_swag-9ac1b537.pth", "B/16", 384, "torchvision-swag", 86859496,
@@ -103,18 +112,8 @@ KNOWN: Dict[str, KnownCheckpoint] = {k.name: k for k in (
                     HF + "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k/resolve/main/model.safetensors",
                     "B/16", 224, "timm", "imagenet1k", 1000, reference="timm (save model.safetensors under this name)"),
     # DeiT's distilled models (Touvron et al. 2021): a distillation token and a second head, ImageNet-1k only
-    KnownCheckpoint("timm/deit_tiny_distilled_patch16_224.fb_in1k", "timm",
-                    "deit_tiny_distilled_patch16_224.fb_in1k.safetensors",
-                    HF + "timm/deit_tiny_distilled_patch16_224.fb_in1k/resolve/main/model.safetensors",
-                    "deit_tiny_distilled_patch16_224", 224, "timm-imagenet", "imagenet1k", 1000, params=5910800,
-                    top1=74.5,
-                    reference="DeiT paper (DeiT-Ti, distilled); timm (save model.safetensors under this name)"),
-    KnownCheckpoint("timm/deit_base_distilled_patch16_224.fb_in1k", "timm",
-                    "deit_base_distilled_patch16_224.fb_in1k.safetensors",
-                    HF + "timm/deit_base_distilled_patch16_224.fb_in1k/resolve/main/model.safetensors",
-                    "deit_base_distilled_patch16_224", 224, "timm-imagenet", "imagenet1k", 1000, params=87338192,
-                    top1=83.4,
-                    reference="DeiT paper (DeiT-B, distilled); timm (save model.safetensors under this name)"),
+    _deit("tiny", "Ti", 5910800, 74.5),
+    _deit("base", "B", 87338192, 83.4),
 )}
 
 
