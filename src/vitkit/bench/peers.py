@@ -131,14 +131,11 @@ def _build_timm(cfg) -> nn.Module:
 
 
 def _hf_class(cfg):
-    """HF's model class for ``cfg``: ViT, or DeiT (with teacher: two heads) for a distillation token."""
+    """HF's model class for ``cfg``, as vitkit's HF writer names it (ViT, or DeiT for a distillation token)."""
     import transformers
 
-    if not cfg.distill_token:
-        return transformers.ViTForImageClassification
-    if cfg.distill_head:
-        return transformers.DeiTForImageClassificationWithTeacher
-    return transformers.DeiTForImageClassification
+    from ..checkpoints.formats.hf import architecture
+    return getattr(transformers, architecture(cfg))
 
 
 def _hf_config(cfg):

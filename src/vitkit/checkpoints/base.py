@@ -107,7 +107,7 @@ def infer_config(state: Dict[str, Tensor], *, num_heads: Optional[int] = None, i
         raise ValueError("no encoder blocks in the weights: not a ViT checkpoint")
     class_token = "cls_token" in state
     distill_token = "dist_token" in state  # DeiT's distillation token (timm / HF distilled models)
-    prefix = int(class_token) + int(distill_token)
+    prefix = sum(k in state for k in PREFIX_KEYS)
     fields: Dict[str, Any] = dict(
         width=width, in_chans=in_chans, patch_size=(ph, pw), depth=depth,
         mlp_dim=int(state["blocks.0.mlp.fc1.weight"].shape[0]),

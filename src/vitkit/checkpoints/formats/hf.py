@@ -135,6 +135,16 @@ def preprocessing(cfg) -> Dict[str, Any]:
     return get_preset("hf", cfg.img_size).to_dict()
 
 
+def architecture(cfg) -> str:
+    """The transformers class of a model: ViT, or DeiT for a distillation token (with teacher = two heads);
+    the ``...Model`` class when it has no head."""
+    if not cfg.distill_token:
+        return "ViTForImageClassification" if cfg.num_classes else "ViTModel"
+    if not cfg.num_classes:
+        return "DeiTModel"
+    return "DeiTForImageClassificationWithTeacher" if cfg.distill_head else "DeiTForImageClassification"
+
+
 def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
     """Write a ``save_pretrained``-style folder: config.json, model.safetensors, preprocessor_config.json."""
     cfg = ckpt.config
@@ -157,13 +167,12 @@ def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
         raise ValueError(f"Hugging Face's ViT needs {'; '.join(problems)}: this model cannot be written as an "
                          f"HF folder")
     classify = cfg.num_classes > 0
-    if deit:  # DeiTForImageClassificationWithTeacher (two heads), DeiTForImageClassification or DeiTModel
+    arch = architecture(cfg)
+    if deit:
         table = DEIT_TEACHER_RULES if cfg.distill_head and classify else DEIT_RULES
-        arch = ("DeiTForImageClassificationWithTeacher" if cfg.distill_head else "DeiTForImageClassification"
-                ) if classify else "DeiTModel"
         top = ("classifier", "cls_classifier", "distillation_classifier")
     else:
-        table, arch, top = RULES, "ViTForImageClassification" if classify else "ViTModel", ("classifier",)
+        table, top = RULES, ("classifier",)
     mapped = from_vitkit(ckpt.state, table, cfg.depth, Context(cfg.width, cfg.num_heads))
     if mapped.unused:
         raise ValueError(f"Hugging Face's {arch} has no place for {mapped.unused}")
