@@ -126,27 +126,63 @@ def test_raw_state_dict_sharded_and_in_memory_names(tmp_path):
         assert rel_err(raw_model(x), ref) < 1e-5
 
 
-@pytest.mark.parametrize("preset", ["hf", "timm-imagenet"])
-def test_written_preprocessor_config_is_what_hf_runs(preset, tmp_path):
-    """The preprocessor_config.json vitkit writes makes HF's AutoImageProcessor compute the checkpoint's
-    own preprocessing (a crop preset becomes DeiTImageProcessor: resize, centre crop; checked on a square
-    photo, where its square resize equals the shorter-side resize), and reading it back gives that preset."""
+def _photos():
+    """Non-square photos; the last one gives odd crop margins (where torchvision and HF place a crop apart)."""
     skimage_data = pytest.importorskip("skimage.data")
     from PIL import Image
+    return {"chelsea": Image.fromarray(skimage_data.chelsea()),  # 451 x 300
+            "coffee": Image.fromarray(skimage_data.coffee()),  # 600 x 400
+            "odd": Image.fromarray(skimage_data.astronaut()).resize((301, 263))}
 
+
+@pytest.mark.parametrize("preset", ["hf", "timm-imagenet", "torchvision"])
+def test_written_preprocessor_config_is_what_hf_runs(preset, tmp_path):
+    """The preprocessor_config.json vitkit writes makes HF's AutoImageProcessor compute the checkpoint's
+    own preprocessing on photos of any shape: a squash preset becomes ViTImageProcessor, a shorter-side +
+    crop preset BitImageProcessor (shortest_edge, crop_size). HF starts a crop at margin // 2 where
+    torchvision / timm round half to even, so where that margin is odd the two can differ by a one-pixel
+    shift; reading the folder back gives HF's own placement, which matches HF there too."""
     from vitkit.data.preprocess import get_preset
     model = vitkit.create_model("Ti/16", depth=1, num_classes=3)
     model.preprocessing = get_preset(preset, 224).to_dict()
     out = save_weights(model, tmp_path / "f", "hf")
     processor = transformers.AutoImageProcessor.from_pretrained(out)
-    img = Image.fromarray(skimage_data.chelsea()[:300, 50:350])  # 300 x 300
-    theirs = processor(images=img, return_tensors="pt")["pixel_values"][0]
-    ours = get_preset(preset, 224)(img)
-    assert theirs.shape == ours.shape == (3, 224, 224)
-    print(f"{preset}: max |HF - vitkit| = {(theirs - ours).abs().max():.2e}")
-    assert (theirs - ours).abs().max() < 1e-6
+    expected = {"hf": "ViTImageProcessor", "timm-imagenet": "BitImageProcessor", "torchvision": "BitImageProcessor"}
+    assert type(processor).__name__.startswith(expected[preset])
     back = load_weights(out).preprocessing
-    assert (tuple(back["size"]), back["interpolation"], back["resize_mode"]) == (
-        (224, 224), get_preset(preset).interpolation, get_preset(preset).resize_mode)
-    if preset == "timm-imagenet":
-        assert type(processor).__name__.startswith("DeiTImageProcessor") and back["resize"] == 248
+    assert (tuple(back["size"]), back["interpolation"], back["resize_mode"], back["resize"]) == (
+        (224, 224), get_preset(preset).interpolation, get_preset(preset).resize_mode, get_preset(preset).resize)
+    shifted = []
+    for name, img in _photos().items():
+        theirs = processor(images=img, return_tensors="pt")["pixel_values"][0]
+        assert theirs.shape == (3, 224, 224)
+        assert (theirs - get_preset(back)(img)).abs().max() < 1e-6, name
+        if (theirs - get_preset(preset, 224)(img)).abs().max() > 1e-6:
+            shifted.append(name)
+    # timm's 248-pixel shorter side leaves a 59-pixel margin on the 301 x 263 photo: round(29.5) = 30 vs 29
+    assert shifted == (["odd"] if preset == "timm-imagenet" else [])
+
+
+@pytest.mark.parametrize("side", [256, 255])
+def test_hub_deit_preprocessor_config_read_exactly(side, tmp_path):
+    """A hub DeiT folder (DeiTImageProcessor: resize to a side x side square ignoring the aspect ratio,
+    centre crop 224 at HF's offsets) gives the same pixels in vitkit as in transformers, on non-square
+    photos and with an odd margin (255 - 224)."""
+    from vitkit.data.preprocess import get_preset
+    out = save_weights(vitkit.create_model("Ti/16", depth=1, num_classes=3), tmp_path / "f", "hf")
+    (out / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "DeiTImageProcessor", "do_resize": True, "size": side, "do_center_crop": True,
+        "crop_size": {"height": 224, "width": 224}, "resample": 3, "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_normalize": True, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}))
+    processor = transformers.AutoImageProcessor.from_pretrained(out)
+    pre = load_weights(out).preprocessing
+    assert (pre["resize_mode"], pre["resize"], pre["crop_rounding"], pre["interpolation"]) == (
+        "square", side, "floor", "bicubic")
+    for name, img in _photos().items():
+        theirs = processor(images=img, return_tensors="pt")["pixel_values"][0]
+        assert (theirs - get_preset(pre)(img)).abs().max() < 1e-6, name
+    # written back, the folder is a DeiTImageProcessor again
+    again = save_weights(load_weights(out), tmp_path / "again", "hf")
+    written = json.loads((again / "preprocessor_config.json").read_text())
+    assert written["image_processor_type"] == "DeiTImageProcessor"
+    assert written["size"] == {"height": side, "width": side}

@@ -1,4 +1,5 @@
 """`vitkit predict` on real photos (scikit-image's chelsea and coffee), image decoding, preset equivalence."""
+import dataclasses
 import json
 
 import numpy as np
@@ -9,7 +10,7 @@ from PIL import Image
 import vitkit
 from vitkit.checkpoints import load_weights, save_model
 from vitkit.cli import main
-from vitkit.data.preprocess import ImageError, find_images, get_preset, load_image
+from vitkit.data.preprocess import ImageError, Preset, find_images, get_preset, load_image
 from vitkit.predict import classify
 
 skimage_data = pytest.importorskip("skimage.data")
@@ -126,6 +127,19 @@ def test_presets_rescale_and_hf_processor_equivalence(photos):
     torch.testing.assert_close(get_preset("authors")(img), (ref - 127.5) / 127.5, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="unknown preprocessing preset"):
         get_preset("imagenet-ish")
+    for bad, match in (({"resize_mode": "fit"}, "resize_mode"), ({"crop_rounding": "ceil"}, "crop_rounding"),
+                       ({"resize_mode": "square", "resize": None}, "needs a resize size")):
+        with pytest.raises(ValueError, match=match):
+            Preset(name="x", **bad)
+    # "square" ignores the aspect ratio before the crop: a 40 x 20 image resized to 30 x 30, cropped to 24
+    # (margin 6: offset 3 either way); the tensor backend gives the same geometry
+    img = Image.fromarray(np.arange(40 * 20 * 3, dtype=np.uint8).reshape(20, 40, 3))
+    sq = Preset(name="sq", size=(24, 24), resize=30, resize_mode="square", interpolation="nearest",
+                crop_rounding="floor")
+    ref = np.array(img.resize((30, 30), Image.NEAREST))[3:27, 3:27]
+    assert torch.equal(sq.crop(img), torch.from_numpy(ref).permute(2, 0, 1).float())
+    assert dataclasses.replace(sq, backend="tensor").crop(img).shape == (3, 24, 24)
+    assert sq.with_size(48).resize == 60 and sq.with_size(48).resize_mode == "square"
 
 
 def test_predict_errors(checkpoint, photos, tmp_path):

@@ -86,23 +86,36 @@ def _read_hf_weights(p: Path) -> Dict[str, Any]:
 
 
 def _hf_preprocessing(pre: Dict[str, Any], ckpt: Checkpoint) -> Optional[Dict[str, Any]]:
-    """The preset a ``preprocessor_config.json`` describes: ViTImageProcessor squashes to ``size``;
-    DeiTImageProcessor (``do_center_crop``) resizes to ``size`` then crops ``crop_size``, taken here as
-    shorter side to ``size`` + centre crop (the same on square images)."""
+    """The preset a ``preprocessor_config.json`` describes, as Hugging Face's processors run it:
+    ``size`` {height, width} without a crop squashes to that size (ViTImageProcessor); with
+    ``do_center_crop``, ``size`` {height, width} resizes to that square, ignoring the aspect ratio, and
+    {shortest_edge} resizes the shorter side (BitImageProcessor), then ``crop_size`` is cut out with
+    HF's offsets (``margin // 2``)."""
     from ..data.preprocess import get_preset
     size = pre.get("size") or {}
-    h = size.get("height") or size.get("shortest_edge")
+    if isinstance(size, (int, float)):  # an old-style plain number: a square (default_to_square)
+        size = {"height": int(size), "width": int(size)}
+    shortest = size.get("shortest_edge")
+    h = size.get("height") or shortest
     w = size.get("width") or h
     if not h:
         return None
     base = get_preset("hf", (int(h), int(w)))
     crop = pre.get("crop_size") if pre.get("do_center_crop") else None
+    if isinstance(crop, (int, float)):
+        crop = {"height": int(crop), "width": int(crop)}
     extra: Dict[str, Any] = {}
     if isinstance(crop, dict) and crop.get("height"):
         ch, cw = int(crop["height"]), int(crop.get("width") or crop["height"])
-        extra = dict(name="hf-crop", size=(ch, cw), resize=int(min(h, w)), resize_mode="shorter",
-                     description=f"Hugging Face DeiTImageProcessor: resize to {h}, centre crop {ch}x{cw}",
-                     crop_pct=None)
+        mode, what = ("shorter", f"shorter side to {shortest}") if shortest else ("square", f"resize to {h}x{w}")
+        if not shortest and int(h) != int(w):  # a non-square resize before the crop: not a vitkit preset
+            mode, what = "shorter", f"shorter side to {min(h, w)}"
+            ckpt.notes.append(f"preprocessor_config.json resizes to {h}x{w} before its centre crop; vitkit "
+                              f"resizes the shorter side to {min(h, w)} instead (the same on images of that shape)")
+        extra = dict(name="hf-crop", size=(ch, cw), resize=int(shortest or min(h, w)), resize_mode=mode,
+                     crop_rounding="floor", crop_pct=None,
+                     description=f"Hugging Face {pre.get('image_processor_type', 'image processor')}: {what}, "
+                                 f"centre crop {ch}x{cw}")
     interp = FORMATS["hf"].RESAMPLE.get(pre.get("resample"), base.interpolation)
     return dataclasses.replace(base, mean=tuple(pre.get("image_mean", base.mean)), interpolation=interp,
                                std=tuple(pre.get("image_std", base.std)), **extra).to_dict()

@@ -1,7 +1,7 @@
 """Image decoding and the preprocessing presets that match each checkpoint family exactly.
 
-A preset is data: how to resize (shorter side or squash to a square), with
-which filter, the centre crop, and the normalisation. The presets reproduce
+A preset is data: how to resize (shorter side, a fixed square, or squash to
+the model size), with which filter, the centre crop, and the normalisation. The presets reproduce
 the evaluation pipelines of the checkpoints' owners on PIL images:
 
 - ``torchvision`` (IMAGENET1K_V1 weights): shorter side to 256, bilinear
@@ -12,7 +12,10 @@ the evaluation pipelines of the checkpoints' owners on PIL images:
   plain bilinear resize (TF's ``tf.image.resize``: half-pixel centres, no
   antialias), then ``(x - 127.5) / 127.5``, i.e. mean = std = 0.5.
 - ``hf``: Hugging Face ``ViTImageProcessor``: squash to the model size with
-  PIL bilinear, mean = std = 0.5.
+  PIL bilinear, mean = std = 0.5. A ``preprocessor_config.json`` with a
+  centre crop (``DeiTImageProcessor``) is read as ``resize_mode="square"``:
+  resize to a ``resize`` x ``resize`` square (aspect ratio not kept), then
+  crop with Hugging Face's offsets (``crop_rounding="floor"``).
 - ``timm``: shorter side to ``floor(size / 0.9)``, bicubic, centre crop,
   mean = std = 0.5 (timm's ViT pretrained configs); ``timm-imagenet`` is the
   same with ImageNet mean/std (DeiT-style weights).
@@ -135,8 +138,12 @@ class Preset:
     """One evaluation pipeline: resize -> centre crop -> [0, 1] -> normalise.
 
     ``resize_mode``: "shorter" resizes the shorter side to ``resize`` keeping
-    the aspect ratio, then centre-crops ``size``; "squash" resizes straight to
-    ``size`` (no crop). ``backend``: "pil" resizes the 8-bit image with PIL
+    the aspect ratio, then centre-crops ``size``; "square" resizes to a
+    ``resize`` x ``resize`` square (the aspect ratio is not kept, as Hugging
+    Face's ``DeiTImageProcessor`` does), then centre-crops ``size``; "squash"
+    resizes straight to ``size`` (no crop). ``crop_rounding``: where the crop
+    starts when the margin is odd: "round" (torchvision, timm:
+    ``round(margin / 2)``) or "floor" (Hugging Face: ``margin // 2``). ``backend``: "pil" resizes the 8-bit image with PIL
     (antialiased, as torchvision / timm / HF do on PIL images); "tensor" resizes
     the float image with ``F.interpolate`` without antialias (TF's resize, as
     the authors' code does).
@@ -144,14 +151,15 @@ class Preset:
 
     name: str
     size: Tuple[int, int] = (224, 224)  # (height, width) reaching the model
-    resize: Optional[int] = 256  # shorter-side target for resize_mode="shorter"
-    resize_mode: str = "shorter"  # shorter | squash
+    resize: Optional[int] = 256  # shorter side ("shorter") or square side ("square") before the crop
+    resize_mode: str = "shorter"  # shorter | square | squash
     interpolation: str = "bilinear"  # bilinear | bicubic | nearest | lanczos
     backend: str = "pil"  # pil | tensor
     mean: Tuple[float, float, float] = IMAGENET_MEAN
     std: Tuple[float, float, float] = IMAGENET_STD
     description: str = ""
     crop_pct: Optional[float] = None  # crop / resize, kept when the size changes (timm's 0.9; else derived)
+    crop_rounding: str = "round"  # round (torchvision, timm) | floor (Hugging Face)
 
     def __post_init__(self) -> None:
         size = self.size if isinstance(self.size, (tuple, list)) else (self.size, self.size)
@@ -161,16 +169,18 @@ class Preset:
             mean, std = mean * 3, std * 3
         object.__setattr__(self, "mean", mean)
         object.__setattr__(self, "std", std)
-        if self.resize_mode not in ("shorter", "squash"):
-            raise ValueError(f"resize_mode={self.resize_mode!r}: use 'shorter' or 'squash'")
+        if self.resize_mode not in ("shorter", "square", "squash"):
+            raise ValueError(f"resize_mode={self.resize_mode!r}: use 'shorter', 'square' or 'squash'")
+        if self.crop_rounding not in ("round", "floor"):
+            raise ValueError(f"crop_rounding={self.crop_rounding!r}: use 'round' or 'floor'")
         if self.interpolation not in _PIL_FILTERS:
             raise ValueError(f"interpolation={self.interpolation!r}: use one of {', '.join(_PIL_FILTERS)}")
         if self.backend not in ("pil", "tensor"):
             raise ValueError(f"backend={self.backend!r}: use 'pil' or 'tensor'")
         if self.backend == "tensor" and self.interpolation not in ("bilinear", "bicubic", "nearest"):
             raise ValueError("the tensor backend resizes with bilinear, bicubic or nearest")
-        if self.resize_mode == "shorter" and not self.resize:
-            raise ValueError("resize_mode='shorter' needs a resize size")
+        if self.resize_mode != "squash" and not self.resize:
+            raise ValueError(f"resize_mode={self.resize_mode!r} needs a resize size")
         if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
             raise ValueError(f"mean and std need 3 values each, std > 0 (got {self.mean}, {self.std})")
 
@@ -196,11 +206,9 @@ class Preset:
             return torch.from_numpy(np.array(out, dtype=np.uint8)).permute(2, 0, 1).float()
         x = torch.from_numpy(np.array(img, dtype=np.uint8)).permute(2, 0, 1).float()[None]
         if self.resize_mode == "squash":
-            x = _interp(x, self.size, self.interpolation)
-        else:
-            x = _interp(x, _shorter_side(x.shape[-1], x.shape[-2], self.resize)[::-1], self.interpolation)
-            x = _center_crop_tensor(x, self.size)
-        return x[0]
+            return _interp(x, self.size, self.interpolation)[0]
+        x = _interp(x, self._resized(x.shape[-1], x.shape[-2])[::-1], self.interpolation)
+        return _center_crop_tensor(x, self.size, self.crop_rounding)[0]
 
     def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
         """0..255 pixels [..., C, H, W] -> the model's input (C = 3, or 1 for grayscale models)."""
@@ -218,10 +226,16 @@ class Preset:
         if self.resize_mode == "squash":
             h, w = self.size
             return img.resize((w, h), flt) if img.size != (w, h) else img
-        new_w, new_h = _shorter_side(img.width, img.height, self.resize)
+        new_w, new_h = self._resized(img.width, img.height)
         if (new_w, new_h) != img.size:
             img = img.resize((new_w, new_h), flt)
-        return _center_crop_pil(img, self.size)
+        return _center_crop_pil(img, self.size, self.crop_rounding)
+
+    def _resized(self, w: int, h: int) -> Tuple[int, int]:
+        """(new_w, new_h) before the crop."""
+        if self.resize_mode == "square":
+            return self.resize, self.resize
+        return _shorter_side(w, h, self.resize)
 
     # --- (de)serialisation (stored in vitkit.json) ---------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -255,25 +269,29 @@ def _shorter_side(w: int, h: int, target: int) -> Tuple[int, int]:
     return int(target * w / h), target
 
 
-def _center_crop_pil(img: Image.Image, size: Tuple[int, int]) -> Image.Image:
+def _crop_start(margin: int, rounding: str) -> int:
+    """Offset of a centre crop: torchvision / timm round half to even, Hugging Face floors."""
+    return margin // 2 if rounding == "floor" else int(round(margin / 2.0))
+
+
+def _center_crop_pil(img: Image.Image, size: Tuple[int, int], rounding: str = "round") -> Image.Image:
     ch, cw = size
     if img.width < cw or img.height < ch:  # pad with black, as torchvision does
         canvas = Image.new("RGB", (max(cw, img.width), max(ch, img.height)))
         canvas.paste(img, ((canvas.width - img.width) // 2, (canvas.height - img.height) // 2))
         img = canvas
-    top = int(round((img.height - ch) / 2.0))
-    left = int(round((img.width - cw) / 2.0))
+    top, left = _crop_start(img.height - ch, rounding), _crop_start(img.width - cw, rounding)
     return img.crop((left, top, left + cw, top + ch))
 
 
-def _center_crop_tensor(x: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
+def _center_crop_tensor(x: torch.Tensor, size: Tuple[int, int], rounding: str = "round") -> torch.Tensor:
     ch, cw = size
     h, w = x.shape[-2:]
     if h < ch or w < cw:
         ph, pw = max(ch - h, 0), max(cw - w, 0)
         x = F.pad(x, (pw // 2, pw - pw // 2, ph // 2, ph - ph // 2))
         h, w = x.shape[-2:]
-    top, left = int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
+    top, left = _crop_start(h - ch, rounding), _crop_start(w - cw, rounding)
     return x[..., top:top + ch, left:left + cw]
 
 

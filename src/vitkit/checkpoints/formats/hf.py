@@ -200,10 +200,13 @@ def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
     resample = {name: code for code, name in RESAMPLE.items()}[pre.interpolation]
     processor = {"image_processor_type": "ViTImageProcessor", "do_resize": True,
                  "size": {"height": pre.size[0], "width": pre.size[1]}}
-    if pre.resize_mode == "shorter":  # resize + centre crop: DeiTImageProcessor's pipeline
+    crop = {"do_center_crop": True, "crop_size": {"height": pre.size[0], "width": pre.size[1]}}
+    if pre.resize_mode == "square":  # a fixed square, then the crop: DeiTImageProcessor's pipeline
         processor = {"image_processor_type": "DeiTImageProcessor", "do_resize": True,
-                     "size": {"height": pre.resize, "width": pre.resize}, "do_center_crop": True,
-                     "crop_size": {"height": pre.size[0], "width": pre.size[1]}}
+                     "size": {"height": pre.resize, "width": pre.resize}, **crop}
+    elif pre.resize_mode == "shorter":  # shorter side, then the crop: BitImageProcessor's pipeline
+        processor = {"image_processor_type": "BitImageProcessor", "do_resize": True,
+                     "size": {"shortest_edge": pre.resize}, **crop, "do_convert_rgb": True}
     write_json_atomic(folder / "preprocessor_config.json", {
         **processor, "resample": resample, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
         "image_mean": list(pre.mean), "image_std": list(pre.std)})
