@@ -143,10 +143,11 @@ class Preset:
     Face's ``DeiTImageProcessor`` does), then centre-crops ``size``; "squash"
     resizes straight to ``size`` (no crop). ``crop_rounding``: where the crop
     starts when the margin is odd: "round" (torchvision, timm:
-    ``round(margin / 2)``) or "floor" (Hugging Face: ``margin // 2``). ``backend``: "pil" resizes the 8-bit image with PIL
-    (antialiased, as torchvision / timm / HF do on PIL images); "tensor" resizes
-    the float image with ``F.interpolate`` without antialias (TF's resize, as
-    the authors' code does).
+    ``round(margin / 2)``) or "floor" (Hugging Face: ``margin // 2``).
+    ``backend``: "pil" resizes the 8-bit image with PIL (antialiased, as
+    torchvision / timm / HF do on PIL images); "tensor" resizes the float image
+    with ``F.interpolate`` without antialias (TF's resize, as the authors' code
+    does).
     """
 
     name: str
