@@ -297,3 +297,124 @@ def test_presets_equal_torchvision_and_timm_transforms():
     cfg = timm.data.resolve_data_config({}, model=model)
     theirs = timm.data.create_transform(**cfg)(img)
     torch.testing.assert_close(get_preset("timm")(img), theirs, rtol=0, atol=1e-6)
+
+
+# --- timm Hub folders (config.json + model.safetensors) ------------------------------------------------
+def _photos():
+    skimage_data = pytest.importorskip("skimage.data")
+    from PIL import Image
+    return [Image.fromarray(skimage_data.chelsea()), Image.fromarray(skimage_data.astronaut()).resize((301, 263))]
+
+
+@pytest.mark.parametrize("kind", ["token", "gap", "distilled"])
+def test_timm_folder_round_trip(tmp_path, kind):
+    """--to timm with a folder name writes timm's Hub layout; reading it back gives the same tensors, the
+    heads (from model_args, which the weights cannot show), the read-out, labels and preprocessing."""
+    import json
+    from vitkit.data.preprocess import get_preset
+    kw = {"gap": dict(class_token=False, pool="gap"), "distilled": dict(distill_token=True)}.get(kind, {})
+    model = tiny(**kw)
+    model.labels = [f"class {i}" for i in range(C)]
+    model.preprocessing = get_preset("timm", IMG).to_dict()
+    out = save_weights(model, tmp_path / "folder", "timm")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_args"]["num_heads"] == HEADS and config["label_names"] == model.labels
+    assert config["architecture"] == ("deit_base_distilled_patch16_224" if kind == "distilled" else
+                                      "vit_base_patch16_224")  # model_args carry the real sizes
+    assert config["global_pool"] == ("avg" if kind == "gap" else "token")
+    assert config["pretrained_cfg"]["crop_pct"] == 0.9 and config["pretrained_cfg"]["crop_mode"] == "center"
+    back = load_weights(out)
+    assert back.config.replace(name=None) == model.config.replace(name=None)
+    assert back.labels == model.labels and back.checkpoint["format"] == "timm"
+    for k, v in model.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    for img in _photos():
+        assert torch.equal(get_preset(back.preprocessing)(img), get_preset("timm", IMG)(img))
+    # a weights-file name still writes a file
+    assert save_weights(model, tmp_path / "w.safetensors", "timm", safetensors=True).is_file()
+
+
+def test_timm_folder_config_variants_and_refusals(tmp_path):
+    """Older single-dict config.json files; squash crops; timm extensions and pools that are not the
+    paper's ViT are refused with the reason; hybrids and pre-logits layers cannot be written as folders."""
+    import json
+    from vitkit.data.preprocess import get_preset
+    out = save_weights(tiny(), tmp_path / "f", "timm")
+    cfg_file = out / "config.json"
+    config = json.loads(cfg_file.read_text())
+    legacy = {"architecture": "vit_base_patch16_224", "num_classes": C, "num_features": D,
+              "input_size": [3, IMG, IMG], "interpolation": "bilinear", "crop_pct": 0.8, "crop_mode": "squash",
+              "mean": [0.5] * 3, "std": [0.5] * 3, "labels": [f"n{i:08d}" for i in range(C)]}
+    cfg_file.write_text(json.dumps(legacy))
+    m = load_weights(out, num_heads=HEADS)
+    pre = get_preset(m.preprocessing)
+    assert (pre.resize_mode, pre.resize, pre.crop_rounding) == ("square", 40, "round")  # floor(32 / 0.8)
+    assert m.labels == legacy["labels"]
+    for extra, match in (({"reg_tokens": 4}, "not the paper's ViT"), ({"init_values": 1e-5}, "not the paper's"),
+                         ({"global_pool": "map"}, "global_pool='map'"), ({"pos_embed": "rope"}, "not the paper")):
+        cfg_file.write_text(json.dumps({**config, "model_args": {**config["model_args"], **extra}}))
+        with pytest.raises(ValueError, match=match):
+            load_weights(out)
+    with pytest.raises(ValueError, match="pre-logits"):
+        save_weights(tiny(representation_size=D), tmp_path / "pl", "timm")
+    hybrid = vitkit.create_model("R50+ViT-B/16", img_size=IMG, width=D, depth=1, num_heads=HEADS, mlp_dim=M,
+                                 backbone_layers=[1], num_classes=C)
+    with pytest.raises(ValueError, match="hybrid"):
+        save_weights(hybrid, tmp_path / "hy", "timm")
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("case", ["vit_tiny", "gap_squash", "deit_distilled", "no_embed_class_160"])
+def test_timm_folder_both_ways(tmp_path, case):
+    """timm's save_for_hf folder -> vitkit: the same logits, class names and pixels as timm's own
+    create_transform(resolve_data_config(...)) on non-square photos; vitkit -> folder -> timm's
+    create_model('local-dir:...', pretrained=True): the same logits and pixels again."""
+    timm = pytest.importorskip("timm")
+    from timm.data import create_transform, resolve_data_config
+    from timm.models import save_for_hf
+    from vitkit.data.preprocess import get_preset
+    name, kw, data = {
+        "vit_tiny": ("vit_tiny_patch16_224", dict(num_classes=5), None),
+        "gap_squash": ("vit_small_patch16_224", dict(num_classes=4, global_pool="avg", class_token=False,
+                                                     fc_norm=False, depth=2),
+                       {"crop_mode": "squash", "crop_pct": 0.95, "interpolation": "bilinear"}),
+        "deit_distilled": ("deit_tiny_distilled_patch16_224", dict(num_classes=3, depth=2), {"crop_pct": 1.0}),
+        "no_embed_class_160": ("vit_base_patch16_224", dict(num_classes=3, depth=1, img_size=160,
+                                                            no_embed_class=True), None)}[case]
+    ref = randomize(timm.create_model(name, pretrained=False, **kw))
+    names = [f"class {i}" for i in range(kw["num_classes"])]
+    save_for_hf(ref, tmp_path / "theirs", safe_serialization=True, data_config=data,
+                model_config={"label_names": names})
+
+    def pixels_err(timm_folder_model, preset):
+        transform = create_transform(**resolve_data_config(model=timm_folder_model))
+        return max((transform(img) - get_preset(preset)(img)).abs().max().item() for img in _photos())
+
+    ours = load_weights(tmp_path / "theirs")
+    assert ours.labels == names and not ours.checkpoint["notes"]
+    x = torch.randn(2, 3, *ours.config.img_size)
+    theirs_cfg = timm.create_model(f"local-dir:{tmp_path / 'theirs'}", pretrained=False)
+    out = save_weights(ours, tmp_path / "ours", "timm")
+    back = timm.create_model(f"local-dir:{out}", pretrained=True).eval()
+    with torch.no_grad():
+        err_in, err_out = rel_err(ours(x), ref(x)), rel_err(back(x), ref(x))
+    pix_in, pix_out = pixels_err(theirs_cfg, ours.preprocessing), pixels_err(back, ours.preprocessing)
+    print(f"timm folder {case}: logits rel err in {err_in:.2e}, out {err_out:.2e}; pixels {pix_in}, {pix_out}")
+    assert max(err_in, err_out) < 1e-5 and pix_in == pix_out == 0.0
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("preset", ["timm", "torchvision", "hf"])
+def test_timm_folder_presets_are_what_timm_runs(tmp_path, preset):
+    """vitkit's presets written into pretrained_cfg make timm compute the same pixels (shorter side + crop
+    as crop_mode 'center', a squash as 'squash' with crop_pct 1)."""
+    timm = pytest.importorskip("timm")
+    from timm.data import create_transform, resolve_data_config
+    from vitkit.data.preprocess import get_preset
+    model = vitkit.create_model("Ti/16", depth=1, num_classes=3)
+    model.preprocessing = get_preset(preset, 224).to_dict()
+    out = save_weights(model, tmp_path / "f", "timm")
+    transform = create_transform(**resolve_data_config(model=timm.create_model(f"local-dir:{out}")))
+    for img in _photos():
+        assert (transform(img) - get_preset(preset, 224)(img)).abs().max() == 0.0

@@ -21,7 +21,7 @@ from . import native
 from .base import Checkpoint
 from .detect import detect_layout
 from .files import NPZ, read_json, read_tensors
-from .formats import FORMATS
+from .formats import FORMATS, timm_folder
 from .registry import get_known, locate, verify
 
 TARGETS = ("vitkit", "npz", "torchvision", "timm", "hf")
@@ -58,14 +58,16 @@ def _read_folder(p: Path, num_heads: Optional[int]) -> Checkpoint:
     if (p / "config.json").is_file():
         config = read_json(p / "config.json")
         tensors = _read_hf_weights(p)
+        if timm_folder.is_timm_config(config):  # a timm Hub folder: timm names, timm's config.json
+            return FORMATS["timm"].read_folder(tensors, config, num_heads=num_heads, source=str(p))
         ckpt = FORMATS["hf"].read(tensors, config=config, num_heads=num_heads, source=str(p))
         pre = p / "preprocessor_config.json"
         if pre.is_file():
             ckpt.preprocessing = _hf_preprocessing(read_json(pre), ckpt) or ckpt.preprocessing
         return ckpt
     files = sorted(x.name for x in p.iterdir())[:12]
-    raise ValueError(f"{p} is a folder but neither a vitkit checkpoint ({native.META}) nor a Hugging Face one "
-                     f"(config.json + model.safetensors); it holds {files}: pass the weights file itself")
+    raise ValueError(f"{p} is a folder but neither a vitkit checkpoint ({native.META}) nor a Hugging Face or timm "
+                     f"one (config.json + model.safetensors); it holds {files}: pass the weights file itself")
 
 
 def _read_hf_weights(p: Path) -> Dict[str, Any]:

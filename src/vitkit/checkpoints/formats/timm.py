@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 from ..base import Checkpoint, heads_note, add_class_slot, drop_class_slot, infer_config, layout_for
 from ..files import write_safetensors, write_torch
 from ..keymap import Context, Rule, count_blocks, from_vitkit, linear, rule, to_vitkit
-from . import hybrid
+from . import hybrid, timm_folder
 from .torchvision import check, warn_numerics
 
 NAME = "timm"
@@ -47,20 +47,46 @@ def rules(layout: Optional[Dict[str, Any]] = None) -> List[Rule]:
     return RULES
 
 
-def read(tensors: Dict[str, Any], *, num_heads: Optional[int] = None, source: str = "") -> Checkpoint:
+def read(tensors: Dict[str, Any], *, num_heads: Optional[int] = None, source: str = "", img_size=None) -> Checkpoint:
     depth = count_blocks(tensors, DEPTH_KEY)
     extra, numerics = hybrid.read_rules(tensors, NAME)  # a hybrid's ResNet, if any
     mapped = to_vitkit(tensors, RULES + extra, depth, Context(1, 1))
     check(mapped, source, NAME)
     state = mapped.state
     slot_added = add_class_slot(state)
-    cfg = infer_config(state, num_heads=num_heads, ln_eps=1e-6, gelu="exact", **numerics)
+    cfg = infer_config(state, num_heads=num_heads, img_size=img_size, ln_eps=1e-6, gelu="exact", **numerics)
     layout = {"flavour": "timm", "posemb_class_slot": not slot_added}
     return Checkpoint(state, cfg, NAME, layout=layout, source=source, notes=[] if num_heads else [heads_note(cfg)])
 
 
+def read_folder(tensors: Dict[str, Any], config: Dict[str, Any], *, num_heads: Optional[int] = None,
+                source: str = "") -> Checkpoint:
+    """A timm Hub folder (see :mod:`.timm_folder`): the weights plus what config.json says of the model
+    (heads, read-out, input size), its class names and its evaluation preprocessing."""
+    heads, fields, notes = timm_folder.model_fields(config)
+    size = timm_folder.image_size(config)
+    ckpt = read(tensors, num_heads=num_heads or heads, source=source, img_size=size)
+    pe = ckpt.state.get("pos_embed")
+    if size and pe is not None and pe.shape[-2] != ckpt.config.seq_len:  # input_size is not the table's size
+        ckpt = read(tensors, num_heads=num_heads or heads, source=source)
+        notes.append(f"config.json's input size {size} does not fit the position table: the table's "
+                     f"{ckpt.config.img_size} is used")
+    if fields:
+        ckpt.config = ckpt.config.replace(**fields)
+    ckpt.notes.extend(notes)
+    ckpt.labels = timm_folder.labels(config, ckpt.config.num_classes)
+    ckpt.preprocessing = timm_folder.preprocessing(config, ckpt.notes)
+    ckpt.layout["folder"] = True
+    return ckpt
+
+
 def write(ckpt: Checkpoint, dst: Path, *, safetensors: bool = False) -> Path:
+    """A state-dict file (``.pth``, or ``.safetensors`` with ``safetensors=True``), or, when ``dst`` is not a
+    weights file name, a timm Hub folder (model.safetensors + config.json; see :mod:`.timm_folder`)."""
     cfg = ckpt.config
+    folder = timm_folder.is_folder(Path(dst))
+    if folder:
+        timm_folder.model_args(ckpt)  # refuses what timm's folders cannot describe, before anything is written
     if cfg.posemb not in ("learn", "none") or cfg.posemb_where != "input":
         raise ValueError(f"timm's VisionTransformer has learned 1D position embeddings at the input; this model "
                          f"has posemb={cfg.posemb}, posemb_where={cfg.posemb_where}: use --to vitkit")
@@ -75,4 +101,6 @@ def write(ckpt: Checkpoint, dst: Path, *, safetensors: bool = False) -> Path:
     mapped = from_vitkit(state, RULES + hybrid.write_rules(cfg, NAME), cfg.depth, Context(cfg.width, cfg.num_heads))
     if mapped.unused:
         raise ValueError(f"timm has no place for {mapped.unused}")
+    if folder:
+        return timm_folder.write(ckpt, mapped.state, Path(dst))
     return write_safetensors(mapped.state, dst) if safetensors else write_torch(mapped.state, dst)
