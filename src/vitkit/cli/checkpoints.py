@@ -11,7 +11,8 @@ def register(sub) -> None:
                        description="Read SRC in any supported format (recognised from its contents) and write it "
                        "in the format --to. Tensors are copied exactly: converting A -> B -> A gives A's tensors.")
     p.add_argument("src", help="weights file or folder (any format), or a known checkpoint name")
-    p.add_argument("dst", help="output file (npz, torchvision, timm) or folder (vitkit, hf)")
+    p.add_argument("dst", help="output file (npz, torchvision, timm) or folder (vitkit, hf; timm when DST is not a "
+                   ".pth / .bin / .safetensors name: timm's Hub folder)")
     p.add_argument("--to", required=True, choices=["vitkit", "npz", "torchvision", "timm", "hf"])
     p.add_argument("--safetensors", action="store_true", help="torchvision/timm: write .safetensors, not .pth")
     p.add_argument("--flavour", choices=["vit_jax", "big_vision"], help="npz layout (default: as read, else vit_jax)")
