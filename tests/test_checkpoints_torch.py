@@ -356,6 +356,12 @@ def test_timm_folder_config_variants_and_refusals(tmp_path):
         cfg_file.write_text(json.dumps({**config, "model_args": {**config["model_args"], **extra}}))
         with pytest.raises(ValueError, match=match):
             load_weights(out)
+    gray = tiny(in_chans=1)
+    gray.preprocessing = get_preset({"name": "fmnist", "size": [IMG, IMG], "mean": [0.286], "std": [0.353]}).to_dict()
+    out = save_weights(gray, tmp_path / "gray", "timm")
+    pc = json.loads((out / "config.json").read_text())["pretrained_cfg"]
+    assert pc["input_size"] == [1, IMG, IMG] and pc["mean"] == [0.286] and pc["crop_mode"] == "squash"
+    assert get_preset(load_weights(out).preprocessing).mean == (0.286,) * 3
     with pytest.raises(ValueError, match="pre-logits"):
         save_weights(tiny(representation_size=D), tmp_path / "pl", "timm")
     hybrid = vitkit.create_model("R50+ViT-B/16", img_size=IMG, width=D, depth=1, num_heads=HEADS, mlp_dim=M,

@@ -128,7 +128,7 @@ def preprocessing(config: Dict[str, Any], notes: List[str]) -> Optional[Dict[str
     h, w = size
     crop_pct = float(pc.get("crop_pct") or DEFAULT_CROP_PCT)
     mode = pc.get("crop_mode") or "center"
-    interp = pc.get("interpolation") or "bilinear"
+    interp = pc.get("interpolation") or "bicubic"  # timm's default
     if interp not in ("bilinear", "bicubic", "nearest", "lanczos"):
         notes.append(f"timm interpolation {interp!r} read as bicubic")
         interp = "bicubic"
@@ -206,7 +206,7 @@ def pretrained_cfg(ckpt: Checkpoint) -> Dict[str, Any]:
         tries = [pre.crop_pct, round(size / pre.resize, 4), size / pre.resize, size / (pre.resize + 0.5)]
         crop_pct = next(c for c in tries if c and math.floor(size / c) == pre.resize)
     return {"input_size": [cfg.in_chans, *cfg.img_size], "interpolation": pre.interpolation,
-            "mean": list(pre.mean[:3]), "std": list(pre.std[:3]), "crop_pct": crop_pct, "crop_mode": mode,
+            "mean": list(pre.mean[:cfg.in_chans]), "std": list(pre.std[:cfg.in_chans]), "crop_pct": crop_pct, "crop_mode": mode,
             "num_classes": cfg.num_classes, "first_conv": "patch_embed.proj", "classifier": "head",
             "fixed_input_size": not cfg.dynamic_img_size, "custom_load": False}
 
