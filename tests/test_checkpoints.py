@@ -114,3 +114,16 @@ def test_convert_to_unknown_format(trained, tmp_path):
     _, folder = trained
     with pytest.raises(ValueError, match="use one of vitkit, npz, torchvision, timm, hf"):
         convert(folder, tmp_path / "x", "keras")
+
+
+def test_known_timm_name_finds_the_downloaded_repository_folder(tmp_path):
+    """A known timm checkpoint is found as its file or as its whole Hub repository folder (config.json +
+    model.safetensors, as a download of timm/... gives); the error names both."""
+    name = "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k"
+    with pytest.raises(FileNotFoundError, match="or its whole repository"):
+        load_weights(name, cache_dir=tmp_path)
+    small = vitkit.create_model("B/16", img_size=32, depth=1, num_classes=1000)
+    repo = save_weights(small, tmp_path / "vit_base_patch16_224.augreg2_in21k_ft_in1k", "timm")
+    assert locate(get_known(name), cache_dir=tmp_path) == repo
+    m = load_weights(name, cache_dir=tmp_path)
+    assert m.preprocessing["name"] == "timm" and m.config.depth == 1 and m.labels[0] == "tench"

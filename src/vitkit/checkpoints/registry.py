@@ -142,10 +142,16 @@ def locate(entry: KnownCheckpoint, file: Optional[PathLike] = None, cache_dir: O
     p = folder / entry.file
     if p.exists():
         return p
+    repo = folder / entry.file.replace(".safetensors", "")
+    if entry.source == "timm" and (repo / "config.json").is_file():  # the whole timm Hub repository, downloaded
+        return repo
     what = "the files config.json and model.safetensors of" if entry.source == "hf" else "the file"
+    also = (f" (or its whole repository, config.json + model.safetensors, as the folder {repo}/)"
+            if entry.source == "timm" else "")
     raise FileNotFoundError(
         f"checkpoint {entry.name!r} is not on this machine and vitkit does not download: fetch {what} {entry.url} "
-        f"and save it as {p}{'/' if entry.source == 'hf' else ''} (or pass its path with file= / --weights-file)")
+        f"and save it as {p}{'/' if entry.source == 'hf' else ''}{also} (or pass its path with file= / "
+        f"--weights-file)")
 
 
 def verify(entry: KnownCheckpoint, path: PathLike) -> Optional[bool]:
