@@ -167,3 +167,18 @@ def test_train_step_clips_and_runs_in_bf16():
     step = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(m.parameters(), before)))
     assert abs(float(step) - 1e-3) < 1e-5  # clipped to the global norm 1e-3
     assert float(stats["acc"]) == float(expected_acc)
+
+
+def test_user_facing_errors_name_the_key_or_form_that_fixes_them(tmp_path):
+    from vitkit.data.datasets import open_dataset
+    from vitkit.data.loader import EpochSampler, Loader, usable_cores
+    from vitkit.train.optim import Schedule
+    from vitkit.train.recipe import ScheduleConfig
+
+    with pytest.raises(ValueError, match=r"schedule.warmup_epochs=0.3 \(30 steps\).*--set schedule.warmup_steps=2"):
+        Schedule.from_config(ScheduleConfig(steps=20, warmup_epochs=0.3), 1e-3, 100)
+    with pytest.raises(ValueError, match=r"schedule.warmup_steps=40"):
+        Schedule.from_config(ScheduleConfig(steps=20, warmup_steps=40), 1e-3, 100)
+    with pytest.raises(FileNotFoundError, match="--data fashion-mnist:DIR"):  # the spec that works
+        open_dataset(f"fashion-mnist:{tmp_path}", "train")
+    assert Loader([], EpochSampler(10, 2), workers=64).workers == usable_cores() <= 64

@@ -112,7 +112,9 @@ def _report(res: dict, out: Path) -> None:
               f"({res.get('test_images', '?')} test images, {kind} weights) {time_part}")
     elif val is None:
         print(f"trained {time_part}; no validation or test split to evaluate on")
-    print(f"run folder: {out}  (model/, curves.png, predictions.png, metrics.jsonl, results.json)")
+    made = [name for name in ("model/", "curves.png", "predictions.png", "metrics.jsonl", "results.json")
+            if (out / name).exists()]
+    print(f"run folder: {out}  ({', '.join(made)})")
 
 
 def _train(args) -> int:

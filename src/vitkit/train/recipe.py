@@ -40,7 +40,7 @@ class DataConfig:
     mean: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     std: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     load_size: Optional[int] = None  # file datasets: decode to this square (default img_size / 0.875)
-    workers: int = 0  # decoding processes for file datasets
+    workers: int = 0  # decoding processes for file datasets (at most the usable cores)
     cache: bool = False  # decode a file dataset once into memory (small datasets)
     train_subset: Optional[int] = None  # train on a seeded, class-stratified subset of this many images
     eval_batch_size: int = 500
