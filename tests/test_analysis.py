@@ -326,6 +326,12 @@ def test_analyze_writes_figures_and_json(tmp_path):
     dist = json.loads((tmp_path / "attention_distance.json").read_text())
     assert len(dist["distance_px"]) == 3 and len(dist["distance_px"][0]) == 2
     torch.testing.assert_close(torch.tensor(dist["distance_px"]), mean_attention_distance(model, x))
+    table = dist["distance_px"]  # [layer][head]; the extremes are named 1-based, as layer / head numbers
+    flat = [(v, layer + 1, head + 1) for layer, row in enumerate(table) for head, v in enumerate(row)]
+    low, high = min(flat), max(flat)
+    assert dist["most_local_head"] == {"layer": low[1], "head": low[2], "distance_px": low[0]}
+    assert dist["least_local_head"] == {"layer": high[1], "head": high[2], "distance_px": high[0]}
+    assert summary["attention_distance"]["most_local_head"] == dist["most_local_head"]
     assert summary["rollout"]["images"] == ["p", "q", "r"] and len(summary["predictions"]) == 3
     assert summary["posemb_similarity"]["grid"] == [4, 4]
     assert len(summary["embedding_filters"]["explained_variance"]) == 28

@@ -5,7 +5,8 @@ A marker is an HTML comment right after the number (invisible in the rendered pa
 
     reached **88.62%**<!-- claim docs/figures/training/fmnist-demo.json test_top1 pct2 -->
 
-``KEY`` is a dotted path into the JSON (list items by index, e.g. ``runs.0.test_top1``); ``FORMAT`` says how
+``KEY`` is a dotted path into the JSON (list items by index, e.g. ``runs.0.test_top1``; it may contain spaces);
+``FORMAT`` says how
 the value is written: ``pct1`` / ``pct2`` (a fraction as a percentage with 1 / 2 decimals), ``f0`` ...
 ``f4`` (fixed decimals), ``e1`` / ``e2`` (scientific), ``int`` (an integer, thousands separated by commas
 or not), ``min1`` (seconds as minutes, 1 decimal), ``x2`` (a ratio with 2 decimals, written 1.23x).
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MARKER = re.compile(r"<!--\s*claim\s+(\S+)\s+(\S+)\s+(\S+)\s*-->")
+MARKER = re.compile(r"<!--\s*claim\s+(\S+)\s+(.+?)\s+(\S+)\s*-->")  # path, key (may hold spaces), format
 NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
 
 
@@ -76,8 +77,9 @@ def test_quoted_number_matches_its_artefact(doc, lineno, number, marker):
 
 
 def test_markers_are_read_as_intended():
-    line = "took **8 min 33 s**, 1,234 steps<!-- claim a.json steps int --> and 88.40%<!-- claim a.json t pct2 -->"
+    line = ("took **8 min 33 s**, 1,234 steps<!-- claim a.json steps int --> and 88.40%<!-- claim a.json "
+            "runs.seed 0.t pct2 -->")
     found = [(NUMBER.findall(MARKER.sub("", line[:m.start()]))[-1], m.groups()) for m in MARKER.finditer(line)]
-    assert found == [("1,234", ("a.json", "steps", "int")), ("88.40", ("a.json", "t", "pct2"))]
+    assert found == [("1,234", ("a.json", "steps", "int")), ("88.40", ("a.json", "runs.seed 0.t", "pct2"))]
     assert _format(0.884, "pct2") == "88.40" and _format(512.0, "min1") == "8.5" and _format(1234, "int") == "1234"
     assert _value({"runs": [{"a": 1}]}, "runs.0.a") == 1
