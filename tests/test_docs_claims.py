@@ -83,3 +83,17 @@ def test_markers_are_read_as_intended():
     assert found == [("1,234", ("a.json", "steps", "int")), ("88.40", ("a.json", "runs.seed 0.t", "pct2"))]
     assert _format(0.884, "pct2") == "88.40" and _format(512.0, "min1") == "8.5" and _format(1234, "int") == "1234"
     assert _value({"runs": [{"a": 1}]}, "runs.0.a") == 1
+
+
+def test_hybrid_cost_table_is_what_the_cost_model_computes():
+    """docs/hybrid_mpp.md's table of hybrids (parameters, GMACs, the ResNet's share) is `vitkit info` output."""
+    from vitkit.config import config_from_name
+    from vitkit.models.cost import cost
+
+    rows = re.findall(r"^\| `(R[^`]+)` \|.*\| ([\d,]+) \| ([\d.]+) \(([\d.]+)\) \|$",
+                      (ROOT / "docs" / "hybrid_mpp.md").read_text(), flags=re.M)
+    assert len(rows) >= 5
+    for name, params, gmacs, resnet in rows:
+        c = cost(config_from_name(name))
+        assert (params, gmacs, resnet) == (f"{c.params:,}", f"{c.macs / 1e9:.2f}",
+                                           f"{c.macs_breakdown['backbone'] / 1e9:.2f}"), name
