@@ -1,8 +1,11 @@
 """Small helpers shared by the command modules."""
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any, Dict, Iterable
+
+from ..errors import UsageError
 
 
 def parse_value(text: str) -> Any:
@@ -24,6 +27,17 @@ def parse_overrides(items: Iterable[str]) -> Dict[str, Any]:
     for item in items or ():
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--set expects key=value, got {item!r}")
+            raise UsageError(f"--set expects key=value, got {item!r}", hint="e.g. --set optim.lr=3e-4")
         out[key.strip()] = parse_value(value)
     return out
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (sizes, counts); anything else is a usage error (exit code 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value

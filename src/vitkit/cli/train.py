@@ -30,7 +30,6 @@ def _common(p, default_recipe: str) -> None:
     p.add_argument("--print", dest="print_only", action="store_true",
                    help="print the resolved recipe and exit without training")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
 def register(sub) -> None:
@@ -57,7 +56,6 @@ def register(sub) -> None:
                    help="test-time augmentation: flip scores each image by the mean probability of it and its "
                         "mirror image (default: none)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
-    p.add_argument("--debug", action="store_true")
     p.set_defaults(func=_eval)
 
     p = sub.add_parser("recipes", help="list the built-in recipes, or print one resolved (with --set overrides)")
