@@ -5,7 +5,7 @@ import json
 import shlex
 import sys
 
-from ._util import parse_overrides
+from ._util import parse_overrides, positive_int
 
 WHAT = ("inference", "latency", "train", "memory", "roofline")
 
@@ -23,12 +23,12 @@ def register(sub) -> None:
                         "model, e.g. recipe:fmnist-fast)")
     p.add_argument("--what", nargs="+", choices=WHAT, default=["inference", "latency"],
                    help="what to measure (default: inference latency)")
-    p.add_argument("--img-size", type=int, nargs="+", metavar="PX",
+    p.add_argument("--img-size", type=positive_int, nargs="+", metavar="PX",
                    help="input resolutions (default: the model's own); e.g. 64 128 224 384 512 for Figure 12")
-    p.add_argument("--batch", type=int, nargs="+", default=[16], metavar="N",
+    p.add_argument("--batch", type=positive_int, nargs="+", default=[16], metavar="N",
                    help="inference batch sizes; each library is reported at its best one (default: 16)")
-    p.add_argument("--train-batch", type=int, nargs="+", default=[32], metavar="N", help="training batch sizes")
-    p.add_argument("--memory-batch", type=int, nargs="+", default=[64], metavar="N",
+    p.add_argument("--train-batch", type=positive_int, nargs="+", default=[32], metavar="N", help="training batch sizes")
+    p.add_argument("--memory-batch", type=positive_int, nargs="+", default=[64], metavar="N",
                    help="batch sizes for peak memory (default: 64)")
     p.add_argument("--dtype", nargs="+", choices=("fp32", "bf16"), default=["fp32"],
                    help="precision; training bf16 = autocast (default: fp32)")
@@ -42,12 +42,12 @@ def register(sub) -> None:
                    help="how peers run bf16: bf16 weights (model.to(bfloat16), default) or fp32 weights + autocast")
     p.add_argument("--vitkit-module", action="store_true",
                    help="also time vitkit's plain nn.Module (without the inference engine)")
-    p.add_argument("--threads", type=int, help="intra-op threads for every library (default: torch's)")
+    p.add_argument("--threads", type=positive_int, help="intra-op threads for every library (default: torch's)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls per contender first (default 1)")
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per contender, alternated (default 5)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed repeats per contender, alternated (default 5)")
     p.add_argument("--no-roofline", action="store_true", help="skip measuring the GEMM roofline")
-    p.add_argument("--chunk-tokens", type=int, default=2048,
+    p.add_argument("--chunk-tokens", type=positive_int, default=2048,
                    help="vitkit inference runs large batches in chunks of about this many tokens")
     p.add_argument("--no-copy-weights", action="store_true",
                    help="peers keep their own random init instead of vitkit's weights")

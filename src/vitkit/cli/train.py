@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from ._util import parse_overrides
+from ._util import parse_overrides, positive_int
 
 
 def _common(p, default_recipe: str) -> None:
@@ -21,9 +21,9 @@ def _common(p, default_recipe: str) -> None:
     p.add_argument("--data", metavar="SPEC", help="dataset: fashion-mnist[:DIR], mnist[:DIR], cifar10:DIR, "
                    "cifar100:DIR, folder:DIR, shards:PATTERN, tensors:FILE")
     p.add_argument("--epochs", type=float, help="schedule.epochs")
-    p.add_argument("--steps", type=int, help="schedule.steps (wins over epochs)")
+    p.add_argument("--steps", type=positive_int, help="schedule.steps (wins over epochs)")
     p.add_argument("--lr", type=float, help="optim.lr (peak)")
-    p.add_argument("--batch-size", type=int, help="optim.batch_size (global)")
+    p.add_argument("--batch-size", type=positive_int, help="optim.batch_size (global)")
     p.add_argument("--device", help="train.device: auto, cpu, cuda, cuda:N")
     p.add_argument("--out", "-o", help="run folder (default: runs/<recipe>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
@@ -40,7 +40,7 @@ def register(sub) -> None:
     p = sub.add_parser("finetune", help="fine-tune a checkpoint (any format vitkit loads) the paper's way: "
                        "new zero head, position embeddings resized to the new resolution")
     p.add_argument("checkpoint", help="weights to start from: a vitkit folder, timm/torchvision/HF file, .npz")
-    p.add_argument("--img-size", type=int, help="fine-tuning resolution (position embeddings are resized)")
+    p.add_argument("--img-size", type=positive_int, help="fine-tuning resolution (position embeddings are resized)")
     _common(p, "paper-finetune")
     p.set_defaults(func=_finetune)
 
@@ -49,7 +49,7 @@ def register(sub) -> None:
     p.add_argument("--data", required=True, metavar="SPEC", help="dataset spec, as for vitkit train")
     p.add_argument("--split", default="test", help="split to evaluate (default: test)")
     p.add_argument("--root", help="dataset folder for specs without a path")
-    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--batch-size", type=positive_int, default=500)
     p.add_argument("--device", default="auto")
     p.add_argument("--workers", type=int, default=0, help="decoding processes for image folders / shards")
     p.add_argument("--tta", choices=["none", "flip"], default="none",
