@@ -4,11 +4,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Union
+from typing import Any, Iterator, List, Union
 
 PathLike = Union[str, os.PathLike]
+
+
+TEMP_SUFFIX = ".tmp"
+_TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}" + re.escape(TEMP_SUFFIX) + "$")  # .NAME.XXXXXXXX.tmp
 
 
 @contextlib.contextmanager
@@ -19,7 +24,7 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -33,3 +38,18 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
 def write_json_atomic(path: PathLike, obj: Any) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def remove_stale_temps(folder: PathLike) -> List[Path]:
+    """Delete the temporary files :func:`atomic_path` left in ``folder`` (and below) when a process was
+    killed in the middle of a write; returns what was removed. Only for folders no other process is
+    writing to (a run being resumed)."""
+    removed = []
+    root = Path(folder)
+    if not root.is_dir():
+        return removed
+    for p in root.rglob(f"*{TEMP_SUFFIX}"):
+        if _TEMP_NAME.match(p.name) and p.is_file() and not p.is_symlink():
+            p.unlink()
+            removed.append(p)
+    return removed
