@@ -80,6 +80,11 @@ class NotFoundError(VitkitError, FileNotFoundError):
     """A file, folder or named item that does not exist."""
 
 
+class OutputError(VitkitError, OSError):
+    """A result that could not be written (full disk, file-size limit, no permission); nothing partial
+    is left behind (writes go to a temporary file that is renamed only when complete)."""
+
+
 class VitkitWarning(UserWarning):
     """Something suspicious that does not stop the work (e.g. non-finite weights in a checkpoint)."""
 
@@ -103,6 +108,11 @@ _OS_HINTS = {
 }
 
 
+def os_error_hint(code: Optional[int]) -> str:
+    """What an errno means for the user and what to do about it."""
+    return _OS_HINTS.get(code or -1, os.strerror(code) if code else "operating-system error")
+
+
 def describe_os_error(err: OSError) -> str:
     """One line for an operating-system error: the file(s) it is about and what to do."""
     what = _OS_HINTS.get(err.errno or -1, (err.strerror or str(err) or type(err).__name__).rstrip("."))
@@ -114,5 +124,5 @@ def describe_os_error(err: OSError) -> str:
 
 
 __all__ = ["EXIT_BUG", "EXIT_ERROR", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "CheckpointError", "ConfigError",
-           "DataError", "NotFoundError", "UnsafeCheckpointError", "UsageError", "VitkitError", "VitkitWarning",
-           "describe_os_error"]
+           "DataError", "NotFoundError", "OutputError", "UnsafeCheckpointError", "UsageError", "VitkitError", "VitkitWarning",
+           "describe_os_error", "os_error_hint"]

@@ -59,10 +59,13 @@ def _convert(args) -> int:
     from ..checkpoints import convert
     from ..checkpoints.load import _resolve
 
+    from ..utils import staged_output
+
     src, _ = _resolve(args.src, args.weights_file, None)
-    out = convert(src, args.dst, args.to, num_heads=args.num_heads, safetensors=args.safetensors,
-                  flavour=args.flavour, prefix=args.prefix)
-    print(f"wrote {out} ({args.to})")
+    with staged_output(args.dst) as dst:  # a failed conversion leaves no partial folder
+        out = convert(src, dst, args.to, num_heads=args.num_heads, safetensors=args.safetensors,
+                      flavour=args.flavour, prefix=args.prefix)
+    print(f"wrote {args.dst if out == dst else out} ({args.to})")
     return 0
 
 

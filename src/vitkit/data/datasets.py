@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from ..errors import DataError, NotFoundError
 from ..utils import PathLike
 from .idx import FASHION_MNIST_CLASSES, MNIST_CLASSES, load_idx_split
 
@@ -247,14 +248,10 @@ def tensor_file(path: PathLike, split: str = "train") -> TensorImages:
     ``classes``; or a ``.pt`` file holding such a dict of tensors (read with weights_only=True)."""
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"tensor file {p} not found")
-    if p.suffix == ".npz":
-        with np.load(p, allow_pickle=False) as z:
-            d = {k: z[k] for k in z.files}
-    else:
-        d = torch.load(p, map_location="cpu", weights_only=True)
-        if not isinstance(d, dict):
-            raise ValueError(f"{p}: expected a dict with 'images' and 'labels'")
+        raise NotFoundError("tensor file not found", path=p, hint="check the path after tensors:")
+    d = _read_tensor_file(p)
+    if not isinstance(d, dict):
+        raise DataError(f"holds a {type(d).__name__}, expected a dict with 'images' and 'labels'", path=p)
     x = d.get(f"{split}_images", d.get("images"))
     y = d.get(f"{split}_labels", d.get("labels"))
     if x is None or y is None:
@@ -267,6 +264,33 @@ def tensor_file(path: PathLike, split: str = "train") -> TensorImages:
     classes = [str(c) for c in np.asarray(classes).tolist()] if classes is not None else \
         [str(i) for i in range(int(y.max()) + 1 if len(y) else 0)]
     return TensorImages(x, y, classes, f"tensors:{p.name}/{split}")
+
+
+def _read_tensor_file(p: Path) -> Any:
+    """The arrays of a ``.npz`` (no pickled objects) or ``.pt`` (torch.load weights_only=True) file; a
+    damaged or code-carrying file raises DataError naming it."""
+    import pickle
+    import zipfile
+    try:
+        if p.suffix == ".npz":
+            with np.load(p, allow_pickle=False) as z:
+                return {k: z[k] for k in z.files}
+        return torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        why = " ".join(str(err).split())
+        code = any(w in why for w in ("GLOBAL", "allowlisted", "Can only", "is blocked"))
+        raise DataError("refused: it holds Python objects that would run code when loaded" if code else
+                        "is corrupt (its pickle cannot be read)", path=p,
+                        hint="save plain tensors or arrays (images uint8 [N, C, H, W], labels int [N])") from None
+    except ValueError as err:
+        if "pickle" in str(err).lower():  # numpy: object arrays need pickle, which vitkit never allows
+            raise DataError("holds object arrays (pickled Python objects), which vitkit does not load", path=p,
+                            hint="save numeric arrays: np.savez(path, images=uint8_array, labels=int_array)") from None
+        raise DataError(f"could not be read ({' '.join(str(err).split())})", path=p,
+                        hint="the file is truncated or corrupt") from None
+    except (zipfile.BadZipFile, EOFError, RuntimeError, KeyError, UnicodeDecodeError) as err:
+        raise DataError(f"could not be read ({' '.join(str(err).split()) or type(err).__name__})", path=p,
+                        hint="the file is truncated or corrupt, write it again") from None
 
 
 # --- one entry point ----------------------------------------------------------------------------
