@@ -24,7 +24,11 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+    except OSError as err:  # e.g. a read-only folder: name the file we wanted, not the temporary one
+        from .errors import OutputError, os_error_hint
+        raise OutputError("could not be written", path=path, hint=os_error_hint(err.errno)) from err
     os.close(fd)
     tmp_path = Path(tmp)
     try:

@@ -84,7 +84,10 @@ def _tolerant_output() -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # argparse's usage errors (2), --help and --version (0): a return code
+        return stop.code if isinstance(stop.code, int) else 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+from ..errors import UsageError
 from ._util import parse_overrides, positive_int
 
 
@@ -88,7 +89,7 @@ def _run(args, ov: dict) -> int:
         return 0
     out = Path(args.out) if args.out else Path("runs") / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.resume and not args.out:
-        raise ValueError("--resume needs --out RUN_FOLDER (the run to continue)")
+        raise UsageError("--resume needs --out RUN_FOLDER (the run to continue)")
     res = train(recipe, out, resume=args.resume, progress=not args.no_progress)
     if res:
         _report(res, out)
