@@ -319,6 +319,25 @@ def test_analyze_skips_a_bad_image_like_predict(c, capsys):
     assert err.count("vitkit analyze: skipped") == 2 and (out_dir / "summary.json").is_file()
 
 
+def test_eval_over_a_folder_skips_unreadable_images_and_exits_3(c, capsys, tmp_path):
+    folder = tmp_path / "folder"
+    for cls in ("a", "b"):
+        (folder / cls).mkdir(parents=True)
+        for i in range(3):
+            shutil.copy(c.good, folder / cls / f"{i}.png")
+    shutil.copy(c.corrupt_img, folder / "a" / "broken.png")
+    shutil.copy(c.truncated_img, folder / "b" / "cut.png")
+    code, out, err = run(capsys, ["eval", c.model, "--data", f"folder:{folder}", "--split", "train", "--json"])
+    assert code == 3 and "Traceback" not in err, err
+    assert err.count("vitkit eval: skipped") == 2 and "broken.png" in err and "cut.png" in err
+    assert json.loads(out)["n"] == 6 and "evaluated 6 of 8 images, 2 skipped" in err
+    for cls in ("a", "b"):
+        for i in range(3):
+            (folder / cls / f"{i}.png").unlink()
+    code, _, err = run(capsys, ["eval", c.model, "--data", f"folder:{folder}", "--split", "train"])
+    assert code == 1 and "Traceback" not in err and err.count("vitkit eval: skipped") == 2
+
+
 def test_non_utf8_file_names_print(c, tmp_path):
     folder = tmp_path / "names"
     folder.mkdir()

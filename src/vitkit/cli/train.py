@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ..errors import UsageError
-from ._util import parse_overrides, positive_int
+from ._util import ManyFiles, parse_overrides, positive_int
 
 
 def _common(p, default_recipe: str) -> None:
@@ -125,13 +125,19 @@ def _eval(args) -> int:
 
     res = evaluate_checkpoint(args.checkpoint, args.data, args.split, root=args.root, batch_size=args.batch_size,
                               device=args.device, workers=args.workers, tta=args.tta)
+    many = ManyFiles("eval")  # an image folder with unreadable files: each reported, the rest evaluated
+    for bad in res.get("unreadable", []):
+        many.skip(bad["path"], bad["error"])
+    many.ok = res["n"]
+    if not res["n"]:
+        return many.exit_code("images", "evaluated")
     if args.json:
         print(json.dumps(res))
     else:
         tta = ", flip TTA" if args.tta == "flip" else ""
         print(f"{args.data} [{args.split}, {res['n']} images{tta}]: top-1 {100 * res['top1']:.2f}%, "
               f"top-5 {100 * res['top5']:.2f}%, loss {res['loss']:.4f}")
-    return 0
+    return many.exit_code("images", "evaluated")
 
 
 def _recipes(args) -> int:

@@ -89,6 +89,11 @@ class FileImages:
     channels: int = 3
     name: str = "files"
     reader: Optional[Callable[[Any], bytes]] = field(default=None, repr=False)
+    # Evaluation of a folder (vitkit eval): an unreadable image becomes a blank one with the label
+    # -(index + 1), which evaluate() leaves out and reports, instead of stopping everything. Training keeps
+    # the default: a bad file stops it with one line naming the file (a training set with holes would
+    # silently change the run).
+    skip_unreadable: bool = False
 
     in_memory = False
 
@@ -114,7 +119,8 @@ class FileImages:
                 img = Image.open(src)
             img.load()
         except Exception as err:
-            raise ValueError(f"{self.name}: image {src} is not readable ({err}): remove or replace the file") from None
+            raise DataError(f"is not a readable image ({' '.join(str(err).split()) or type(err).__name__})",
+                            path=src, hint=f"remove or replace the file ({self.name})") from None
         img = img.convert("L" if self.channels == 1 else "RGB")
         w, h = img.size
         s = self.load_size / min(w, h)
@@ -127,14 +133,20 @@ class FileImages:
         return t.unsqueeze(0) if t.ndim == 2 else t.permute(2, 0, 1)
 
     def __getitem__(self, i: int) -> Tuple[torch.Tensor, int]:
+        if self.skip_unreadable:
+            try:
+                return self.decode(i), int(self.items[i][1])
+            except DataError:
+                return torch.zeros(self.channels, self.load_size, self.load_size, dtype=torch.uint8), -(i + 1)
         return self.decode(i), int(self.items[i][1])
 
     def gather(self, index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        return torch.stack([self.decode(int(i)) for i in index]), self.labels[index]
+        images, labels = zip(*(self[int(i)] for i in index))
+        return torch.stack(images), torch.tensor(labels, dtype=torch.int64)
 
     def subset(self, index: Sequence[int], name: Optional[str] = None) -> "FileImages":
         return FileImages([self.items[int(i)] for i in index], self.classes, self.load_size, self.channels,
-                          name or self.name, self.reader)
+                          name or self.name, self.reader, self.skip_unreadable)
 
     def to_memory(self) -> TensorImages:
         """Decode everything once (for small folders)."""
@@ -269,7 +281,6 @@ def tensor_file(path: PathLike, split: str = "train") -> TensorImages:
 def _read_tensor_file(p: Path) -> Any:
     """The arrays of a ``.npz`` (no pickled objects) or ``.pt`` (torch.load weights_only=True) file; a
     damaged or code-carrying file raises DataError naming it."""
-    import pickle
     import zipfile
     try:
         if p.suffix == ".npz":
