@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from ..errors import DataError, UsageError
 from ._util import ManyFiles, positive_int
 
 DEFAULT_CACHE = "~/.cache/vitkit/features"
@@ -116,7 +117,7 @@ def _size(values: Optional[List[int]]):
     if not values:
         return None
     if len(values) > 2:
-        raise ValueError("--img-size takes N or H W")
+        raise UsageError("--img-size takes N or H W")
     return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
 
 
@@ -141,12 +142,12 @@ def _fewshot(args) -> int:
     from ..utils import write_json_atomic
 
     if not args.checkpoints and not args.pixels:
-        raise ValueError("give at least one CHECKPOINT, or --pixels for the raw-pixel baseline")
+        raise UsageError("give at least one CHECKPOINT, or --pixels for the raw-pixel baseline")
     shots = sorted(set(args.shots or []))
     if not shots and not args.linear_probe:
-        raise ValueError("nothing to do: give --shots or --linear-probe")
+        raise UsageError("nothing to do: give --shots or --linear-probe")
     if args.seeds < 1:
-        raise ValueError("--seeds must be at least 1")
+        raise UsageError("--seeds must be at least 1")
     models = [(ckpt, load_checkpoint(ckpt, device=args.device)) for ckpt in args.checkpoints]
     chans = models[0][1].config.in_chans if models else 3
     size = args.load_size or (max(models[0][1].config.img_size) if models else 224)
@@ -204,7 +205,7 @@ def _analyze(args) -> int:
     from ..eval.features import model_preprocessing, prepare_images
 
     if not args.images and not args.data:
-        raise ValueError("give IMAGE files or folders, or --data fashion-mnist, to analyse the model on")
+        raise UsageError("give IMAGE files or folders, or --data fashion-mnist, to analyse the model on")
     model = load_checkpoint(args.checkpoint, _size(args.img_size), args.device)
     cfg = model.config
     display, inputs, names = [], [], []
@@ -231,7 +232,7 @@ def _analyze(args) -> int:
             inputs.append(x)
             names += [f"{classes[int(ys[i])]} (test #{i})" for i in pick]
     if not inputs:
-        raise ValueError("no images for the rollout grid: give IMAGE files or --rollout-images N >= 1")
+        raise DataError("no images for the rollout grid: give IMAGE files or --rollout-images N >= 1")
     summary = analyze(model, torch.cat(inputs), args.out, display=torch.cat(display), names=names,
                       distance_inputs=dist_inputs, head_fusion=args.head_fusion, num_filters=args.filters,
                       batch_size=args.batch_size, title=args.title,

@@ -5,6 +5,7 @@ import json
 import shlex
 import sys
 
+from ..errors import UsageError
 from ._util import parse_overrides, positive_int
 
 WHAT = ("inference", "latency", "train", "memory", "roofline")
@@ -64,11 +65,11 @@ def _bench(args) -> int:
     for name, values in (("--batch", args.batch), ("--train-batch", args.train_batch),
                          ("--memory-batch", args.memory_batch)):
         if any(v < 1 for v in values):
-            raise ValueError(f"{name} takes positive batch sizes, got {values}")
+            raise UsageError(f"{name} takes positive batch sizes, got {values}")
     if args.repeats < 1 or args.warmup < 0:
-        raise ValueError("--repeats must be at least 1 and --warmup at least 0")
+        raise UsageError("--repeats must be at least 1 and --warmup at least 0")
     if args.img_size and any(s < 1 for s in args.img_size):
-        raise ValueError(f"--img-size takes positive sizes, got {args.img_size}")
+        raise UsageError(f"--img-size takes positive sizes, got {args.img_size}")
     log = (lambda m: None) if args.quiet or args.json else (lambda m: print(m, file=sys.stderr, flush=True))
     opts = BenchOptions(device=args.device, warmup=args.warmup, repeats=args.repeats,
                         peers=parse_peers(args.peers), roofline=not args.no_roofline, peer_bf16=args.peer_bf16,

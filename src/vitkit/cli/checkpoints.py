@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from ..errors import NotFoundError
 from ._util import ManyFiles, positive_int
 
 
@@ -111,7 +112,7 @@ def _weights(args) -> int:
     if args.name:
         entry = get_known(args.name)
         if entry is None:
-            raise ValueError(f"unknown checkpoint {args.name!r}: run 'vitkit weights' for the list")
+            raise NotFoundError(f"unknown checkpoint {args.name!r}: run 'vitkit weights' for the list")
         print(json.dumps(entry.to_dict(), indent=2))
         return 0
     rows = list_known()

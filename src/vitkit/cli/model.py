@@ -5,6 +5,7 @@ import json
 
 from ..config import PAPER_MODELS, config_from_name, list_models
 from ..models.cost import cost, format_cost
+from ..errors import UsageError
 from ._util import parse_overrides, positive_int
 
 
@@ -39,7 +40,7 @@ def _info(args) -> int:
     size = None
     if args.img_size:
         if len(args.img_size) > 2:
-            raise ValueError("--img-size takes N or H W")
+            raise UsageError("--img-size takes N or H W")
         size = tuple(args.img_size) if len(args.img_size) == 2 else args.img_size[0]
     names = args.models or list(PAPER_MODELS)
     for i, name in enumerate(names):
