@@ -144,6 +144,12 @@ def c(tmp_path_factory):
     ns.no_images = d / "no_images"
     (ns.no_images / "cat").mkdir(parents=True)
     (ns.no_images / "cat" / "readme.txt").write_text("no images here")
+    ns.fold = d / "fold"  # an image folder with one unreadable file
+    for cls in ("a", "b"):
+        (ns.fold / cls).mkdir(parents=True)
+        for i in range(4):
+            shutil.copy(ns.good, ns.fold / cls / f"{i}.png")
+    shutil.copy(ns.corrupt_img, ns.fold / "a" / "zz.png")
     ns.bad_yaml = d / "bad.yaml"
     ns.bad_yaml.write_text("model: {width: [1, 2\noptim: : :\n")
     return ns
@@ -194,6 +200,10 @@ CASES = {
                                           c.d / "run-x"], 1, ["empty_dir", "class sub-folders"]),
     "folder-without-images": (lambda c: ["train", "--data", f"folder:{c.no_images}", "-r", c.recipe, "--out",
                                          c.d / "run-x"], 1, ["no_images", "no images"]),
+    "train-folder-bad-image-in-a-worker": (lambda c: ["train", "-r", c.recipe, "--data", f"folder:{c.fold}", "--set",
+                                                      "data.workers=2", "--set", "data.eval_split=null", "--steps",
+                                                      "6", "--set", "optim.batch_size=9", "--out", c.d / "run-w"],
+                                           1, ["zz.png", "not a readable image"]),
     "unknown-dataset": (lambda c: ["train", "--data", "imagenet-99:/x", "-r", c.recipe, "--out", c.d / "run-x"], 1,
                         ["unknown dataset"]),
     "eval-truncated-data": (lambda c: ["eval", c.model, "--data", f"tensors:{c.trunc_npz}"], 1, ["trunc.npz"]),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 import traceback
 import warnings
@@ -69,6 +70,9 @@ def _raised_by_vitkit(err: BaseException) -> bool:
 
 
 def _one_line(text: str) -> str:
+    if "Original Traceback" in text:  # re-raised from a DataLoader worker: keep the worker's own message
+        last = [ln for ln in text.splitlines() if ln.strip()][-1]
+        text = re.sub(r"^[A-Za-z_][\w.]*: ", "", last.strip())
     return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 

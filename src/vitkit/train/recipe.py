@@ -32,7 +32,7 @@ class DataConfig:
     dataset: Optional[str] = "fashion-mnist"  # fashion-mnist | mnist | cifar10:DIR | cifar100:DIR | folder:DIR | shards:PATTERN | tensors:FILE
     root: Optional[str] = None  # folder for specs without a path (e.g. Fashion-MNIST elsewhere)
     train_split: str = "train"
-    eval_split: str = "test"
+    eval_split: Optional[str] = "test"  # null: no test split (periodic evaluation on val_fraction only)
     val_fraction: float = 0.0  # held out of the training split for periodic evaluation (0: evaluate on eval_split)
     mean: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     std: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
