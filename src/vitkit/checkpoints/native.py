@@ -85,6 +85,13 @@ def read_meta(path: PathLike) -> Dict[str, Any]:
                               hint="upgrade vitkit")
     if not isinstance(d.get("config"), dict):
         raise CheckpointError("has no 'config' mapping", path=meta, hint="the checkpoint's description is damaged")
+    labels = d.get("labels")
+    if labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
+        raise CheckpointError("'labels' must be a list of class names or null", path=meta,
+                              hint="the checkpoint's description is damaged")
+    if d.get("preprocessing") is not None and not isinstance(d["preprocessing"], dict):
+        raise CheckpointError("'preprocessing' must be a mapping or null", path=meta,
+                              hint="the checkpoint's description is damaged")
     return d
 
 
