@@ -378,7 +378,7 @@ def test_analyze_command_on_real_photos(tmp_path, capsys):
     assert summary["rollout"]["head_fusion"] == "max"
     assert summary["posemb_similarity"]["grid"] == [6, 6]  # analysed at 48 px: the table was resized
     assert summary["attention_distance"]["num_images"] == 2
-    assert main(["analyze", str(tmp_path / "ckpt"), "--out", str(out)]) == 1
+    assert main(["analyze", str(tmp_path / "ckpt"), "--out", str(out)]) == 2  # a usage error
     assert "IMAGE" in capsys.readouterr().err
 
 
