@@ -75,6 +75,16 @@ def test_sincos_similarity_decays_with_grid_distance():
     assert torch.allclose(pe.reshape(10, 10, 64)[0, :, :16], pe.reshape(10, 10, 64)[7, :, :16])
 
 
+def test_sincos_values_are_big_visions_formula():
+    """posemb_sincos_2d of big_vision, written out in numpy, on a non-square grid (3 rows, 5 columns)."""
+    gh, gw, width = 3, 5, 16
+    y, x = np.mgrid[:gh, :gw]
+    omega = 1.0 / 10000.0 ** (np.arange(width // 4) / (width // 4 - 1))
+    y, x = y.reshape(-1, 1) * omega, x.reshape(-1, 1) * omega
+    want = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
+    np.testing.assert_allclose(sincos_2d((gh, gw), width).numpy(), want, rtol=0, atol=1e-6)
+
+
 def test_relative_bias_depends_only_on_offset():
     rel = RelativePositionBias((3, 4), num_heads=2, class_token=True)
     torch.nn.init.normal_(rel.table)
@@ -87,6 +97,15 @@ def test_relative_bias_depends_only_on_offset():
     torch.testing.assert_close(bias[:, 0, 5], rel.cls[:, 0])
     torch.testing.assert_close(bias[:, 5, 0], rel.cls[:, 1])
     torch.testing.assert_close(bias[:, 0, 0], rel.cls[:, 2])
+    # over all pairs: equal biases exactly where the 2D offsets are equal (the table's values are distinct),
+    # so no pair reads another offset's entry (rows and columns swapped, |offset|, a flattened index)
+    ys, xs = torch.arange(12) // 4, torch.arange(12) % 4
+    offset = torch.stack([ys[:, None] - ys[None, :], xs[:, None] - xs[None, :]], -1).reshape(144, 2)
+    same_offset = (offset[:, None] == offset[None, :]).all(-1)
+    for h in range(2):
+        b = bias[h, 1:, 1:].reshape(144)
+        assert torch.equal(b[:, None] == b[None, :], same_offset)
+    assert len(torch.unique(bias[0, 1:, 1:])) == 5 * 7  # every offset of a 3x4 grid is used
     # zero offset everywhere on the diagonal
     torch.testing.assert_close(torch.diagonal(bias[:, 1:, 1:], dim1=1, dim2=2),
                                rel.table[:, 2, 3][:, None].expand(2, 12))
