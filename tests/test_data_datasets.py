@@ -102,6 +102,12 @@ def test_image_folder_layouts(tmp_path):
     assert len(d) == 6 and d.classes == ["cat", "dog"] and d.labels.tolist() == [0, 0, 0, 1, 1, 1]
     x, y = d.gather(torch.tensor([0, 5]))
     assert x.shape == (2, 3, 16, 16) and x.dtype == torch.uint8 and y.tolist() == [0, 1]
+    # at the shorter side's own size (14 of 20 x 14) nothing is resampled: the centre crop is rows 3..16,
+    # channels first, of the file's pixels
+    files = image_folder(tmp_path / "flat", load_size=14).gather(torch.tensor([1, 4]))[0]
+    for got, path in zip(files, (tmp_path / "flat" / "cat" / "1.png", tmp_path / "flat" / "dog" / "1.png")):
+        with Image.open(path) as im:
+            assert torch.equal(got, torch.from_numpy(np.array(im)[3:17]).permute(2, 0, 1)), path
     # the authors' {train,test}/class layout; the test split keeps the training label order
     _write_images(tmp_path / "split" / "train", ["a", "b", "c"], 2)
     _write_images(tmp_path / "split" / "test", ["b", "c"], 1)
