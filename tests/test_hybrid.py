@@ -156,12 +156,27 @@ def test_root_only_and_larger_feature_patches(tiny_cfg):
 
 
 def test_other_resolutions(tiny_hybrid):
+    from vitkit.models.posemb import resize_pos_embed
+
     model = vitkit.VisionTransformer(tiny_hybrid.replace(dynamic_img_size=True)).eval()
-    out = model.forward_intermediates(torch.randn(1, 3, 64, 48))
+    with torch.no_grad():  # random weights everywhere (zero head and zero gn3 would hide differences)
+        for p in model.parameters():
+            p.normal_(std=0.1)
+    x = torch.randn(2, 3, 64, 48)
+    out = model.forward_intermediates(x)
     assert out["grid"] == (8, 6)
     fixed = vitkit.VisionTransformer(tiny_hybrid).eval()
-    fixed.set_img_size(64)
-    assert fixed.pos_embed.shape[1] == 65 and fixed(torch.randn(1, 3, 64, 64)).shape == (1, 10)
+    fixed.load_state_dict(model.state_dict())
+    table = fixed.pos_embed.detach().clone()
+    fixed.set_img_size((64, 48))
+    # the 4x4 table resized to the 8x6 grid of the stride-8 map (bilinear, class slot kept), and the same
+    # function as the dynamic model's on-the-fly resize
+    assert fixed.pos_embed.shape[1] == 49
+    torch.testing.assert_close(fixed.pos_embed.detach(), resize_pos_embed(table, (4, 4), (8, 6), 1, "bilinear"))
+    with torch.no_grad():
+        want = model(x)
+        assert want.std() > 1e-3
+        torch.testing.assert_close(fixed(x), want, rtol=1e-5, atol=1e-6)
 
 
 def test_cost_matches_flop_counter_and_parameters(tiny_hybrid):
