@@ -56,11 +56,17 @@ def test_resize_errors():
 
 
 def test_bf16_tables_are_resized_in_float32_and_keep_dtype():
-    table = torch.randn(1, 17, 8).bfloat16()
-    out = resize_pos_embed(table, (4, 4), (6, 6))
+    # 14x14 -> 37x37: a size where interpolating in bf16 itself rounds differently (at 4x4 -> 6x6 it does
+    # not, and the comparison could not fail)
+    table = torch.randn(1, 1 + 14 * 14, 8).bfloat16()
+    out = resize_pos_embed(table, (14, 14), (37, 37))
     assert out.dtype == torch.bfloat16
-    ref = resize_pos_embed(table.float(), (4, 4), (6, 6)).bfloat16()
-    torch.testing.assert_close(out, ref)
+    ref = resize_pos_embed(table.float(), (14, 14), (37, 37)).bfloat16()
+    assert torch.equal(out, ref)
+    grid = table[:, 1:].reshape(1, 14, 14, 8).permute(0, 3, 1, 2)
+    in_bf16 = torch.nn.functional.interpolate(grid, size=(37, 37), mode="bilinear", align_corners=True)
+    assert in_bf16.dtype == torch.bfloat16 and not torch.equal(in_bf16.permute(0, 2, 3, 1).reshape(1, -1, 8),
+                                                               out[:, 1:])
 
 
 def test_sincos_similarity_decays_with_grid_distance():
