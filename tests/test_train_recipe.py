@@ -151,7 +151,10 @@ def _tiny_model():
 def test_gradient_accumulation_equals_the_full_batch_step():
     from vitkit.train import TrainStep
 
-    x, y = torch.randn(8, 1, 8, 8), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    # 10 images in 4 micro-batches of 3, 3, 3 and 1: each must count by its size (with equal micro-batches
+    # a plain average of the micro-batch losses gives the same step)
+    x, y = torch.randn(10, 1, 8, 8), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2, 2])
+    assert [len(c) for c in x.chunk(4)] == [3, 3, 3, 1]
     out = []
     for accum in (1, 4):
         m = _tiny_model()
