@@ -147,6 +147,12 @@ def test_fewshot_picks_l2_on_validation_not_test():
     chosen = [p for p in res.per_l2 if p["l2"] == res.l2][0]
     assert chosen["val"] == best_val and res.val_accuracy == best_val
     assert res.mean == pytest.approx(chosen["test"])
+    assert len({p["val"] for p in res.per_l2}) > 1 and len({p["test"] for p in res.per_l2}) > 1  # a real choice
+    # the test labels scrambled: the validation numbers and the choice stay, only the test numbers move
+    scrambled = fewshot_evaluate(x, y, xt, np.random.default_rng(7).permutation(yt), shots=[5], seeds=[0, 1],
+                                 val_per_class=10)[0]
+    assert [p["val"] for p in scrambled.per_l2] == [p["val"] for p in res.per_l2] and scrambled.l2 == res.l2
+    assert [p["test"] for p in scrambled.per_l2] != [p["test"] for p in res.per_l2]
     with pytest.raises(ValueError, match="validation"):
         fewshot_evaluate(x, y, xt, yt, shots=[5], seeds=[0], val_per_class=0)
     single = fewshot_evaluate(x, y, xt, yt, shots=[5], seeds=[0], val_per_class=0, l2_grid=[1.0])[0]
