@@ -228,7 +228,7 @@ def test_pretrain_mpp_fills_the_run_folder_and_learns(mpp_run):
     assert "mpp:" in (out / "recipe.yaml").read_text()
 
 
-def test_pretrain_mpp_resumes_exactly(quadrants, mpp_run):
+def test_pretrain_mpp_resumes_exactly(quadrants, mpp_run, monkeypatch):
     from safetensors.torch import load_file
 
     from vitkit.train.mpp import MPPTrainer
@@ -236,7 +236,15 @@ def test_pretrain_mpp_resumes_exactly(quadrants, mpp_run):
     d, data = quadrants
     out = d / "resumed"
     assert MPPTrainer(_recipe(data), out, progress=False, stop_after=20).fit() == {"stopped_at": 20}
+    # count the training forward passes of the resumed part: a run started over from step 0 would end
+    # with the same weights too (same seed), so equal weights alone do not show a resume
+    steps = []
+    forward = MaskedPatchPrediction.forward
+    monkeypatch.setattr(MaskedPatchPrediction, "forward",
+                        lambda self, *a, **k: (steps.append(1) if self.training and torch.is_grad_enabled() else None,
+                                               forward(self, *a, **k))[1])
     MPPTrainer(_recipe(data), out, progress=False, resume=True).fit()
+    assert len(steps) == 48 - 16  # from the last checkpoint (every 8 steps) before the stop at 20
     a, b = load_file(str(mpp_run[0] / "model/model.safetensors")), load_file(str(out / "model/model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
