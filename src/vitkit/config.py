@@ -309,6 +309,8 @@ def _coerce(value: Any, tp: Any, scalar_pairs: bool = False) -> Any:
     if tp is str:
         if isinstance(value, str):
             return value
+        if value is None:  # a field that is always a string: `--set augment.crop=none` means the word
+            return "none"
         if isinstance(value, numbers.Real) and not isinstance(value, bool):  # --set data.dataset=123
             return str(value)
         raise _Mismatch
