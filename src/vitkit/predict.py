@@ -2,13 +2,15 @@
 
 Images are decoded with :func:`vitkit.data.preprocess.load_image` (grayscale,
 palette, RGBA, CMYK and 16-bit files converted), preprocessed with the model's
-own preset (``model.preprocessing``, else the one named), batched, and
+own preset (``model.meta.preprocessing``, else the one named), batched, and
 classified. A file that cannot be read is reported in its result and
 skipped; the others are still classified. ``save_crop`` writes the exact
 pixels that reached the model (after resize and crop, before normalising).
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,33 +46,54 @@ class Prediction:
         return d
 
 
-def resolve_preset(model, preset: Union[None, str, Preset, Dict[str, Any]] = None) -> Preset:
-    """The preset given, else the model's own (from its checkpoint), else an error asking for one."""
+def create_transform(model, preset: Union[None, str, Preset, Dict[str, Any]] = None) -> Preset:
+    """The model's own preprocessing as a callable (image or path -> normalised tensor [C, H, W]) at the
+    model's resolution: ``preset`` when given, else what its checkpoint says (``model.meta.preprocessing``)."""
     size = model.config.img_size
     if preset is not None:
         return get_preset(preset, size)
-    own = getattr(model, "preprocessing", None)
-    if own:
-        return get_preset(own, size)
+    if model.meta.preprocessing:
+        return get_preset(model.meta.preprocessing, size)
     raise ValueError("the model carries no preprocessing (its checkpoint did not say): pass a preset, e.g. "
                      "--preset torchvision, hf, authors or timm")
 
 
-def classify(model, images: Sequence[Union[PathLike, Image.Image]], *, topk: int = 5, batch_size: int = 32,
+def classify(weights, images: Sequence[Union[PathLike, Image.Image]], *, topk: int = 5, batch_size: int = 32,
              preset: Union[None, str, Preset, Dict[str, Any]] = None, save_crop: Optional[PathLike] = None,
-             progress: bool = True, device: Union[str, torch.device, None] = None) -> Iterator[Prediction]:
-    """Yield one :class:`Prediction` per image, in input order (errors included, as results)."""
+             progress: bool = False, device: Union[str, torch.device, None] = None,
+             offline: Optional[bool] = None) -> List[Prediction]:
+    """Top-``topk`` classes of each image, in input order (unreadable images as results with ``error``).
+
+    ``weights``: a model, or anything :func:`vitkit.load_weights` takes (path, known name, Hub id, URL).
+
+    >>> preds = vitkit.classify("torchvision/vit_b_16", ["chelsea.png"])      # doctest: +SKIP
+    >>> preds[0].top[0]["label"], preds[0].top[0]["prob"]                      # doctest: +SKIP
+    ('Egyptian cat', 0.660...)
+    """
+    if not isinstance(weights, torch.nn.Module):
+        from .checkpoints import load_weights
+        weights = load_weights(weights, offline=offline, progress=progress)
+    if device is not None:
+        weights = weights.to(device)
+    return list(iter_classify(weights, images, topk=topk, batch_size=batch_size, preset=preset,
+                              save_crop=save_crop, progress=progress))
+
+
+def iter_classify(model, images: Sequence[Union[PathLike, Image.Image]], *, topk: int = 5, batch_size: int = 32,
+                  preset: Union[None, str, Preset, Dict[str, Any]] = None, save_crop: Optional[PathLike] = None,
+                  progress: bool = True) -> Iterator[Prediction]:
+    """Yield one :class:`Prediction` per image, in input order, as each batch is done (on the model's device)."""
     if topk < 1:
         raise ValueError(f"topk must be at least 1, got {topk}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    pre = resolve_preset(model, preset)
-    labels = getattr(model, "labels", None)
+    pre = create_transform(model, preset)
+    labels = model.meta.labels
     n_classes = model.config.num_classes
     if n_classes == 0:
         raise ValueError("the model has no classification head (num_classes=0): load a checkpoint with a head")
     k = min(topk, n_classes)
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    device = next(model.parameters()).device
     gray = model.config.in_chans == 1
     if model.config.in_chans not in (1, 3):
         raise ValueError(f"images have 3 (RGB) or 1 (gray) channels; the model takes {model.config.in_chans}")
@@ -147,3 +170,23 @@ def format_table(pred: Prediction) -> str:
 
 def format_json(pred: Prediction) -> str:
     return json.dumps(pred.to_dict())
+
+
+CSV_FIELDS = ("path", "rank", "index", "label", "prob", "error")
+
+
+def write_csv(preds: Sequence[Prediction], path: PathLike) -> Path:
+    """One row per image and rank (``path, rank, index, label, prob``); a skipped image gets one row with
+    its ``error``. Written atomically."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w.writeheader()
+    for pred in preds:
+        if not pred.ok:
+            w.writerow({"path": pred.source, "error": pred.error})
+        for t in pred.top:
+            w.writerow({"path": pred.source, **{k: t[k] for k in ("rank", "index", "label", "prob")}})
+    out = Path(path)
+    with atomic_path(out) as tmp:
+        tmp.write_text(buf.getvalue(), encoding="utf-8")
+    return out

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any, Iterator, Union
 
@@ -15,19 +16,47 @@ PathLike = Union[str, os.PathLike]
 def atomic_path(path: PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success it is renamed over ``path`` atomically.
 
-    A crash or exception leaves any previous file at ``path`` untouched.
+    A crash or exception leaves any previous file at ``path`` untouched. The file is created with the
+    permissions any tool gives a new file (0666 less the umask). Its name carries the writer's process id
+    (``.NAME.PID.XXXXXXXX.tmp``), so temporary files left by a killed writer are removed on the next write.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    _remove_orphans(path)
+    while True:
+        tmp_path = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            os.close(os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            break
+        except FileExistsError:
+            continue
     try:
         yield tmp_path
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def _remove_orphans(path: Path) -> None:
+    """Delete ``.NAME.PID.*.tmp`` files next to ``path`` whose writing process no longer exists."""
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2:].split(".", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+def _alive(pid: int) -> bool:
+    if os.name == "nt":  # os.kill would terminate the process there: assume it is alive
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
 
 
 def write_json_atomic(path: PathLike, obj: Any) -> None:

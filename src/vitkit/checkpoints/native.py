@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-import torch
 from safetensors.torch import load_file, save_file
 
 from ..config import ViTConfig
@@ -25,8 +24,11 @@ META = "vitkit.json"
 
 def save_model(model: VisionTransformer, path: PathLike, *, labels: Optional[List[str]] = None,
                preprocessing: Optional[Dict[str, Any]] = None, extra: Optional[Dict[str, Any]] = None) -> Path:
-    """Write ``model`` to the folder ``path`` (created if needed); files are replaced atomically."""
+    """Write ``model`` to the folder ``path`` (created if needed); files are replaced atomically.
+    ``labels`` and ``preprocessing`` default to the model's own (``model.meta``)."""
     folder = Path(path)
+    labels = labels if labels is not None else model.meta.labels
+    preprocessing = preprocessing if preprocessing is not None else model.meta.preprocessing
     folder.mkdir(parents=True, exist_ok=True)
     if labels is not None and model.config.num_classes and len(labels) != model.config.num_classes:
         raise ValueError(f"{len(labels)} labels given for a {model.config.num_classes}-class model")
@@ -87,24 +89,3 @@ def read_native(path: PathLike):
     extra = meta.get("extra") or {}
     return Checkpoint(state, config, FORMAT, labels=meta.get("labels"), preprocessing=meta.get("preprocessing"),
                       layout=dict(extra.get("source_layout") or {}), source=str(folder))
-
-
-def load_model(path: PathLike, map_location: str = "cpu") -> VisionTransformer:
-    """Rebuild a model saved with :func:`save_model`. Sets ``model.labels`` and ``model.preprocessing``."""
-    p = Path(path)
-    folder = p if p.is_dir() else p.parent
-    meta = read_meta(folder)
-    model = VisionTransformer(ViTConfig.from_dict(meta["config"]))
-    weights = folder / WEIGHTS
-    try:
-        state = load_file(str(weights), device=map_location)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{weights} not found next to {META}") from None
-    except Exception as err:  # safetensors raises its own error types for truncated/corrupt headers
-        raise ValueError(f"{weights} could not be read ({err}): the file is truncated or corrupt") from None
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"{weights} does not fit its config: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
-    model.labels = meta.get("labels")
-    model.preprocessing = meta.get("preprocessing")
-    return model.eval()

@@ -5,32 +5,43 @@ import json
 import sys
 
 
+def _weights_args(p, name: str = "--weights-file") -> None:
+    """The options every command that reads weights by name shares."""
+    p.add_argument(name, help="the local file for a known checkpoint name")
+    p.add_argument("--offline", action="store_true", default=None,
+                   help="use only files already on this machine (as HF_HUB_OFFLINE=1 does)")
+
 
 def register(sub) -> None:
     p = sub.add_parser("convert", help="convert weights between vitkit, npz, torchvision, timm and hf layouts",
                        description="Read SRC in any supported format (recognised from its contents) and write it "
                        "in the format --to. Tensors are copied exactly: converting A -> B -> A gives A's tensors.")
-    p.add_argument("src", help="weights file or folder (any format), or a known checkpoint name")
+    p.add_argument("src", help="weights file or folder (any format), a known checkpoint name, Hub id or URL")
     p.add_argument("dst", help="output file (npz, torchvision, timm) or folder (vitkit, hf; timm when DST is not a "
                    ".pth / .bin / .safetensors name: timm's Hub folder)")
     p.add_argument("--to", required=True, choices=["vitkit", "npz", "torchvision", "timm", "hf"])
-    p.add_argument("--safetensors", action="store_true", help="torchvision/timm: write .safetensors, not .pth")
+    p.add_argument("--safetensors", action="store_true",
+                   help="torchvision/timm: write safetensors, not a pickle (implied by a .safetensors DST)")
+    p.add_argument("--force", "--overwrite", action="store_true", help="replace DST if it exists")
     p.add_argument("--flavour", choices=["vit_jax", "big_vision"], help="npz layout (default: as read, else vit_jax)")
     p.add_argument("--prefix", help="npz: key prefix such as 'params/' (default: as read, else none)")
     p.add_argument("--num-heads", type=int, help="heads, for torchvision/timm files of non-standard sizes")
-    p.add_argument("--weights-file", help="the local file for a known checkpoint name")
+    _weights_args(p)
     p.set_defaults(func=_convert)
 
     p = sub.add_parser("predict", help="classify images with a checkpoint (top-k labels and probabilities)")
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders (searched recursively)")
-    p.add_argument("--weights", "-w", required=True, help="checkpoint path (any format) or known name")
-    p.add_argument("--weights-file", help="the local file for a known checkpoint name")
+    p.add_argument("--weights", "-w", required=True,
+                   help="checkpoint path (any format), known name (vitkit weights), Hub id or URL")
+    _weights_args(p)
     p.add_argument("--topk", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--preset", help="preprocessing preset (default: the checkpoint's own)")
     p.add_argument("--img-size", type=int, help="run at this resolution (position embeddings resized)")
     p.add_argument("--save-crop", metavar="DIR", help="save the exact crop each image became, as PNG")
     p.add_argument("--json", action="store_true", help="print one JSON object per image")
+    p.add_argument("--csv", metavar="FILE", help="also write the results as CSV (path, rank, index, label, prob)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps, ... (default: cpu)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_predict)
 
@@ -41,51 +52,62 @@ def register(sub) -> None:
     p.add_argument("--img-size", type=int, help="export at this resolution")
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--static-batch", action="store_true", help="fix the batch size instead of a dynamic axis")
-    p.add_argument("--weights-file", help="the local file for a known checkpoint name")
+    _weights_args(p)
     p.set_defaults(func=_export)
 
     p = sub.add_parser("weights", help="list known pretrained checkpoints and where to get them")
     p.add_argument("name", nargs="?", help="show one entry in full")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--download", action="store_true", help="fetch NAME (any name -w takes) into the cache now")
     p.set_defaults(func=_weights)
 
     p = sub.add_parser("inspect", help="recognise a checkpoint's format and show its config (reads nothing else)")
     p.add_argument("weights")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--offline", action="store_true", default=None, help="use only files already on this machine")
     p.set_defaults(func=_inspect)
 
 
 def _convert(args) -> int:
-    from ..checkpoints import convert
-    from ..checkpoints.load import _resolve
+    from ..checkpoints import convert, resolve_weights
 
-    src, _ = _resolve(args.src, args.weights_file, None)
+    src = resolve_weights(args.src, file=args.weights_file, offline=args.offline).path
     out = convert(src, args.dst, args.to, num_heads=args.num_heads, safetensors=args.safetensors,
-                  flavour=args.flavour, prefix=args.prefix)
+                  flavour=args.flavour, prefix=args.prefix, overwrite=args.force)
     print(f"wrote {out} ({args.to})")
     return 0
 
 
 def _load(args, **kw):
     from ..checkpoints import load_weights
-    return load_weights(args.weights, file=getattr(args, "weights_file", None), **kw)
+    return load_weights(args.weights, file=args.weights_file, offline=args.offline, **kw)
 
 
 def _predict(args) -> int:
     from ..data.preprocess import find_images
-    from ..predict import classify, format_json, format_table
+    from ..predict import create_transform, format_json, format_table, iter_classify, write_csv
 
     files = find_images(args.images)
     model = _load(args, img_size=args.img_size) if args.img_size else _load(args)
+    model = model.to(args.device)
+    pre = create_transform(model, args.preset)
+    crop = f"{pre.size[0]}x{pre.size[1]}"
+    how = pre.description or pre.name
+    if not args.json:
+        print(f"{model.meta.source}: {model.config.name or 'ViT'}, input {crop}; preprocessing: {how}")
     ok = bad = 0
-    for pred in classify(model, files, topk=args.topk, batch_size=args.batch_size, preset=args.preset,
-                         save_crop=args.save_crop, progress=not args.no_progress):
+    preds = []
+    for pred in iter_classify(model, files, topk=args.topk, batch_size=args.batch_size, preset=pre,
+                              save_crop=args.save_crop, progress=not args.no_progress):
+        preds.append(pred)
         if pred.ok:
             ok += 1
         else:
             bad += 1
             print(f"vitkit predict: skipped {pred.source}: {pred.error}", file=sys.stderr)
         print(format_json(pred) if args.json else format_table(pred), flush=True)
+    if args.csv:
+        write_csv(preds, args.csv)
     if bad:
         print(f"vitkit predict: classified {ok} of {ok + bad} images, {bad} skipped", file=sys.stderr)
     return 0 if ok else 1
@@ -105,8 +127,13 @@ def _export(args) -> int:
 
 
 def _weights(args) -> int:
-    from ..checkpoints import get_known, list_known
+    from ..checkpoints import get_known, list_known, resolve_weights
 
+    if args.download:
+        if not args.name:
+            raise ValueError("--download needs a NAME: vitkit weights --download torchvision/vit_b_16")
+        print(resolve_weights(args.name).path)
+        return 0
     if args.name:
         entry = get_known(args.name)
         if entry is None:
@@ -123,8 +150,9 @@ def _weights(args) -> int:
         top1 = f"{e.top1:.2f}" if e.top1 is not None else "-"
         params = f"{e.params / 1e6:.1f}M" if e.params else f"{_computed_params(e) / 1e6:.1f}M*"
         print(f"{e.name:48} {e.model:5} {e.img_size:>4} {e.preset:16} {e.labels:11} {top1:>6}  {params}")
-    print("\n* computed from the architecture (not published with the file). vitkit does not download: 'vitkit weights NAME' shows the address; save the file in "
-          "~/.cache/vitkit/checkpoints/ under the name shown, or pass --weights-file.")
+    print("\n* computed from the architecture (not published with the file). Any command's -w NAME downloads the "
+          "weights on first use\n  (or 'vitkit weights --download NAME'): URL files into TORCH_HOME/hub/checkpoints, "
+          "Hub repositories into the Hugging Face cache.")
     return 0
 
 
@@ -137,11 +165,9 @@ def _computed_params(e) -> int:
 
 
 def _inspect(args) -> int:
-    from ..checkpoints import read_checkpoint
-    from ..checkpoints.load import _resolve
+    from ..checkpoints import read_checkpoint, resolve_weights
 
-    path, _ = _resolve(args.weights, None, None)
-    ck = read_checkpoint(path)
+    ck = read_checkpoint(resolve_weights(args.weights, offline=args.offline).path)
     info = {"format": ck.format, "layout": ck.layout, "config": ck.config.to_dict(),
             "labels": (ck.labels[:5] + ["..."]) if ck.labels and len(ck.labels) > 5 else ck.labels,
             "preprocessing": ck.preprocessing, "tensors": len(ck.state),

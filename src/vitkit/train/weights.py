@@ -24,7 +24,7 @@ def load_init(path: PathLike, target: Callable[[ViTConfig], ViTConfig], *, head:
     cfg = target(ckpt.config)
     model = VisionTransformer(cfg)
     model = build(ckpt, model=model, head=head, strict=True)
-    notes = list((getattr(model, "checkpoint", None) or {}).get("notes", []))
+    notes = list(model.meta.notes)
     return model.train(), notes
 
 
@@ -33,4 +33,4 @@ def load_for_eval(path: PathLike) -> Tuple[VisionTransformer, Optional[List[str]
     from ..checkpoints import load_weights
 
     model = load_weights(path)
-    return model.eval(), getattr(model, "labels", None), getattr(model, "preprocessing", None)
+    return model.eval(), model.meta.labels, model.meta.preprocessing
