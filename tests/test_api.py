@@ -159,3 +159,16 @@ def test_written_files_honour_the_umask_and_orphans_are_removed(tmp_path):
     with atomic_path(tmp_path / "a.txt") as tmp:
         tmp.write_text("y")
     assert not orphan.exists() and mine.exists() and (tmp_path / "a.txt").read_text() == "y"
+
+
+def test_eval_shows_progress_on_stderr(tmp_path, capsys):
+    from _synthetic import write_npz
+
+    data = write_npz(tmp_path / "d.npz", n_train=8, n_test=24, size=16, classes=4)
+    model = vitkit.create_model("Ti/16", img_size=16, patch_size=8, depth=1, num_classes=4, in_chans=1)
+    folder = save_model(model, tmp_path / "m", labels=list("abcd"), preprocessing={"mean": [0.5], "std": [0.5]})
+    assert main(["eval", str(folder), "--data", f"tensors:{data}", "--batch-size", "8"]) == 0
+    out = capsys.readouterr()
+    assert "24 images" in out.out and "eval" in out.err and "24/24" in out.err
+    assert main(["eval", str(folder), "--data", f"tensors:{data}", "--no-progress"]) == 0
+    assert "24/24" not in capsys.readouterr().err

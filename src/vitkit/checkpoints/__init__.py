@@ -12,11 +12,12 @@
 """
 from .base import Checkpoint
 from .download import WeightsUnavailable, download_url
-from .load import TARGETS, build, checkpoint_of, convert, load_model, load_weights, read_checkpoint, save_weights
+from .load import (TARGETS, build, checkpoint_of, convert, load_model, load_weights, read_checkpoint, read_weights,
+                   save_weights)
 from .native import save_model
 from .registry import KNOWN, KnownCheckpoint, get_known, list_known
 from .sources import resolve_weights
 
 __all__ = ["KNOWN", "TARGETS", "Checkpoint", "KnownCheckpoint", "WeightsUnavailable", "build", "checkpoint_of",
            "convert", "download_url", "get_known", "list_known", "load_model", "load_weights", "read_checkpoint",
-           "resolve_weights", "save_model", "save_weights"]
+           "read_weights", "resolve_weights", "save_model", "save_weights"]

@@ -167,6 +167,18 @@ def load_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike]
     preprocessing for its resolution, format, source, notes) filled; with ``return_state=True`` returns
     ``(state_dict, config)`` instead.
     """
+    ckpt = read_weights(name_or_path, file=file, num_heads=num_heads, cache_dir=cache_dir, check_hash=check_hash,
+                        offline=offline, progress=progress)
+    return build(ckpt, model=model, img_size=img_size, num_classes=num_classes, labels=labels,
+                 representation_size=representation_size, head=head, resize=resize, strict=strict,
+                 return_state=return_state, **overrides)
+
+
+def read_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike] = None,
+                 num_heads: Optional[int] = None, cache_dir: Optional[PathLike] = None, check_hash: bool = False,
+                 offline: Optional[bool] = None, progress: bool = True) -> Checkpoint:
+    """:func:`read_checkpoint` for anything :func:`load_weights` takes (fetched first when needed), with a
+    known checkpoint's published preprocessing and labels."""
     where = resolve_weights(name_or_path, file=file, cache_dir=cache_dir, offline=offline, progress=progress)
     entry = where.entry
     if entry is not None and check_hash and entry.sha256 and where.path.is_file():
@@ -179,9 +191,7 @@ def load_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike]
             ckpt.labels = imagenet_classes()
     if where.origin != str(where.path):
         ckpt.notes.insert(0, f"{where.origin} read from {where.path}")
-    return build(ckpt, model=model, img_size=img_size, num_classes=num_classes, labels=labels,
-                 representation_size=representation_size, head=head, resize=resize, strict=strict,
-                 return_state=return_state, **overrides)
+    return ckpt
 
 
 def load_model(path: PathLike, map_location: str = "cpu") -> VisionTransformer:
@@ -304,4 +314,4 @@ def convert(src: PathLike, dst: PathLike, to: str = "vitkit", *, num_heads: Opti
 
 
 __all__ = ["TARGETS", "build", "checkpoint_of", "convert", "load_model", "load_weights", "read_checkpoint",
-           "save_weights"]
+           "read_weights", "save_weights"]

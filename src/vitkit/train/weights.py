@@ -18,9 +18,9 @@ def load_init(path: PathLike, target: Callable[[ViTConfig], ViTConfig], *, head:
               num_heads: Optional[int] = None) -> Tuple[VisionTransformer, List[str]]:
     """Read ``path``, build ``VisionTransformer(target(checkpoint_config))`` and load the adapted weights.
     Returns the model (train mode) and the list of adaptations made."""
-    from ..checkpoints import build, read_checkpoint
+    from ..checkpoints import build, read_weights
 
-    ckpt = read_checkpoint(path, num_heads=num_heads)
+    ckpt = read_weights(path, num_heads=num_heads)
     cfg = target(ckpt.config)
     model = VisionTransformer(cfg)
     model = build(ckpt, model=model, head=head, strict=True)
