@@ -30,6 +30,7 @@ class Prediction:
     top: List[Dict[str, Any]] = field(default_factory=list)  # [{"rank", "index", "label", "prob"}]
     crop: Optional[str] = None  # where the model's input crop was saved
     error: Optional[str] = None
+    geometry: Optional[str] = None  # how the image became the model's input: "451x300 -> 385x256 -> crop 224x224"
 
     @property
     def ok(self) -> bool:
@@ -41,6 +42,8 @@ class Prediction:
             d["error"] = self.error
         else:
             d["top"] = self.top
+            if self.geometry:
+                d["geometry"] = self.geometry
             if self.crop:
                 d["crop"] = self.crop
         return d
@@ -116,10 +119,12 @@ def iter_classify(model, images: Sequence[Union[PathLike, Image.Image]], *, topk
                 name = _name(item, start + len(results))
                 res = Prediction(name)
                 try:
-                    crop = pre.crop(load_image(item) if not isinstance(item, Image.Image) else item)
+                    img = load_image(item) if not isinstance(item, Image.Image) else item
+                    crop = pre.crop(img)
                 except (ImageError, FileNotFoundError) as err:
                     res.error = str(err)
                 else:
+                    res.geometry = geometry(pre, img.width, img.height)
                     if crop_dir is not None:
                         res.crop = str(_save_crop(crop, crop_dir, name, used_names))
                     pixels.append(pre.normalize(to_gray(crop) if gray else crop))
@@ -159,10 +164,20 @@ def _save_crop(crop: torch.Tensor, folder: Path, name: str, used: Dict[str, int]
     return out
 
 
+def geometry(pre: Preset, w: int, h: int) -> str:
+    """How a w x h image becomes the model's input under ``pre``: "451x300 -> 385x256 -> crop 224x224"."""
+    ch, cw = pre.size
+    if pre.resize_mode == "squash":
+        return f"{w}x{h} -> {cw}x{ch} (resized, aspect ratio not kept)"
+    nw, nh = pre._resized(w, h)
+    return f"{w}x{h} -> {nw}x{nh} -> centre crop {cw}x{ch}"
+
+
 def format_table(pred: Prediction) -> str:
     if not pred.ok:
         return f"{pred.source}\n  skipped: {pred.error}"
-    lines = [pred.source + (f"  (model input saved as {pred.crop})" if pred.crop else "")]
+    lines = [pred.source + (f"  ({pred.geometry})" if pred.geometry else "")
+             + (f"  (model input saved as {pred.crop})" if pred.crop else "")]
     for t in pred.top:
         lines.append(f"  {t['rank']:>2}. {t['prob'] * 100:6.2f}%  {t['label']}  [{t['index']}]")
     return "\n".join(lines)

@@ -10,6 +10,8 @@ def _weights_args(p, name: str = "--weights-file") -> None:
     p.add_argument(name, help="the local file for a known checkpoint name")
     p.add_argument("--offline", action="store_true", default=None,
                    help="use only files already on this machine (as HF_HUB_OFFLINE=1 does)")
+    p.add_argument("--check-hash", action="store_true",
+                   help="check a cached known file against its published SHA-256 (downloads are always checked)")
 
 
 def register(sub) -> None:
@@ -71,7 +73,11 @@ def register(sub) -> None:
 def _convert(args) -> int:
     from ..checkpoints import convert, resolve_weights
 
-    src = resolve_weights(args.src, file=args.weights_file, offline=args.offline).path
+    where = resolve_weights(args.src, file=args.weights_file, offline=args.offline)
+    src = where.path
+    if args.check_hash and where.entry is not None and where.entry.sha256 and src.is_file():
+        from ..checkpoints.download import check_sha256
+        check_sha256(src, where.entry.sha256, str(src))
     out = convert(src, args.dst, args.to, num_heads=args.num_heads, safetensors=args.safetensors,
                   flavour=args.flavour, prefix=args.prefix, overwrite=args.force)
     print(f"wrote {out} ({args.to})")
@@ -80,7 +86,7 @@ def _convert(args) -> int:
 
 def _load(args, **kw):
     from ..checkpoints import load_weights
-    return load_weights(args.weights, file=args.weights_file, offline=args.offline, **kw)
+    return load_weights(args.weights, file=args.weights_file, offline=args.offline, check_hash=args.check_hash, **kw)
 
 
 def _predict(args) -> int:
@@ -91,10 +97,9 @@ def _predict(args) -> int:
     model = _load(args, img_size=args.img_size) if args.img_size else _load(args)
     model = model.to(args.device)
     pre = create_transform(model, args.preset)
-    crop = f"{pre.size[0]}x{pre.size[1]}"
-    how = pre.description or pre.name
     if not args.json:
-        print(f"{model.meta.source}: {model.config.name or 'ViT'}, input {crop}; preprocessing: {how}")
+        print(f"{args.weights} ({model.meta.format}, from {model.meta.source}): input {pre.size[1]}x{pre.size[0]}; "
+              f"preprocessing: {pre.description or pre.name}")
     ok = bad = 0
     preds = []
     for pred in iter_classify(model, files, topk=args.topk, batch_size=args.batch_size, preset=pre,
