@@ -169,6 +169,6 @@ def test_eval_shows_progress_on_stderr(tmp_path, capsys):
     folder = save_model(model, tmp_path / "m", labels=list("abcd"), preprocessing={"mean": [0.5], "std": [0.5]})
     assert main(["eval", str(folder), "--data", f"tensors:{data}", "--batch-size", "8"]) == 0
     out = capsys.readouterr()
-    assert "24 images" in out.out and "eval" in out.err and "24/24" in out.err
+    assert "24 images" in out.out and "eval:" in out.err and "/24 [" in out.err
     assert main(["eval", str(folder), "--data", f"tensors:{data}", "--no-progress"]) == 0
-    assert "24/24" not in capsys.readouterr().err
+    assert "eval:" not in capsys.readouterr().err
