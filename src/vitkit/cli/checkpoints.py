@@ -98,7 +98,8 @@ def _predict(args) -> int:
     model = model.to(args.device)
     pre = create_transform(model, args.preset)
     if not args.json:
-        print(f"{args.weights} ({model.meta.format}, from {model.meta.source}): input {pre.size[1]}x{pre.size[0]}; "
+        where = f", from {model.meta.source}" if model.meta.source != args.weights else ""
+        print(f"{args.weights} ({model.meta.format}{where}): input {pre.size[1]}x{pre.size[0]}; "
               f"preprocessing: {pre.description or pre.name}")
     ok = bad = 0
     preds = []
