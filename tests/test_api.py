@@ -18,7 +18,7 @@ from vitkit.checkpoints import save_model, save_weights
 from vitkit.cli import main
 from vitkit.data.preprocess import get_preset
 from vitkit.models.meta import ModelMeta
-from vitkit.utils import atomic_path
+from vitkit.utils import _writer_id, atomic_path
 
 LABELS = ["red", "green", "blue"]
 
@@ -152,13 +152,17 @@ def test_written_files_honour_the_umask_and_orphans_are_removed(tmp_path):
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == 0o640
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    orphan = tmp_path / f".a.txt.{int(dead.stdout)}.0badc0de.tmp"  # left by a writer that was killed
+    host = _writer_id().split("-")[1]
+    orphan = tmp_path / f".a.txt.{int(dead.stdout)}-{host}.0badc0de.tmp"  # left by a writer that was killed
     orphan.write_text("half")
-    mine = tmp_path / f".a.txt.{os.getpid()}.12345678.tmp"  # a live writer's (this process): kept
+    mine = tmp_path / f".a.txt.{os.getpid()}-{host}.12345678.tmp"  # a live writer's (this process): kept
     mine.write_text("busy")
+    other = tmp_path / f".a.txt.{int(dead.stdout)}-00000000.0badc0de.tmp"  # another machine's: not ours to judge
+    other.write_text("remote")
     with atomic_path(tmp_path / "a.txt") as tmp:
         tmp.write_text("y")
-    assert not orphan.exists() and mine.exists() and (tmp_path / "a.txt").read_text() == "y"
+        assert tmp.name.startswith(f".a.txt.{os.getpid()}-{host}.")
+    assert not orphan.exists() and mine.exists() and other.exists() and (tmp_path / "a.txt").read_text() == "y"
 
 
 def test_eval_shows_progress_on_stderr(tmp_path, capsys):

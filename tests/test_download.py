@@ -151,3 +151,18 @@ def test_known_torchvision_name_downloads_from_its_url_and_checks_the_hash(serve
     with pytest.raises(ValueError, match="c867db91"):
         _fetch_known(local, tmp_path, None, False)
     assert not (tmp_path / entry.file).exists()
+
+
+def test_a_file_torchvision_downloaded_is_found_without_a_second_copy(server, tv_bytes, tmp_path, monkeypatch):
+    """torchvision fetches weights with torch.hub.load_state_dict_from_url into TORCH_HOME/hub/checkpoints;
+    vitkit looks there first, so the same URL is read from that file, even offline."""
+    data, model = tv_bytes
+    path = named(data, "vit_tv")
+    server.files[path] = data
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "th"))
+    state = torch.hub.load_state_dict_from_url(server.url + path, progress=False, check_hash=True)
+    assert "conv_proj.weight" in state and len(server.log) == 1
+    m = load_weights(server.url + path, offline=True)
+    assert len(server.log) == 1 and m.meta.source == str(tmp_path / "th" / "hub" / "checkpoints" / path[8:])
+    assert torch.equal(m.patch_embed.proj.weight, state["conv_proj.weight"])
+    assert len(list((tmp_path / "th").rglob("*.pth"))) == 1

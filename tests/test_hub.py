@@ -94,3 +94,33 @@ def test_hub_ids_download_into_the_hf_cache_and_work_offline(tmp_path):
     proc = run(["acme/other-repo"], dict(env, HF_HUB_OFFLINE="1"), tmp_path)
     assert proc.returncode != 0 and "offline mode is on" in proc.stderr
     assert "/acme/other-repo/resolve/main/config.json" in proc.stderr and "acme--other-repo" in proc.stderr
+
+
+@pytest.mark.peers
+def test_a_repository_timm_downloaded_is_found_offline(tmp_path):
+    """timm.create_model("hf-hub:...", pretrained=True) fills huggingface_hub's cache; vitkit then reads the
+    same files offline, without a second copy, and computes the same logits."""
+    pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = vitkit.create_model("Ti/16", img_size=32, depth=1, num_classes=3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(std=0.1)
+    files = folder_files(save_weights(model, tmp_path / "timm", "timm"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env.update(HF_HOME=str(tmp_path / "hfhome"), PYTHONPATH=SRC, HF_HUB_DISABLE_TELEMETRY="1")
+    timm_script = ("import json, timm, torch; m = timm.create_model('hf-hub:timm/vit_tiny_test.fake_in1k', "
+                   "pretrained=True).eval(); torch.manual_seed(0); x = torch.randn(1, 3, 32, 32); "
+                   "print(json.dumps(m(x)[0].tolist()))")
+    with FileServer() as server:
+        server.repos["timm/vit_tiny_test.fake_in1k"] = files
+        proc = subprocess.run([sys.executable, "-c", timm_script], env=dict(env, HF_ENDPOINT=server.url),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    proc = run(["hf-hub:timm/vit_tiny_test.fake_in1k"], dict(env, HF_HUB_OFFLINE="1"), tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ours = json.loads(proc.stdout.strip().splitlines()[-1])["hf-hub:timm/vit_tiny_test.fake_in1k"]
+    torch.testing.assert_close(torch.tensor(ours["logits"]), torch.tensor(theirs), rtol=1e-5, atol=1e-6)
+    assert ours["source"] == str(tmp_path / "hfhome" / "hub" / "models--timm--vit_tiny_test.fake_in1k" / "snapshots"
+                                 / COMMIT)  # timm's download, read where it is

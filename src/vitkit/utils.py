@@ -6,6 +6,8 @@ import glob
 import json
 import os
 import secrets
+import socket
+import zlib
 from pathlib import Path
 from typing import Any, Iterator, Union
 
@@ -18,13 +20,14 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
 
     A crash or exception leaves any previous file at ``path`` untouched. The file is created with the
     permissions any tool gives a new file (0666 less the umask). Its name carries the writer's process id
-    (``.NAME.PID.XXXXXXXX.tmp``), so temporary files left by a killed writer are removed on the next write.
+    and machine (``.NAME.PID-HOST.XXXXXXXX.tmp``), so temporary files left by a killed writer are removed on the
+    next write to the same file.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_orphans(path)
     while True:
-        tmp_path = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        tmp_path = path.parent / f".{path.name}.{_writer_id()}.{secrets.token_hex(4)}.tmp"
         try:
             os.close(os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
             break
@@ -38,11 +41,19 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
             tmp_path.unlink()
 
 
+def _writer_id() -> str:
+    """``PID-HOST``: this process, and a short hash of this machine's name (a shared folder may be written
+    from several machines; only this machine's processes can be checked)."""
+    return f"{os.getpid()}-{zlib.crc32(socket.gethostname().encode()):08x}"
+
+
 def _remove_orphans(path: Path) -> None:
-    """Delete ``.NAME.PID.*.tmp`` files next to ``path`` whose writing process no longer exists."""
+    """Delete ``.NAME.PID-HOST.*.tmp`` files next to ``path`` left by a process of this machine that no
+    longer exists."""
+    host = _writer_id().split("-")[1]
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
-        pid = tmp.name[len(path.name) + 2:].split(".", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        pid, _, their_host = tmp.name[len(path.name) + 2:].split(".", 1)[0].partition("-")
+        if pid.isdigit() and their_host == host and int(pid) != os.getpid() and not _alive(int(pid)):
             with contextlib.suppress(OSError):
                 tmp.unlink()
 
