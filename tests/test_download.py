@@ -39,7 +39,7 @@ def named(data: bytes, stem: str = "vit_tiny") -> str:
     return f"/models/{stem}-{hashlib.sha256(data).hexdigest()[:8]}.pth"
 
 
-def test_url_download_into_torch_home_checked_and_cached(server, tv_bytes, tmp_path, monkeypatch):
+def test_url_download_into_torch_home_checked_and_cached(server, tv_bytes, tmp_path, monkeypatch, capsys):
     data, model = tv_bytes
     path = named(data)
     server.files[path] = data
@@ -58,7 +58,8 @@ def test_url_download_into_torch_home_checked_and_cached(server, tv_bytes, tmp_p
     assert any(server.url + path in n for n in m.meta.notes)
     n = len(server.log)
     load_weights(server.url + path, progress=False)  # found in the cache: no second request
-    assert len(server.log) == n
+    assert main(["weights", "--download", server.url + path]) == 0  # the CLI's way: says where it is
+    assert len(server.log) == n and capsys.readouterr().out.strip() == str(cached)
 
 
 def test_hash_prefix_mismatch_is_refused_and_nothing_is_kept(server, tv_bytes, tmp_path):
