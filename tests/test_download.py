@@ -35,6 +35,11 @@ def server():
         yield s
 
 
+def files(folder):
+    """What a folder holds besides the download locks."""
+    return sorted(p.name for p in folder.iterdir() if p.name != ".locks")
+
+
 def named(data: bytes, stem: str = "vit_tiny") -> str:
     return f"/models/{stem}-{hashlib.sha256(data).hexdigest()[:8]}.pth"
 
@@ -67,7 +72,7 @@ def test_hash_prefix_mismatch_is_refused_and_nothing_is_kept(server, tv_bytes, t
     server.files["/models/vit_tiny-deadbeef.pth"] = data
     with pytest.raises(ValueError, match="SHA-256 .* does not match the published deadbeef"):
         download_url(server.url + "/models/vit_tiny-deadbeef.pth", tmp_path / "w.pth", progress=False)
-    assert list(tmp_path.iterdir()) == []
+    assert files(tmp_path) == []
     good = hashlib.sha256(data).hexdigest()
     server.files["/w.pth"] = data  # a full digest given explicitly
     assert download_url(server.url + "/w.pth", tmp_path / "w.pth", sha256=good, progress=False).read_bytes() == data
@@ -114,7 +119,7 @@ def test_server_errors_name_the_url_and_the_path(server, tmp_path):
     with pytest.raises(WeightsUnavailable, match="HTTP 404"):
         download_url(server.url + "/missing.pth", tmp_path / "m.pth", progress=False, retries=3)
     assert len(server.requests("/missing.pth")) == 1  # 404 is not retried
-    assert not list(tmp_path.iterdir())
+    assert files(tmp_path) == []
 
 
 def test_offline_mode_asks_nothing_and_says_where_to_put_the_file(server, tv_bytes, tmp_path, monkeypatch, capsys):
@@ -167,3 +172,25 @@ def test_a_file_torchvision_downloaded_is_found_without_a_second_copy(server, tv
     assert len(server.log) == 1 and m.meta.source == str(tmp_path / "th" / "hub" / "checkpoints" / path[8:])
     assert torch.equal(m.patch_embed.proj.weight, state["conv_proj.weight"])
     assert len(list((tmp_path / "th").rglob("*.pth"))) == 1
+
+
+def test_concurrent_downloads_of_one_file_fetch_it_once(server, tv_bytes, tmp_path):
+    import threading
+
+    data, _ = tv_bytes
+    server.files["/shared.pth"] = data
+    out, errors = [], []
+
+    def fetch():
+        try:
+            out.append(download_url(server.url + "/shared.pth", tmp_path / "shared.pth", progress=False))
+        except Exception as err:  # pragma: no cover - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=fetch) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and len(out) == 4 and (tmp_path / "shared.pth").read_bytes() == data
+    assert len(server.requests("/shared.pth")) == 1 and files(tmp_path) == ["shared.pth"]

@@ -16,6 +16,7 @@ error names the URL and the exact path to save the file at by hand.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import os
@@ -24,7 +25,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from ..utils import PathLike
 
@@ -68,7 +69,9 @@ def check_sha256(path: PathLike, expected: str, what: str) -> None:
 
 def download_url(url: str, dst: PathLike, *, sha256: Optional[str] = None, progress: bool = True,
                  retries: int = 3, timeout: float = 60.0, offline: Optional[bool] = None) -> Path:
-    """Download ``url`` to ``dst`` (resuming ``dst.part`` if one is there) and return ``dst``.
+    """Download ``url`` to ``dst`` (resuming ``dst.part`` if one is there) and return ``dst``; an existing
+    ``dst`` is returned as it is. Processes fetching the same ``dst`` wait for each other (a lock file in
+    ``.locks/`` beside it).
 
     ``sha256``: the published digest or prefix (default: the one in the file name, if any); a mismatch
     deletes the download and raises ValueError. Network failures are retried ``retries`` times, each
@@ -80,6 +83,15 @@ def download_url(url: str, dst: PathLike, *, sha256: Optional[str] = None, progr
     if is_offline(offline):
         raise WeightsUnavailable(_manual(url, dst, "offline mode is on (--offline or HF_HUB_OFFLINE)"))
     dst.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive(dst.parent / ".locks" / (dst.name + ".lock")):  # one download of a file at a time
+        if dst.exists():  # another process fetched it while this one waited
+            return dst
+        _download(url, dst, part, expected, progress, retries, timeout)
+    return dst
+
+
+def _download(url: str, dst: Path, part: Path, expected: Optional[str], progress: bool, retries: int,
+              timeout: float) -> None:
     attempt = 0
     while True:
         try:
@@ -104,7 +116,24 @@ def download_url(url: str, dst: PathLike, *, sha256: Optional[str] = None, progr
             part.unlink()
             raise ValueError(f"{err}; the download was deleted, try again") from None
     os.replace(part, dst)
-    return dst
+
+
+@contextlib.contextmanager
+def _exclusive(lock: Path) -> Iterator[None]:
+    """An advisory lock on ``lock`` (POSIX ``flock``; elsewhere none): processes fetching the same file wait
+    for each other instead of writing one ``.part`` together."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    lock.parent.mkdir(exist_ok=True)
+    with open(lock, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _fetch(url: str, part: Path, progress: bool, timeout: float) -> None:
