@@ -73,8 +73,7 @@ def test_create_model_with_weights_by_url_and_pretrained_names(small, tmp_path, 
     with pytest.raises(vitkit.ConfigError, match="no published weights for Ti/16"):
         vitkit.create_model("Ti/16", pretrained=True)
     with pytest.raises(vitkit.WeightsUnavailable, match="offline mode"):
-        vitkit.load_weights("vit_b_16-c867db91.pth" if False else "torchvision/vit_b_32", offline=True,
-                            cache_dir=tmp_path)
+        vitkit.create_model("vit_b_32", pretrained=True, offline=True, cache_dir=tmp_path)
 
 
 def test_classify_transform_and_reset_classifier(small, images):
