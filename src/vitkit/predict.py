@@ -30,7 +30,7 @@ class Prediction:
     top: List[Dict[str, Any]] = field(default_factory=list)  # [{"rank", "index", "label", "prob"}]
     crop: Optional[str] = None  # where the model's input crop was saved
     error: Optional[str] = None
-    geometry: Optional[str] = None  # how the image became the model's input: "451x300 -> 385x256 -> crop 224x224"
+    geometry: Optional[str] = None  # how the image became the model's input: "451x300 -> 384x256 -> centre crop 224x224"
 
     @property
     def ok(self) -> bool:
@@ -63,7 +63,7 @@ def create_transform(model, preset: Union[None, str, Preset, Dict[str, Any]] = N
 
 def classify(weights, images: Sequence[Union[PathLike, Image.Image]], *, topk: int = 5, batch_size: int = 32,
              preset: Union[None, str, Preset, Dict[str, Any]] = None, save_crop: Optional[PathLike] = None,
-             progress: bool = False, device: Union[str, torch.device, None] = None,
+             progress: bool = True, device: Union[str, torch.device, None] = None,
              offline: Optional[bool] = None) -> List[Prediction]:
     """Top-``topk`` classes of each image, in input order (unreadable images as results with ``error``).
 
@@ -165,7 +165,7 @@ def _save_crop(crop: torch.Tensor, folder: Path, name: str, used: Dict[str, int]
 
 
 def geometry(pre: Preset, w: int, h: int) -> str:
-    """How a w x h image becomes the model's input under ``pre``: "451x300 -> 385x256 -> crop 224x224"."""
+    """How a w x h image becomes the model's input under ``pre``: "451x300 -> 384x256 -> centre crop 224x224"."""
     ch, cw = pre.size
     if pre.resize_mode == "squash":
         return f"{w}x{h} -> {cw}x{ch} (resized, aspect ratio not kept)"

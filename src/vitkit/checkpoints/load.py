@@ -307,7 +307,7 @@ def convert(src: PathLike, dst: PathLike, to: str = "vitkit", *, num_heads: Opti
     out = Path(dst).expanduser()
     if out.exists() and not overwrite:
         raise ValueError(f"{out} already exists: choose another name, or pass --force (overwrite=True) "
-                              f"to replace it")
+                         f"to replace it")
     if out.exists() and Path(src).expanduser().resolve() == out.resolve():
         raise ValueError(f"{out} is both the source and the destination: write to another name")
     return save_weights(read_checkpoint(src, num_heads=num_heads), out, to, **kwargs)

@@ -5,9 +5,9 @@ import json
 import sys
 
 
-def _weights_args(p, name: str = "--weights-file") -> None:
+def _weights_args(p) -> None:
     """The options every command that reads weights by name shares."""
-    p.add_argument(name, help="the local file for a known checkpoint name")
+    p.add_argument("--weights-file", help="the local file for a known checkpoint name")
     p.add_argument("--offline", action="store_true", default=None,
                    help="use only files already on this machine (as HF_HUB_OFFLINE=1 does)")
     p.add_argument("--check-hash", action="store_true",
