@@ -30,7 +30,7 @@ class Prediction:
     top: List[Dict[str, Any]] = field(default_factory=list)  # [{"rank", "index", "label", "prob"}]
     crop: Optional[str] = None  # where the model's input crop was saved
     error: Optional[str] = None
-    geometry: Optional[str] = None  # how the image became the model's input: "451x300 -> 384x256 -> centre crop 224x224"
+    geometry: Optional[str] = None  # how the image became the model's input (see :func:`geometry`)
 
     @property
     def ok(self) -> bool:
