@@ -107,14 +107,15 @@ def test_predict_csv_and_device(small, images, tmp_path, capsys):
     _, folder = small
     out = tmp_path / "res.csv"
     assert main(["predict", str(images), "-w", str(folder), "--csv", str(out), "--device", "cpu",
-                 "--topk", "2", "--no-progress"]) == 0
+                 "--topk", "2", "--no-progress"]) == 3  # broken.png is skipped: some images failed
     text = capsys.readouterr().out
     assert "preprocessing: Hugging Face ViTImageProcessor" in text.splitlines()[0] and "input 32x32" in text
     rows = list(csv.DictReader(out.open()))
     assert [r["rank"] for r in rows if r["path"].endswith("g.png")] == ["1", "2"]
     assert [r for r in rows if r["path"].endswith("broken.png")][0]["error"]
     assert {r["label"] for r in rows if r["label"]} <= set(LABELS)
-    assert main(["predict", str(images / "r.png"), "-w", str(folder), "--device", "nonsense"]) == 1
+    assert main(["predict", str(images / "r.png"), "-w", str(folder), "--device", "nonsense"]) == 2
+    assert "--device 'nonsense'" in capsys.readouterr().err
 
 
 def test_convert_names_and_overwrite(small, tmp_path, capsys):

@@ -27,6 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator, Optional
 
+from ..errors import NotFoundError
 from ..utils import PathLike
 
 CHUNK = 1 << 20
@@ -34,7 +35,7 @@ _HASH_IN_NAME = re.compile(r"-([0-9a-f]{8,64})\.[A-Za-z0-9]+$")  # torch.hub's c
 _RETRY_HTTP = {408, 425, 429, 500, 502, 503, 504}
 
 
-class WeightsUnavailable(FileNotFoundError):
+class WeightsUnavailable(NotFoundError):
     """The weights are not on this machine and cannot be fetched now; the message says how to get them."""
 
 

@@ -25,6 +25,7 @@ from .files import NPZ, read_json, read_tensors
 from .formats import FORMATS, timm_folder
 from .download import check_sha256
 from .sources import resolve_weights
+from .validate import validate_checkpoint
 
 TARGETS = ("vitkit", "npz", "torchvision", "timm", "hf")
 _KEEP = object()
@@ -43,6 +44,7 @@ def read_checkpoint(path: PathLike, *, num_heads: Optional[int] = None) -> Check
         ckpt = native.read_native(p.parent)
     else:
         ckpt = _read_file(p, num_heads)
+    validate_checkpoint(ckpt)  # shapes, dtypes and finiteness against the config, for every format
     ckpt.layout.setdefault("source_format", ckpt.format)
     if ckpt.preprocessing is None and ckpt.format in DEFAULT_PRESET:
         from ..data.preprocess import get_preset

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
-import sys
+from pathlib import Path
+
+from ..errors import NotFoundError, UsageError
+from ._util import ManyFiles, positive_int
 
 
 def _weights_args(p) -> None:
@@ -27,7 +30,7 @@ def register(sub) -> None:
     p.add_argument("--force", "--overwrite", action="store_true", help="replace DST if it exists")
     p.add_argument("--flavour", choices=["vit_jax", "big_vision"], help="npz layout (default: as read, else vit_jax)")
     p.add_argument("--prefix", help="npz: key prefix such as 'params/' (default: as read, else none)")
-    p.add_argument("--num-heads", type=int, help="heads, for torchvision/timm files of non-standard sizes")
+    p.add_argument("--num-heads", type=positive_int, help="heads, for torchvision/timm files of non-standard sizes")
     _weights_args(p)
     p.set_defaults(func=_convert)
 
@@ -36,10 +39,10 @@ def register(sub) -> None:
     p.add_argument("--weights", "-w", required=True,
                    help="checkpoint path (any format), known name (vitkit weights), Hub id or URL")
     _weights_args(p)
-    p.add_argument("--topk", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--topk", type=positive_int, default=5)
+    p.add_argument("--batch-size", type=positive_int, default=16)
     p.add_argument("--preset", help="preprocessing preset (default: the checkpoint's own)")
-    p.add_argument("--img-size", type=int, help="run at this resolution (position embeddings resized)")
+    p.add_argument("--img-size", type=positive_int, help="run at this resolution (position embeddings resized)")
     p.add_argument("--save-crop", metavar="DIR", help="save the exact crop each image became, as PNG")
     p.add_argument("--json", action="store_true", help="print one JSON object per image")
     p.add_argument("--csv", metavar="FILE", help="also write the results as CSV (path, rank, index, label, prob)")
@@ -51,7 +54,7 @@ def register(sub) -> None:
     p.add_argument("weights", help="checkpoint path (any format) or known name")
     p.add_argument("output", help="output file: .onnx or .pt2")
     p.add_argument("--format", choices=["onnx", "torch"], help="default: from the output's suffix")
-    p.add_argument("--img-size", type=int, help="export at this resolution")
+    p.add_argument("--img-size", type=positive_int, help="export at this resolution")
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--static-batch", action="store_true", help="fix the batch size instead of a dynamic axis")
     _weights_args(p)
@@ -73,14 +76,20 @@ def register(sub) -> None:
 def _convert(args) -> int:
     from ..checkpoints import convert, resolve_weights
 
+    from ..utils import staged_output
+
     where = resolve_weights(args.src, file=args.weights_file, offline=args.offline)
     src = where.path
     if args.check_hash and where.entry is not None and where.entry.sha256 and src.is_file():
         from ..checkpoints.download import check_sha256
         check_sha256(src, where.entry.sha256, str(src))
-    out = convert(src, args.dst, args.to, num_heads=args.num_heads, safetensors=args.safetensors,
-                  flavour=args.flavour, prefix=args.prefix, overwrite=args.force)
-    print(f"wrote {out} ({args.to})")
+    dst = Path(args.dst)
+    if (dst.exists() or dst.is_symlink()) and not args.force:  # before staging: staging writes in place then
+        raise ValueError(f"{dst} already exists: choose another name, or pass --force to replace it")
+    with staged_output(args.dst) as tmp:  # a failed conversion leaves no partial folder
+        out = convert(src, tmp, args.to, num_heads=args.num_heads, safetensors=args.safetensors,
+                      flavour=args.flavour, prefix=args.prefix, overwrite=args.force)
+    print(f"wrote {args.dst if out == tmp else out} ({args.to})")
     return 0
 
 
@@ -90,33 +99,37 @@ def _load(args, **kw):
 
 
 def _predict(args) -> int:
-    from ..data.preprocess import find_images
+    import torch
+
     from ..predict import create_transform, format_json, format_table, iter_classify, write_csv
 
-    files = find_images(args.images)
+    many = ManyFiles("predict")
+    files = many.images(args.images)
+    if not files:
+        return many.exit_code("images", "classified")
     model = _load(args, img_size=args.img_size) if args.img_size else _load(args)
-    model = model.to(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as err:
+        raise UsageError(f"--device {args.device!r} is not a device ({err}): use cpu, cuda, cuda:1, mps, ...") from None
+    model = model.to(device)
     pre = create_transform(model, args.preset)
     if not args.json:
         where = f", from {model.meta.source}" if model.meta.source != args.weights else ""
         print(f"{args.weights} ({model.meta.format}{where}): input {pre.size[1]}x{pre.size[0]}; "
               f"preprocessing: {pre.description or pre.name}")
-    ok = bad = 0
     preds = []
     for pred in iter_classify(model, files, topk=args.topk, batch_size=args.batch_size, preset=pre,
                               save_crop=args.save_crop, progress=not args.no_progress):
         preds.append(pred)
         if pred.ok:
-            ok += 1
+            many.ok += 1
         else:
-            bad += 1
-            print(f"vitkit predict: skipped {pred.source}: {pred.error}", file=sys.stderr)
+            many.skip(pred.source, pred.error)
         print(format_json(pred) if args.json else format_table(pred), flush=True)
     if args.csv:
         write_csv(preds, args.csv)
-    if bad:
-        print(f"vitkit predict: classified {ok} of {ok + bad} images, {bad} skipped", file=sys.stderr)
-    return 0 if ok else 1
+    return many.exit_code("images", "classified")
 
 
 def _export(args) -> int:
@@ -143,7 +156,7 @@ def _weights(args) -> int:
     if args.name:
         entry = get_known(args.name)
         if entry is None:
-            raise ValueError(f"unknown checkpoint {args.name!r}: run 'vitkit weights' for the list")
+            raise NotFoundError(f"unknown checkpoint {args.name!r}: run 'vitkit weights' for the list")
         print(json.dumps(entry.to_dict(), indent=2))
         return 0
     rows = list_known()
