@@ -65,7 +65,7 @@ class ViTConfig:
     in_chans: int = 3
     num_classes: int = 1000  # 0: no head, forward() returns the pooled features
     width: int = 768  # D, the hidden size
-    depth: int = 12  # L, the number of encoder blocks
+    depth: int = 12  # L, the number of encoder blocks; 0 with a backbone: a BiT ResNet classifier (Figs 3-4 baseline)
     num_heads: int = 12
     mlp_dim: int = 3072
     class_token: bool = True
@@ -115,8 +115,12 @@ class ViTConfig:
                 extra = f"; did you mean {hint[0]!r}?" if hint else ""
                 raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}{extra}")
         for key in ("in_chans", "width", "depth", "num_heads", "mlp_dim"):
-            if int(getattr(self, key)) <= 0:
-                raise ConfigError(f"{key} must be a positive integer, got {getattr(self, key)!r}")
+            if int(getattr(self, key)) <= 0 and not (key == "depth" and self.depth == 0 and self.backbone):
+                raise ConfigError(f"{key} must be a positive integer, got {getattr(self, key)!r}"
+                                  + (" (depth=0 is only for a backbone: the ResNet classifier)" if key == "depth" else ""))
+        if self.depth == 0 and (self.posemb != "none" or self.pool != "gap" or self.class_token):
+            raise ConfigError("depth=0 (a BiT ResNet classifier: backbone, projection, LayerNorm, average pooling, head) "
+                              "has no Transformer: set posemb='none', pool='gap', class_token=False")
         if self.num_classes < 0:
             raise ConfigError(f"num_classes must be >= 0 (0 = no head), got {self.num_classes}")
         if self.width % self.num_heads:
