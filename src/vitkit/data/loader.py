@@ -27,11 +27,20 @@ def split_indices(n: int, fraction: float, seed: int = 0, labels: Optional[torch
         perm = torch.randperm(n, generator=g)
         k = max(1, int(round(n * fraction)))
         return perm[k:].sort().values, perm[:k].sort().values
+    # each class gives its share, rounded so that the shares add up to round(n * fraction) exactly
+    # (largest remainders first)
+    classes = torch.unique(labels)
+    counts = torch.stack([(labels == c).sum() for c in classes]).double()
+    exact = counts * fraction
+    quota = exact.floor().long()
+    short = int(round(n * fraction)) - int(quota.sum())
+    if short > 0:
+        quota[(exact - quota).argsort(descending=True, stable=True)[:short]] += 1
     held = []
-    for c in torch.unique(labels):
+    for c, k in zip(classes, quota.tolist()):
         idx = (labels == c).nonzero().flatten()
         idx = idx[torch.randperm(len(idx), generator=g)]
-        held.append(idx[:int(round(len(idx) * fraction))])
+        held.append(idx[:k])
     held_idx = torch.cat(held).sort().values
     mask = torch.ones(n, dtype=torch.bool)
     mask[held_idx] = False
