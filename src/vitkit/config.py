@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional, Tuple
 POSEMB_KINDS = ("none", "learn", "learn2d", "relative", "sincos2d")
 POSEMB_WHERE = ("input", "every_layer", "every_layer_shared")
 POOL_KINDS = ("token", "gap")
+ATTENTION_KINDS = ("global", "axial")  # axial: row attention + MLP, then column attention + MLP (App. D.6)
 GELU_KINDS = ("exact", "tanh")
 RESIZE_METHODS = ("bilinear", "bicubic")  # bilinear = authors' aligned-corners resize
 BACKBONES = ("resnet",)  # hybrid front-ends (Section 3.1); None = patches of the raw image
@@ -76,6 +77,9 @@ class ViTConfig:
     # Hugging Face's DeiTForImageClassification / DeiTModel)
     distill_head: bool = True
     pool: str = "token"  # "token": read out token 0 (Eq. 4); "gap": mean of patch tokens (App. D.3)
+    # "global": every block attends over all tokens; "axial" (Axial-ViT, App. D.6): every block is a pre-norm
+    # block over each row of the patch grid followed by one over each column (twice the block parameters)
+    attention: str = "global"
     posemb: str = "learn"  # none | learn (1D) | learn2d | relative | sincos2d (App. D.4)
     posemb_where: str = "input"  # input | every_layer | every_layer_shared (Table 8)
     representation_size: Optional[int] = None  # pre-logits layer (tanh) of the pre-training head
@@ -106,7 +110,7 @@ class ViTConfig:
         if self.representation_size is not None:
             set_("representation_size", int(self.representation_size))
         for key, allowed in (("posemb", POSEMB_KINDS), ("posemb_where", POSEMB_WHERE),
-                             ("pool", POOL_KINDS), ("gelu", GELU_KINDS), ("posemb_resize", RESIZE_METHODS),
+                             ("pool", POOL_KINDS), ("attention", ATTENTION_KINDS), ("gelu", GELU_KINDS), ("posemb_resize", RESIZE_METHODS),
                              ("backbone", (None,) + BACKBONES), ("std_conv_style", STD_CONV_STYLES)):
             value = getattr(self, key)
             if value not in allowed:
@@ -150,6 +154,11 @@ class ViTConfig:
             raise ConfigError(
                 "patch_drop needs position embeddings added once at the input (posemb none/learn/learn2d/"
                 f"sincos2d, posemb_where='input'), got posemb={self.posemb!r}, posemb_where={self.posemb_where!r}")
+        if self.attention == "axial" and (self.num_prefix_tokens or self.posemb == "relative" or self.patch_drop
+                                          or self.dynamic_img_pad):
+            raise ConfigError("attention='axial' attends along the rows and columns of the patch grid: it needs "
+                              "no class or distillation token (pool='gap', class_token=False), no relative "
+                              "position bias, no patch dropout and no dynamic_img_pad")
         if self.ln_eps <= 0:
             raise ConfigError(f"ln_eps must be positive, got {self.ln_eps}")
         for key in ("std_conv_eps", "gn_eps"):
