@@ -12,7 +12,7 @@ from typing import List, Optional
 
 from .. import __version__
 
-COMMAND_MODULES = ["model", "checkpoints", "analysis", "train", "mpp", "bench"]
+COMMAND_MODULES = ["model", "checkpoints", "analysis", "train", "mpp", "bench", "reproduce"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,36 @@
+"""``vitkit reproduce``: the paper's ten claims as seeded small-scale experiments, and a report with verdicts."""
+from __future__ import annotations
+
+import shlex
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("reproduce", help="test the paper's claims at laptop scale: train every arm (reusing "
+                       "finished runs, resuming interrupted ones), then write OUT/report.md + report.json")
+    p.add_argument("--claims", default=None, metavar="1,2,...",
+                   help="claims to test (default: all ten; see docs or report.md for the list)")
+    p.add_argument("--budget", choices=["quick", "full"], default="quick",
+                   help="quick: 2 seeds, short runs, <= 45 min on a 2-core CPU; full: 3 seeds, the real report "
+                        "(many hours; resumable)")
+    p.add_argument("--out", "-o", required=True, help="folder for the run folders and the report")
+    p.add_argument("--report-only", action="store_true", help="train nothing: report on the finished runs")
+    p.add_argument("--progress", action="store_true", help="a progress bar per run")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.set_defaults(func=_reproduce)
+
+
+def _reproduce(args) -> int:
+    from ..reproduce import reproduce
+
+    ids = None
+    if args.claims:
+        try:
+            ids = [int(x) for x in args.claims.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"--claims {args.claims!r}: give claim numbers separated by commas, e.g. 1,3,8") from None
+    report = reproduce(args.out, ids, args.budget, command="vitkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+                       progress=args.progress, report_only=args.report_only)
+    for c in report["claims"]:
+        print(f"claim {c['id']:2d}  {c['verdict']:12s}  {c['title']}")
+    return 0
