@@ -6,10 +6,13 @@ import sys
 
 
 def register(sub) -> None:
+    from ..reproduce.claims import claims_table
+
+    listing = "; ".join(f"{c.id} {c.title.split(' (')[0].lower()}" for c in claims_table().values())
     p = sub.add_parser("reproduce", help="test the paper's claims at laptop scale: train every arm (reusing "
-                       "finished runs, resuming interrupted ones), then write OUT/report.md + report.json")
-    p.add_argument("--claims", default=None, metavar="1,2,...",
-                   help="claims to test (default: all ten; see docs or report.md for the list)")
+                       "finished runs, resuming interrupted ones), then write OUT/report.md + report.json",
+                       description=f"The claims: {listing}.")
+    p.add_argument("--claims", default=None, metavar="1,2,...", help="claims to test (default: all ten)")
     p.add_argument("--budget", choices=["quick", "full"], default="quick",
                    help="quick: 2 seeds, short runs, <= 45 min on a 2-core CPU; full: 3 seeds, the real report "
                         "(many hours; resumable)")

@@ -84,6 +84,10 @@ def interaction(a1: str, b1: str, a2: str, b2: str) -> Tuple[Tuple[str, float], 
     return ((a1, 1.0), (b1, -1.0), (a2, -1.0), (b2, 1.0))
 
 
+def _lr(lr: float) -> str:
+    return f"{lr:.0e}".replace("e-0", "e-")  # 3e-3
+
+
 def _size(n: Optional[int]) -> str:
     return "all" if n is None else f"{n // 1000}k" if n % 1000 == 0 else str(n)
 
@@ -122,7 +126,7 @@ def arms_table(data_sizes: Tuple[Optional[int], ...] = (1000, 6000, None)) -> Di
     ]
     # claim 2: class token vs GAP over a learning-rate sweep (Figure 9)
     for lr in LRS:
-        lr_s = f"{lr:.0e}".replace("e-0", "e-")
+        lr_s = _lr(lr)
         if lr != 3e-3:
             arms.append(Arm(f"gap-lr{lr_s}", model={}, overrides={"optim.lr": lr}, label=f"GAP, lr {lr_s}",
                             group="gap", x=lr))
@@ -168,8 +172,7 @@ def claims_table(data_sizes: Tuple[Optional[int], ...] = (1000, 6000, None)) -> 
               "learning rate GAP is as good as the class token.",
               "Both read-outs over a 3-point learning-rate sweep; each one's best rate chosen on the validation "
               "split, then compared on the test split.",
-              tuple(a for lr in LRS for a in (f"token-lr{lr:.0e}".replace("e-0", "e-"),
-                                              f"gap-lr{lr:.0e}".replace("e-0", "e-"))),
+              tuple(a for lr in LRS for a in (f"token-lr{_lr(lr)}", f"gap-lr{_lr(lr)}")),
               (Test("at the class token's best lr, the class token beats GAP",
                     diff("best:token", "gap@best:token")),
                Test("each at its own best lr, GAP ~ class token", diff("best:gap", "best:token"), expect="~")),
