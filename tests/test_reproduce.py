@@ -183,7 +183,7 @@ def test_reproduce_end_to_end_tiny(tmp_path, tiny_data):
     # the command line reports on the finished runs without training
     from vitkit.cli import main
     assert main(["reproduce", "--claims", "8", "--report-only", "--out", str(out)]) == 0
-    assert main(["reproduce", "--claims", "8,11", "--report-only", "--out", str(out)]) == 1
+    assert main(["reproduce", "--claims", "8,11", "--report-only", "--out", str(out)]) == 2  # a usage error
 
 
 def test_validation_split_is_the_trainers(tmp_path, tiny_data):

@@ -107,7 +107,12 @@ def classify(model, images: Sequence[Union[PathLike, Image.Image]], *, topk: int
                     logits = model(torch.stack(pixels).to(device))
                     probs = logits.float().softmax(dim=-1)
                     p, idx = probs.topk(k, dim=-1)
+                    finite = torch.isfinite(logits.float()).all(dim=-1).tolist()
                 for row, slot in enumerate(slots):
+                    if not finite[row]:  # NaN/Inf weights (or an overflow): no meaningful ranking exists
+                        results[slot].error = ("the model's output is not finite (NaN or Inf): its weights hold "
+                                               "non-finite values or overflow; use another checkpoint")
+                        continue
                     results[slot].top = [
                         {"rank": r + 1, "index": int(i), "label": labels[int(i)] if labels else str(int(i)),
                          "prob": round(float(q), 6)}

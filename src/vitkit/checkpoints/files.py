@@ -20,6 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..errors import CheckpointError, NotFoundError, UnsafeCheckpointError
 from ..utils import PathLike, atomic_path
 
 Tensor = torch.Tensor
@@ -35,13 +36,13 @@ def sniff(path: PathLike) -> str:
     with open(p, "rb") as f:
         head = f.read(16)
     if len(head) == 0:
-        raise ValueError(f"{p} is empty (0 bytes): the download or copy did not complete")
+        raise CheckpointError(f"{p} is empty (0 bytes): the download or copy did not complete")
     if head[:4] == b"PK\x03\x04" or head[:4] == b"PK\x05\x06":
         try:
             with zipfile.ZipFile(p) as z:
                 names = z.namelist()
         except (zipfile.BadZipFile, OSError, EOFError) as err:
-            raise ValueError(f"{p} is a truncated or corrupt zip archive ({err}): download it again") from None
+            raise CheckpointError(f"{p} is a truncated or corrupt zip archive ({err}): download it again") from None
         if names and all(n.endswith(".npy") for n in names):
             return NPZ
         if any(n.endswith("data.pkl") for n in names):
@@ -68,7 +69,7 @@ def read_safetensors(path: PathLike) -> Tuple[Dict[str, Tensor], Dict[str, str]]
                 out[k] = f.get_tensor(k)
         return out, meta
     except Exception as err:  # safetensors raises its own error types for bad headers / short files
-        raise ValueError(f"{p} could not be read as safetensors ({err}): the file is truncated or corrupt, "
+        raise CheckpointError(f"{p} could not be read as safetensors ({err}): the file is truncated or corrupt, "
                          f"download it again") from None
 
 
@@ -79,11 +80,11 @@ def read_npz(path: PathLike) -> Dict[str, np.ndarray]:
             return {k: z[k] for k in z.files}
     except ValueError as err:
         if "pickle" in str(err).lower():
-            raise ValueError(f"refused {p}: it holds pickled Python objects, which would run code when "
+            raise UnsafeCheckpointError(f"refused {p}: it holds pickled Python objects, which would run code when "
                              f"loaded; a weights .npz holds plain arrays only") from None
-        raise ValueError(f"{p} could not be read as .npz ({err}): the file is truncated or corrupt") from None
+        raise CheckpointError(f"{p} could not be read as .npz ({err}): the file is truncated or corrupt") from None
     except (zipfile.BadZipFile, EOFError, OSError, KeyError) as err:
-        raise ValueError(f"{p} could not be read as .npz ({err or type(err).__name__}): the file is truncated "
+        raise CheckpointError(f"{p} could not be read as .npz ({err or type(err).__name__}): the file is truncated "
                          f"or corrupt, download it again") from None
 
 
@@ -94,17 +95,40 @@ def read_torch(path: PathLike, mmap: bool = False) -> Any:
     try:
         return torch.load(p, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
-        first = str(err).split("\n")
-        detail = next((ln.strip() for ln in first if "GLOBAL" in ln or "Unsupported" in ln), first[0])
-        raise ValueError(
-            f"refused {p}: loading it would execute code from the file ({detail}). vitkit loads only plain "
-            f"tensors (torch.load weights_only=True). If you trust its author, re-save just the weights in a "
-            f"trusted session: torch.save(torch.load(path, weights_only=False)['state_dict'], 'clean.pth') "
-            f"or convert it to safetensors") from None
-    except (EOFError, RuntimeError, zipfile.BadZipFile, OSError, ValueError, struct.error) as err:
+        detail = _unpickler_detail(str(err))
+        if not _names_code(detail):  # a damaged pickle (bad opcode, short string), not a hostile one
+            raise CheckpointError(f"could not be read as a PyTorch file: its pickle is corrupt ({detail})", path=p,
+                                  hint="the file is damaged, download or copy it again") from None
+        raise UnsafeCheckpointError(
+            f"refused: loading it would execute code from the file ({detail}). vitkit loads only plain "
+            f"tensors (torch.load weights_only=True)", path=p,
+            hint="if you trust its author, re-save just the weights in a trusted session: "
+                 "torch.save(torch.load(path, weights_only=False)['state_dict'], 'clean.pth') or convert it to "
+                 "safetensors") from None
+    except (EOFError, RuntimeError, zipfile.BadZipFile, OSError, ValueError, struct.error, KeyError) as err:
         msg = str(err).split("\n")[0] or type(err).__name__
-        raise ValueError(f"{p} could not be read as a PyTorch file ({msg}): the file is truncated or "
-                         f"corrupt, download it again") from None
+        raise CheckpointError(f"could not be read as a PyTorch file ({msg})", path=p,
+                              hint="the file is truncated or corrupt, download it again") from None
+
+
+def _unpickler_detail(text: str) -> str:
+    """The reason torch's weights-only unpickler gives, without its generic advice: the line naming a
+    refused global or object if there is one, else the unpickler's error (a bad opcode, a short string)."""
+    lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
+    pick = next((ln for ln in lines if _names_code(ln)), None)
+    if pick is None:
+        for i, ln in enumerate(lines):
+            if "WeightsUnpickler error:" in ln:
+                pick = ln.split("WeightsUnpickler error:", 1)[1].strip() or (lines[i + 1] if i + 1 < len(lines) else ln)
+                break
+    pick = pick or next((ln for ln in lines if "Unsupported" in ln), lines[0] if lines else "unpickling failed")
+    return pick.replace("WeightsUnpickler error:", "").strip().split(". Please")[0]
+
+
+def _names_code(detail: str) -> bool:
+    """Whether the unpickler refused a named global, class or object (what runs code), rather than bytes
+    that are not a valid pickle."""
+    return any(word in detail for word in ("GLOBAL", "allowlisted", "Can only", "is blocked"))
 
 
 def read_json(path: PathLike) -> Any:
@@ -112,7 +136,7 @@ def read_json(path: PathLike) -> Any:
     try:
         return json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{p} is not valid JSON ({err}): the file is truncated or corrupt") from None
+        raise CheckpointError(f"{p} is not valid JSON ({err}): the file is truncated or corrupt") from None
 
 
 def unwrap_state(obj: Any, source: str) -> Dict[str, Tensor]:
@@ -130,7 +154,7 @@ def unwrap_state(obj: Any, source: str) -> Dict[str, Tensor]:
     if not isinstance(obj, dict) or not _is_state(obj):
         what = type(obj).__name__
         keys = f" with keys {sorted(map(str, obj))[:10]}" if isinstance(obj, dict) else ""
-        raise ValueError(f"{source} holds a {what}{keys}, not a state dict of tensors: save "
+        raise CheckpointError(f"{source} holds a {what}{keys}, not a state dict of tensors: save "
                          f"model.state_dict() instead of the whole model or trainer")
     state = {str(k): v for k, v in obj.items() if isinstance(v, Tensor)}
     for prefix in ("module.", "_orig_mod."):
@@ -148,7 +172,7 @@ def read_tensors(path: PathLike) -> Tuple[str, Dict[str, Any], Dict[str, str]]:
     """(kind, name -> array/tensor, metadata) of a single weights file, recognised from its bytes."""
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"{p} does not exist")
+        raise NotFoundError("does not exist", path=p)
     kind = sniff(p)
     if kind == SAFETENSORS:
         state, meta = read_safetensors(p)
@@ -158,9 +182,9 @@ def read_tensors(path: PathLike) -> Tuple[str, Dict[str, Any], Dict[str, str]]:
     if kind in (TORCH_ZIP, TORCH_LEGACY):
         return kind, unwrap_state(read_torch(p, mmap=kind == TORCH_ZIP), str(p)), {}
     if kind == JSON:
-        raise ValueError(f"{p} is a JSON file, not weights: pass the folder that holds it and the weights "
+        raise CheckpointError(f"{p} is a JSON file, not weights: pass the folder that holds it and the weights "
                          f"(a Hugging Face or vitkit checkpoint folder)")
-    raise ValueError(f"{p} is not a weights file vitkit knows (safetensors, .npz, PyTorch .pth/.bin): "
+    raise CheckpointError(f"{p} is not a weights file vitkit knows (safetensors, .npz, PyTorch .pth/.bin): "
                      f"its first bytes are {open(p, 'rb').read(8)!r}")
 
 

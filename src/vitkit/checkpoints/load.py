@@ -23,6 +23,7 @@ from .detect import detect_layout
 from .files import NPZ, read_json, read_tensors
 from .formats import FORMATS, timm_folder
 from .registry import get_known, locate, verify
+from .validate import validate_checkpoint
 
 TARGETS = ("vitkit", "npz", "torchvision", "timm", "hf")
 _KEEP = object()
@@ -41,6 +42,7 @@ def read_checkpoint(path: PathLike, *, num_heads: Optional[int] = None) -> Check
         ckpt = native.read_native(p.parent)
     else:
         ckpt = _read_file(p, num_heads)
+    validate_checkpoint(ckpt)  # shapes, dtypes and finiteness against the config, for every format
     ckpt.layout.setdefault("source_format", ckpt.format)
     if ckpt.preprocessing is None and ckpt.format in DEFAULT_PRESET:
         from ..data.preprocess import get_preset

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from ..config import ViTConfig
+from ..errors import CheckpointError, ConfigError, NotFoundError
+from .files import read_safetensors
 from ..models import VisionTransformer
 from ..utils import PathLike, atomic_path, write_json_atomic
 
@@ -43,29 +45,53 @@ def save_model(model: VisionTransformer, path: PathLike, *, labels: Optional[Lis
 
 
 def is_native(path: PathLike) -> bool:
+    """A vitkit folder (or a file in one): it has a ``vitkit.json`` that says so, or one that cannot be
+    parsed (vitkit's file, damaged: :func:`read_meta` then reports the JSON error and its line)."""
     p = Path(path)
     meta = p / META if p.is_dir() else p.with_name(META)
     if not meta.is_file():
         return False
     try:
-        return json.loads(meta.read_text()).get("format") == FORMAT
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+        d = json.loads(meta.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return True
+    except OSError:
         return False
+    return isinstance(d, dict) and d.get("format") == FORMAT
 
 
 def read_meta(path: PathLike) -> Dict[str, Any]:
     p = Path(path)
     meta = p / META if p.is_dir() else p.with_name(META)
     try:
-        d = json.loads(meta.read_text())
+        d = json.loads(meta.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"{meta} not found: a vitkit checkpoint is a folder with {WEIGHTS} and {META}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{meta} is not valid JSON ({err}): the checkpoint is corrupt") from None
-    if d.get("format") != FORMAT:
-        raise ValueError(f"{meta} is not a vitkit checkpoint description (format={d.get('format')!r})")
-    if int(d.get("version", 0)) > VERSION:
-        raise ValueError(f"{meta} has format version {d['version']}; this vitkit reads up to {VERSION}: upgrade vitkit")
+        raise NotFoundError(f"not found: a vitkit checkpoint is a folder with {WEIGHTS} and {META}",
+                            path=meta) from None
+    except json.JSONDecodeError as err:  # its message names the line and column
+        raise CheckpointError(f"not valid JSON ({err})", path=meta,
+                              hint="the checkpoint's description is damaged: restore it or save the model again") from None
+    except UnicodeDecodeError as err:
+        raise CheckpointError(f"not UTF-8 text ({err})", path=meta, hint="the checkpoint's description is damaged") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise CheckpointError(f"not a vitkit checkpoint description (format="
+                              f"{d.get('format') if isinstance(d, dict) else None!r})", path=meta)
+    try:
+        version = int(d.get("version", 0))
+    except (TypeError, ValueError):
+        raise CheckpointError(f"version {d.get('version')!r} is not a number", path=meta) from None
+    if version > VERSION:
+        raise CheckpointError(f"format version {version}; this vitkit reads up to {VERSION}", path=meta,
+                              hint="upgrade vitkit")
+    if not isinstance(d.get("config"), dict):
+        raise CheckpointError("has no 'config' mapping", path=meta, hint="the checkpoint's description is damaged")
+    labels = d.get("labels")
+    if labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
+        raise CheckpointError("'labels' must be a list of class names or null", path=meta,
+                              hint="the checkpoint's description is damaged")
+    if d.get("preprocessing") is not None and not isinstance(d["preprocessing"], dict):
+        raise CheckpointError("'preprocessing' must be a mapping or null", path=meta,
+                              hint="the checkpoint's description is damaged")
     return d
 
 
@@ -76,14 +102,14 @@ def read_native(path: PathLike):
     p = Path(path)
     folder = p if p.is_dir() else p.parent
     meta = read_meta(folder)
-    config = ViTConfig.from_dict(meta["config"])
-    weights = folder / WEIGHTS
     try:
-        state = load_file(str(weights))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{weights} not found next to {META}") from None
-    except Exception as err:
-        raise ValueError(f"{weights} could not be read ({err}): the file is truncated or corrupt") from None
+        config = ViTConfig.from_dict(meta["config"])
+    except ConfigError as err:
+        raise CheckpointError(f"its config is not valid ({err})", path=folder / META) from None
+    weights = folder / WEIGHTS
+    if not weights.is_file():
+        raise NotFoundError(f"not found next to {META}", path=weights)
+    state = read_safetensors(weights)[0]
     extra = meta.get("extra") or {}
     return Checkpoint(state, config, FORMAT, labels=meta.get("labels"), preprocessing=meta.get("preprocessing"),
                       layout=dict(extra.get("source_layout") or {}), source=str(folder))
@@ -91,20 +117,11 @@ def read_native(path: PathLike):
 
 def load_model(path: PathLike, map_location: str = "cpu") -> VisionTransformer:
     """Rebuild a model saved with :func:`save_model`. Sets ``model.labels`` and ``model.preprocessing``."""
-    p = Path(path)
-    folder = p if p.is_dir() else p.parent
-    meta = read_meta(folder)
-    model = VisionTransformer(ViTConfig.from_dict(meta["config"]))
-    weights = folder / WEIGHTS
-    try:
-        state = load_file(str(weights), device=map_location)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{weights} not found next to {META}") from None
-    except Exception as err:  # safetensors raises its own error types for truncated/corrupt headers
-        raise ValueError(f"{weights} could not be read ({err}): the file is truncated or corrupt") from None
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"{weights} does not fit its config: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
-    model.labels = meta.get("labels")
-    model.preprocessing = meta.get("preprocessing")
-    return model.eval()
+    from .validate import validate_checkpoint
+
+    ckpt = validate_checkpoint(read_native(path))
+    model = VisionTransformer(ckpt.config)
+    model.load_state_dict(ckpt.state)
+    model.labels = ckpt.labels
+    model.preprocessing = ckpt.preprocessing
+    return model.to(map_location).eval()

@@ -1,8 +1,13 @@
 """Small helpers shared by the command modules."""
 from __future__ import annotations
 
+import argparse
 import json
-from typing import Any, Dict, Iterable
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterable, List
+
+from ..errors import UsageError
 
 
 def parse_value(text: str) -> Any:
@@ -24,6 +29,59 @@ def parse_overrides(items: Iterable[str]) -> Dict[str, Any]:
     for item in items or ():
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--set expects key=value, got {item!r}")
+            raise UsageError(f"--set expects key=value, got {item!r}", hint="e.g. --set optim.lr=3e-4")
         out[key.strip()] = parse_value(value)
     return out
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (sizes, counts); anything else is a usage error (exit code 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+class ManyFiles:
+    """The one behaviour of commands that take many files (``predict``, ``analyze``): each input that
+    cannot be used (missing, not an image, unreadable, a broken link, an empty folder) is reported on
+    stderr as ``vitkit CMD: skipped PATH: reason`` and skipped, the others are processed, and
+    :meth:`exit_code` says how it went: 0 all were processed, 3 some failed, 1 none could be."""
+
+    def __init__(self, command: str):
+        self.command, self.ok, self.failed = command, 0, []
+
+    def skip(self, path: Any, reason: Any) -> None:
+        from ..errors import describe_os_error
+        text = describe_os_error(reason) if isinstance(reason, OSError) and getattr(reason, "errno", None) else str(reason)
+        text = " ".join(text.split())
+        shown = str(path)
+        if text.startswith(shown):  # the reason already names the file
+            text = text[len(shown):].lstrip(": ")
+        self.failed.append(shown)
+        print(f"vitkit {self.command}: skipped {shown}: {text}", file=sys.stderr, flush=True)
+
+    def images(self, paths: Iterable[Any]) -> List[Path]:
+        """Image files from files and folders (folders searched recursively); bad paths skipped and reported."""
+        from ..data.preprocess import find_images
+        out: List[Path] = []
+        for p in map(Path, paths):
+            try:
+                if p.is_symlink() and not p.exists():
+                    raise FileNotFoundError(f"{p} is a symbolic link that leads nowhere (broken, or a loop)")
+                out.extend(find_images([p]))
+            except (OSError, ValueError) as err:
+                self.skip(p, err)
+        return out
+
+    def exit_code(self, what: str = "files", done: str = "processed") -> int:
+        from ..errors import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL
+        if not self.failed:
+            return EXIT_OK
+        total = self.ok + len(self.failed)
+        print(f"vitkit {self.command}: {done} {self.ok} of {total} {what}, {len(self.failed)} skipped "
+              f"(listed above)", file=sys.stderr)
+        return EXIT_PARTIAL if self.ok else EXIT_ERROR

@@ -9,6 +9,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from ..errors import DataError, UsageError
+from ._util import ManyFiles, positive_int
+
 DEFAULT_CACHE = "~/.cache/vitkit/features"
 
 
@@ -24,22 +27,22 @@ def register(sub) -> None:
                    help="dataset with train and test splits: fashion-mnist[:DIR], mnist[:DIR], cifar10:DIR, "
                         "cifar100:DIR, folder:DIR (DIR/{train,test}/<class>/*.jpg), tensors:FILE "
                         "(default: fashion-mnist from /usr/share/datasets)")
-    p.add_argument("--load-size", type=int, default=None,
+    p.add_argument("--load-size", type=positive_int, default=None,
                    help="size image folders are decoded at before the model's resize (default: the model size)")
     p.add_argument("--shots", type=int, nargs="*", default=[1, 5, 10, 25], metavar="K",
                    help="examples per class (default: 1 5 10 25; none: only the linear probe)")
-    p.add_argument("--seeds", type=int, default=5, help="repetitions with different shots (default 5)")
+    p.add_argument("--seeds", type=positive_int, default=5, help="repetitions with different shots (default 5)")
     p.add_argument("--representation", default="pre_logits", choices=["pre_logits", "token", "gap"],
                    help="pre_logits (what the head sees; default), token (final class token) or gap "
                         "(mean of the final patch tokens)")
     p.add_argument("--l2", type=float, nargs="+", metavar="L2",
                    help="L2 strengths to choose from (default: 2^-10 ... 2^19)")
-    p.add_argument("--val-per-class", type=int, default=20,
+    p.add_argument("--val-per-class", type=positive_int, default=20,
                    help="validation images per class for choosing the L2 strength (default 20)")
     p.add_argument("--linear-probe", action="store_true", help="also fit the probe on all training images")
-    p.add_argument("--train-limit", type=int, help="use only the first N training images")
-    p.add_argument("--test-limit", type=int, help="use only the first N test images")
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--train-limit", type=positive_int, help="use only the first N training images")
+    p.add_argument("--test-limit", type=positive_int, help="use only the first N test images")
+    p.add_argument("--batch-size", type=positive_int, default=256)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps ... (default cpu)")
     p.add_argument("--cache-dir", default=DEFAULT_CACHE, help=f"feature cache (default {DEFAULT_CACHE})")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the feature cache")
@@ -60,15 +63,15 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--data", help="also take images from a dataset's test split: fashion-mnist[:DIR], mnist, "
                    "cifar10:DIR, folder:DIR, ... (as vitkit train reads them)")
-    p.add_argument("--num-images", type=int, default=128,
+    p.add_argument("--num-images", type=positive_int, default=128,
                    help="dataset images the attention distance is averaged over (default 128, as the paper)")
     p.add_argument("--rollout-images", type=int, default=10,
                    help="dataset images in the rollout grid (one per class first; default 10)")
     p.add_argument("--head-fusion", default="mean", choices=["mean", "max", "min"])
-    p.add_argument("--img-size", type=int, nargs="+", metavar="N",
+    p.add_argument("--img-size", type=positive_int, nargs="+", metavar="N",
                    help="analyse at another resolution: N or H W (position embeddings resized)")
-    p.add_argument("--filters", type=int, default=28, help="principal components of the embedding (default 28)")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--filters", type=positive_int, default=28, help="principal components of the embedding (default 28)")
+    p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument("--device", default="cpu")
     p.add_argument("--title", help="model name shown in the figures")
     p.set_defaults(func=_analyze)
@@ -114,7 +117,7 @@ def _size(values: Optional[List[int]]):
     if not values:
         return None
     if len(values) > 2:
-        raise ValueError("--img-size takes N or H W")
+        raise UsageError("--img-size takes N or H W")
     return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
 
 
@@ -139,12 +142,12 @@ def _fewshot(args) -> int:
     from ..utils import write_json_atomic
 
     if not args.checkpoints and not args.pixels:
-        raise ValueError("give at least one CHECKPOINT, or --pixels for the raw-pixel baseline")
+        raise UsageError("give at least one CHECKPOINT, or --pixels for the raw-pixel baseline")
     shots = sorted(set(args.shots or []))
     if not shots and not args.linear_probe:
-        raise ValueError("nothing to do: give --shots or --linear-probe")
+        raise UsageError("nothing to do: give --shots or --linear-probe")
     if args.seeds < 1:
-        raise ValueError("--seeds must be at least 1")
+        raise UsageError("--seeds must be at least 1")
     models = [(ckpt, load_checkpoint(ckpt, device=args.device)) for ckpt in args.checkpoints]
     chans = models[0][1].config.in_chans if models else 3
     size = args.load_size or (max(models[0][1].config.img_size) if models else 224)
@@ -199,16 +202,21 @@ def _dataset_images(spec: str, n_rollout: int, channels: int, size: int):
 
 def _analyze(args) -> int:
     from ..analysis.report import analyze, load_images
-    from ..data.preprocess import find_images
     from ..eval.features import model_preprocessing, prepare_images
 
     if not args.images and not args.data:
-        raise ValueError("give IMAGE files or folders, or --data fashion-mnist, to analyse the model on")
+        raise UsageError("give IMAGE files or folders, or --data fashion-mnist, to analyse the model on")
     model = load_checkpoint(args.checkpoint, _size(args.img_size), args.device)
     cfg = model.config
     display, inputs, names = [], [], []
-    if args.images:
-        d, x, n = load_images(find_images(args.images), model)
+    many = ManyFiles("analyze")
+    for path in many.images(args.images):  # a bad image is reported and skipped, as in predict
+        try:
+            d, x, n = load_images([path], model)
+        except (OSError, ValueError) as err:
+            many.skip(path, err)
+            continue
+        many.ok += 1
         display.append(d)
         inputs.append(x)
         names += n
@@ -224,7 +232,7 @@ def _analyze(args) -> int:
             inputs.append(x)
             names += [f"{classes[int(ys[i])]} (test #{i})" for i in pick]
     if not inputs:
-        raise ValueError("no images for the rollout grid: give IMAGE files or --rollout-images N >= 1")
+        raise DataError("no images for the rollout grid: give IMAGE files or --rollout-images N >= 1")
     summary = analyze(model, torch.cat(inputs), args.out, display=torch.cat(display), names=names,
                       distance_inputs=dist_inputs, head_fusion=args.head_fusion, num_filters=args.filters,
                       batch_size=args.batch_size, title=args.title,
@@ -235,4 +243,4 @@ def _analyze(args) -> int:
     if "neighbours" in pe:
         print(f"position-embedding similarity: neighbours {pe['neighbours']:.3f}, far patches {pe['far']:.3f}")
     print(f"wrote {', '.join(summary['files'].values())}, attention_distance.json, summary.json into {args.out}")
-    return 0
+    return many.exit_code("images", "analysed")

@@ -5,7 +5,8 @@ import json
 import shlex
 import sys
 
-from ._util import parse_overrides
+from ..errors import UsageError
+from ._util import parse_overrides, positive_int
 
 WHAT = ("inference", "latency", "train", "memory", "roofline")
 
@@ -23,12 +24,12 @@ def register(sub) -> None:
                         "model, e.g. recipe:fmnist-fast)")
     p.add_argument("--what", nargs="+", choices=WHAT, default=["inference", "latency"],
                    help="what to measure (default: inference latency)")
-    p.add_argument("--img-size", type=int, nargs="+", metavar="PX",
+    p.add_argument("--img-size", type=positive_int, nargs="+", metavar="PX",
                    help="input resolutions (default: the model's own); e.g. 64 128 224 384 512 for Figure 12")
-    p.add_argument("--batch", type=int, nargs="+", default=[16], metavar="N",
+    p.add_argument("--batch", type=positive_int, nargs="+", default=[16], metavar="N",
                    help="inference batch sizes; each library is reported at its best one (default: 16)")
-    p.add_argument("--train-batch", type=int, nargs="+", default=[32], metavar="N", help="training batch sizes")
-    p.add_argument("--memory-batch", type=int, nargs="+", default=[64], metavar="N",
+    p.add_argument("--train-batch", type=positive_int, nargs="+", default=[32], metavar="N", help="training batch sizes")
+    p.add_argument("--memory-batch", type=positive_int, nargs="+", default=[64], metavar="N",
                    help="batch sizes for peak memory (default: 64)")
     p.add_argument("--dtype", nargs="+", choices=("fp32", "bf16"), default=["fp32"],
                    help="precision; training bf16 = autocast (default: fp32)")
@@ -42,12 +43,12 @@ def register(sub) -> None:
                    help="how peers run bf16: bf16 weights (model.to(bfloat16), default) or fp32 weights + autocast")
     p.add_argument("--vitkit-module", action="store_true",
                    help="also time vitkit's plain nn.Module (without the inference engine)")
-    p.add_argument("--threads", type=int, help="intra-op threads for every library (default: torch's)")
+    p.add_argument("--threads", type=positive_int, help="intra-op threads for every library (default: torch's)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls per contender first (default 1)")
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per contender, alternated (default 5)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed repeats per contender, alternated (default 5)")
     p.add_argument("--no-roofline", action="store_true", help="skip measuring the GEMM roofline")
-    p.add_argument("--chunk-tokens", type=int, default=2048,
+    p.add_argument("--chunk-tokens", type=positive_int, default=2048,
                    help="vitkit inference runs large batches in chunks of about this many tokens")
     p.add_argument("--no-copy-weights", action="store_true",
                    help="peers keep their own random init instead of vitkit's weights")
@@ -64,11 +65,11 @@ def _bench(args) -> int:
     for name, values in (("--batch", args.batch), ("--train-batch", args.train_batch),
                          ("--memory-batch", args.memory_batch)):
         if any(v < 1 for v in values):
-            raise ValueError(f"{name} takes positive batch sizes, got {values}")
+            raise UsageError(f"{name} takes positive batch sizes, got {values}")
     if args.repeats < 1 or args.warmup < 0:
-        raise ValueError("--repeats must be at least 1 and --warmup at least 0")
+        raise UsageError("--repeats must be at least 1 and --warmup at least 0")
     if args.img_size and any(s < 1 for s in args.img_size):
-        raise ValueError(f"--img-size takes positive sizes, got {args.img_size}")
+        raise UsageError(f"--img-size takes positive sizes, got {args.img_size}")
     log = (lambda m: None) if args.quiet or args.json else (lambda m: print(m, file=sys.stderr, flush=True))
     opts = BenchOptions(device=args.device, warmup=args.warmup, repeats=args.repeats,
                         peers=parse_peers(args.peers), roofline=not args.no_roofline, peer_bf16=args.peer_bf16,

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import json
-import sys
 
+from ..errors import NotFoundError
+from ._util import ManyFiles, positive_int
 
 
 def register(sub) -> None:
@@ -17,7 +18,7 @@ def register(sub) -> None:
     p.add_argument("--safetensors", action="store_true", help="torchvision/timm: write .safetensors, not .pth")
     p.add_argument("--flavour", choices=["vit_jax", "big_vision"], help="npz layout (default: as read, else vit_jax)")
     p.add_argument("--prefix", help="npz: key prefix such as 'params/' (default: as read, else none)")
-    p.add_argument("--num-heads", type=int, help="heads, for torchvision/timm files of non-standard sizes")
+    p.add_argument("--num-heads", type=positive_int, help="heads, for torchvision/timm files of non-standard sizes")
     p.add_argument("--weights-file", help="the local file for a known checkpoint name")
     p.set_defaults(func=_convert)
 
@@ -25,10 +26,10 @@ def register(sub) -> None:
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders (searched recursively)")
     p.add_argument("--weights", "-w", required=True, help="checkpoint path (any format) or known name")
     p.add_argument("--weights-file", help="the local file for a known checkpoint name")
-    p.add_argument("--topk", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--topk", type=positive_int, default=5)
+    p.add_argument("--batch-size", type=positive_int, default=16)
     p.add_argument("--preset", help="preprocessing preset (default: the checkpoint's own)")
-    p.add_argument("--img-size", type=int, help="run at this resolution (position embeddings resized)")
+    p.add_argument("--img-size", type=positive_int, help="run at this resolution (position embeddings resized)")
     p.add_argument("--save-crop", metavar="DIR", help="save the exact crop each image became, as PNG")
     p.add_argument("--json", action="store_true", help="print one JSON object per image")
     p.add_argument("--no-progress", action="store_true")
@@ -38,7 +39,7 @@ def register(sub) -> None:
     p.add_argument("weights", help="checkpoint path (any format) or known name")
     p.add_argument("output", help="output file: .onnx or .pt2")
     p.add_argument("--format", choices=["onnx", "torch"], help="default: from the output's suffix")
-    p.add_argument("--img-size", type=int, help="export at this resolution")
+    p.add_argument("--img-size", type=positive_int, help="export at this resolution")
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--static-batch", action="store_true", help="fix the batch size instead of a dynamic axis")
     p.add_argument("--weights-file", help="the local file for a known checkpoint name")
@@ -59,10 +60,13 @@ def _convert(args) -> int:
     from ..checkpoints import convert
     from ..checkpoints.load import _resolve
 
+    from ..utils import staged_output
+
     src, _ = _resolve(args.src, args.weights_file, None)
-    out = convert(src, args.dst, args.to, num_heads=args.num_heads, safetensors=args.safetensors,
-                  flavour=args.flavour, prefix=args.prefix)
-    print(f"wrote {out} ({args.to})")
+    with staged_output(args.dst) as dst:  # a failed conversion leaves no partial folder
+        out = convert(src, dst, args.to, num_heads=args.num_heads, safetensors=args.safetensors,
+                      flavour=args.flavour, prefix=args.prefix)
+    print(f"wrote {args.dst if out == dst else out} ({args.to})")
     return 0
 
 
@@ -72,23 +76,21 @@ def _load(args, **kw):
 
 
 def _predict(args) -> int:
-    from ..data.preprocess import find_images
     from ..predict import classify, format_json, format_table
 
-    files = find_images(args.images)
+    many = ManyFiles("predict")
+    files = many.images(args.images)
+    if not files:
+        return many.exit_code("images", "classified")
     model = _load(args, img_size=args.img_size) if args.img_size else _load(args)
-    ok = bad = 0
     for pred in classify(model, files, topk=args.topk, batch_size=args.batch_size, preset=args.preset,
                          save_crop=args.save_crop, progress=not args.no_progress):
         if pred.ok:
-            ok += 1
+            many.ok += 1
         else:
-            bad += 1
-            print(f"vitkit predict: skipped {pred.source}: {pred.error}", file=sys.stderr)
+            many.skip(pred.source, pred.error)
         print(format_json(pred) if args.json else format_table(pred), flush=True)
-    if bad:
-        print(f"vitkit predict: classified {ok} of {ok + bad} images, {bad} skipped", file=sys.stderr)
-    return 0 if ok else 1
+    return many.exit_code("images", "classified")
 
 
 def _export(args) -> int:
@@ -110,7 +112,7 @@ def _weights(args) -> int:
     if args.name:
         entry = get_known(args.name)
         if entry is None:
-            raise ValueError(f"unknown checkpoint {args.name!r}: run 'vitkit weights' for the list")
+            raise NotFoundError(f"unknown checkpoint {args.name!r}: run 'vitkit weights' for the list")
         print(json.dumps(entry.to_dict(), indent=2))
         return 0
     rows = list_known()

@@ -5,7 +5,8 @@ import json
 
 from ..config import PAPER_MODELS, config_from_name, list_models
 from ..models.cost import cost, format_cost
-from ._util import parse_overrides
+from ..errors import UsageError
+from ._util import parse_overrides, positive_int
 
 
 def register(sub) -> None:
@@ -16,8 +17,8 @@ def register(sub) -> None:
     p = sub.add_parser("info", help="parameters, tokens, multiply-adds, FLOPs and memory of a model")
     p.add_argument("models", nargs="*", metavar="MODEL",
                    help="model names such as B/16, vit_base_patch16_224, vit-b16 (default: the paper's models)")
-    p.add_argument("--img-size", type=int, nargs="+", metavar="N", help="input size: N or H W")
-    p.add_argument("--batch", type=int, default=1, help="batch size for the memory estimate")
+    p.add_argument("--img-size", type=positive_int, nargs="+", metavar="N", help="input size: N or H W")
+    p.add_argument("--batch", type=positive_int, default=1, help="batch size for the memory estimate")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set posemb=sincos2d --set num_classes=10")
     p.add_argument("--json", action="store_true", help="print JSON lines instead of text")
@@ -39,7 +40,7 @@ def _info(args) -> int:
     size = None
     if args.img_size:
         if len(args.img_size) > 2:
-            raise ValueError("--img-size takes N or H W")
+            raise UsageError("--img-size takes N or H W")
         size = tuple(args.img_size) if len(args.img_size) == 2 else args.img_size[0]
     names = args.models or list(PAPER_MODELS)
     for i, name in enumerate(names):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..errors import UsageError
 from .train import _common, _overrides
 
 
@@ -37,7 +38,7 @@ def _pretrain(args) -> int:
         print(recipe.to_yaml(), end="")
         return 0
     if args.resume and not args.out:
-        raise ValueError("--resume needs --out RUN_FOLDER (the run to continue)")
+        raise UsageError("--resume needs --out RUN_FOLDER (the run to continue)")
     out = Path(args.out) if args.out else Path("runs") / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     res = pretrain_mpp(recipe, out, resume=args.resume, progress=not args.no_progress)
     if res and "test_mpp_loss" in res:

@@ -24,14 +24,20 @@ def register(sub) -> None:
 
 
 def _reproduce(args) -> int:
+    from ..errors import UsageError
     from ..reproduce import reproduce
+    from ..reproduce.claims import claims_table
 
     ids = None
     if args.claims:
         try:
             ids = [int(x) for x in args.claims.split(",") if x.strip()]
         except ValueError:
-            raise ValueError(f"--claims {args.claims!r}: give claim numbers separated by commas, e.g. 1,3,8") from None
+            ids = None
+        known = claims_table()
+        if not ids or any(i not in known for i in ids):
+            raise UsageError(f"--claims {args.claims!r}: give claim numbers from 1 to {len(known)} separated by "
+                             f"commas, e.g. --claims 1,3,8")
     report = reproduce(args.out, ids, args.budget, command="vitkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                        progress=args.progress, report_only=args.report_only)
     for c in report["claims"]:

@@ -8,7 +8,8 @@ import json
 import time
 from pathlib import Path
 
-from ._util import parse_overrides
+from ..errors import UsageError
+from ._util import ManyFiles, parse_overrides, positive_int
 
 
 def _common(p, default_recipe: str) -> None:
@@ -21,16 +22,15 @@ def _common(p, default_recipe: str) -> None:
     p.add_argument("--data", metavar="SPEC", help="dataset: fashion-mnist[:DIR], mnist[:DIR], cifar10:DIR, "
                    "cifar100:DIR, folder:DIR, shards:PATTERN, tensors:FILE")
     p.add_argument("--epochs", type=float, help="schedule.epochs")
-    p.add_argument("--steps", type=int, help="schedule.steps (wins over epochs)")
+    p.add_argument("--steps", type=positive_int, help="schedule.steps (wins over epochs)")
     p.add_argument("--lr", type=float, help="optim.lr (peak)")
-    p.add_argument("--batch-size", type=int, help="optim.batch_size (global)")
+    p.add_argument("--batch-size", type=positive_int, help="optim.batch_size (global)")
     p.add_argument("--device", help="train.device: auto, cpu, cuda, cuda:N")
     p.add_argument("--out", "-o", help="run folder (default: runs/<recipe>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--print", dest="print_only", action="store_true",
                    help="print the resolved recipe and exit without training")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
 def register(sub) -> None:
@@ -41,7 +41,7 @@ def register(sub) -> None:
     p = sub.add_parser("finetune", help="fine-tune a checkpoint (any format vitkit loads) the paper's way: "
                        "new zero head, position embeddings resized to the new resolution")
     p.add_argument("checkpoint", help="weights to start from: a vitkit folder, timm/torchvision/HF file, .npz")
-    p.add_argument("--img-size", type=int, help="fine-tuning resolution (position embeddings are resized)")
+    p.add_argument("--img-size", type=positive_int, help="fine-tuning resolution (position embeddings are resized)")
     _common(p, "paper-finetune")
     p.set_defaults(func=_finetune)
 
@@ -50,14 +50,13 @@ def register(sub) -> None:
     p.add_argument("--data", required=True, metavar="SPEC", help="dataset spec, as for vitkit train")
     p.add_argument("--split", default="test", help="split to evaluate (default: test)")
     p.add_argument("--root", help="dataset folder for specs without a path")
-    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--batch-size", type=positive_int, default=500)
     p.add_argument("--device", default="auto")
     p.add_argument("--workers", type=int, default=0, help="decoding processes for image folders / shards")
     p.add_argument("--tta", choices=["none", "flip"], default="none",
                    help="test-time augmentation: flip scores each image by the mean probability of it and its "
                         "mirror image (default: none)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
-    p.add_argument("--debug", action="store_true")
     p.set_defaults(func=_eval)
 
     p = sub.add_parser("recipes", help="list the built-in recipes, or print one resolved (with --set overrides)")
@@ -90,7 +89,7 @@ def _run(args, ov: dict) -> int:
         return 0
     out = Path(args.out) if args.out else Path("runs") / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.resume and not args.out:
-        raise ValueError("--resume needs --out RUN_FOLDER (the run to continue)")
+        raise UsageError("--resume needs --out RUN_FOLDER (the run to continue)")
     res = train(recipe, out, resume=args.resume, progress=not args.no_progress)
     if res:
         _report(res, out)
@@ -112,7 +111,9 @@ def _report(res: dict, out: Path) -> None:
               f"({res.get('test_images', '?')} test images, {kind} weights) {time_part}")
     elif val is None:
         print(f"trained {time_part}; no validation or test split to evaluate on")
-    print(f"run folder: {out}  (model/, curves.png, predictions.png, metrics.jsonl, results.json)")
+    made = [name for name in ("model/", "curves.png", "predictions.png", "metrics.jsonl", "results.json")
+            if (out / name).exists()]
+    print(f"run folder: {out}  ({', '.join(made)})")
 
 
 def _train(args) -> int:
@@ -132,13 +133,19 @@ def _eval(args) -> int:
 
     res = evaluate_checkpoint(args.checkpoint, args.data, args.split, root=args.root, batch_size=args.batch_size,
                               device=args.device, workers=args.workers, tta=args.tta)
+    many = ManyFiles("eval")  # an image folder with unreadable files: each reported, the rest evaluated
+    for bad in res.get("unreadable", []):
+        many.skip(bad["path"], bad["error"])
+    many.ok = res["n"]
+    if not res["n"]:
+        return many.exit_code("images", "evaluated")
     if args.json:
         print(json.dumps(res))
     else:
         tta = ", flip TTA" if args.tta == "flip" else ""
         print(f"{args.data} [{args.split}, {res['n']} images{tta}]: top-1 {100 * res['top1']:.2f}%, "
               f"top-5 {100 * res['top5']:.2f}%, loss {res['loss']:.4f}")
-    return 0
+    return many.exit_code("images", "evaluated")
 
 
 def _recipes(args) -> int:

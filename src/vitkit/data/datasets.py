@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from ..errors import DataError, NotFoundError
 from ..utils import PathLike
 from .idx import FASHION_MNIST_CLASSES, MNIST_CLASSES, load_idx_split
 
@@ -88,6 +89,11 @@ class FileImages:
     channels: int = 3
     name: str = "files"
     reader: Optional[Callable[[Any], bytes]] = field(default=None, repr=False)
+    # Evaluation of a folder (vitkit eval): an unreadable image becomes a blank one with the label
+    # -(index + 1), which evaluate() leaves out and reports, instead of stopping everything. Training keeps
+    # the default: a bad file stops it with one line naming the file (a training set with holes would
+    # silently change the run).
+    skip_unreadable: bool = False
 
     in_memory = False
 
@@ -113,7 +119,8 @@ class FileImages:
                 img = Image.open(src)
             img.load()
         except Exception as err:
-            raise ValueError(f"{self.name}: image {src} is not readable ({err}): remove or replace the file") from None
+            raise DataError(f"is not a readable image ({' '.join(str(err).split()) or type(err).__name__})",
+                            path=src, hint=f"remove or replace the file ({self.name})") from None
         img = img.convert("L" if self.channels == 1 else "RGB")
         w, h = img.size
         s = self.load_size / min(w, h)
@@ -126,14 +133,20 @@ class FileImages:
         return t.unsqueeze(0) if t.ndim == 2 else t.permute(2, 0, 1)
 
     def __getitem__(self, i: int) -> Tuple[torch.Tensor, int]:
+        if self.skip_unreadable:
+            try:
+                return self.decode(i), int(self.items[i][1])
+            except DataError:
+                return torch.zeros(self.channels, self.load_size, self.load_size, dtype=torch.uint8), -(i + 1)
         return self.decode(i), int(self.items[i][1])
 
     def gather(self, index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        return torch.stack([self.decode(int(i)) for i in index]), self.labels[index]
+        images, labels = zip(*(self[int(i)] for i in index))
+        return torch.stack(images), torch.tensor(labels, dtype=torch.int64)
 
     def subset(self, index: Sequence[int], name: Optional[str] = None) -> "FileImages":
         return FileImages([self.items[int(i)] for i in index], self.classes, self.load_size, self.channels,
-                          name or self.name, self.reader)
+                          name or self.name, self.reader, self.skip_unreadable)
 
     def to_memory(self) -> TensorImages:
         """Decode everything once (for small folders)."""
@@ -247,14 +260,10 @@ def tensor_file(path: PathLike, split: str = "train") -> TensorImages:
     ``classes``; or a ``.pt`` file holding such a dict of tensors (read with weights_only=True)."""
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"tensor file {p} not found")
-    if p.suffix == ".npz":
-        with np.load(p, allow_pickle=False) as z:
-            d = {k: z[k] for k in z.files}
-    else:
-        d = torch.load(p, map_location="cpu", weights_only=True)
-        if not isinstance(d, dict):
-            raise ValueError(f"{p}: expected a dict with 'images' and 'labels'")
+        raise NotFoundError("tensor file not found", path=p, hint="check the path after tensors:")
+    d = _read_tensor_file(p)
+    if not isinstance(d, dict):
+        raise DataError(f"holds a {type(d).__name__}, expected a dict with 'images' and 'labels'", path=p)
     x = d.get(f"{split}_images", d.get("images"))
     y = d.get(f"{split}_labels", d.get("labels"))
     if x is None or y is None:
@@ -267,6 +276,32 @@ def tensor_file(path: PathLike, split: str = "train") -> TensorImages:
     classes = [str(c) for c in np.asarray(classes).tolist()] if classes is not None else \
         [str(i) for i in range(int(y.max()) + 1 if len(y) else 0)]
     return TensorImages(x, y, classes, f"tensors:{p.name}/{split}")
+
+
+def _read_tensor_file(p: Path) -> Any:
+    """The arrays of a ``.npz`` (no pickled objects) or ``.pt`` (torch.load weights_only=True) file; a
+    damaged or code-carrying file raises DataError naming it."""
+    import zipfile
+    try:
+        if p.suffix == ".npz":
+            with np.load(p, allow_pickle=False) as z:
+                return {k: z[k] for k in z.files}
+        return torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        why = " ".join(str(err).split())
+        code = any(w in why for w in ("GLOBAL", "allowlisted", "Can only", "is blocked"))
+        raise DataError("refused: it holds Python objects that would run code when loaded" if code else
+                        "is corrupt (its pickle cannot be read)", path=p,
+                        hint="save plain tensors or arrays (images uint8 [N, C, H, W], labels int [N])") from None
+    except ValueError as err:
+        if "pickle" in str(err).lower():  # numpy: object arrays need pickle, which vitkit never allows
+            raise DataError("holds object arrays (pickled Python objects), which vitkit does not load", path=p,
+                            hint="save numeric arrays: np.savez(path, images=uint8_array, labels=int_array)") from None
+        raise DataError(f"could not be read ({' '.join(str(err).split())})", path=p,
+                        hint="the file is truncated or corrupt") from None
+    except (zipfile.BadZipFile, EOFError, RuntimeError, KeyError, UnicodeDecodeError) as err:
+        raise DataError(f"could not be read ({' '.join(str(err).split()) or type(err).__name__})", path=p,
+                        hint="the file is truncated or corrupt, write it again") from None
 
 
 # --- one entry point ----------------------------------------------------------------------------

@@ -6,6 +6,8 @@ takes every N-th sample of the global batch).
 """
 from __future__ import annotations
 
+import os
+
 from typing import Iterator, Optional, Tuple
 
 import torch
@@ -81,6 +83,14 @@ class EpochSampler:
             yield glob[self.rank::self.world]
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 class Loader:
     """Yields (uint8 images, labels) batches of an epoch, from batch ``start`` on.
 
@@ -88,7 +98,8 @@ class Loader:
     (torch DataLoader) with the same index lists, so the order does not depend on the worker count."""
 
     def __init__(self, data: Dataset, sampler: EpochSampler, workers: int = 0):
-        self.data, self.sampler, self.workers = data, sampler, workers
+        # more decoding processes than usable cores only adds contention (and a warning from torch)
+        self.data, self.sampler, self.workers = data, sampler, min(int(workers), usable_cores())
 
     def __len__(self) -> int:
         return len(self.sampler)

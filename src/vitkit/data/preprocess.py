@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -98,9 +99,11 @@ def load_image(source: ImageLike, *, exif_transpose: bool = True) -> Image.Image
         if path.is_dir():
             raise ImageError(f"{path} is a folder, not an image")
         try:
-            with Image.open(path) as opened:
-                opened.load()  # decode now, so truncated data fails here and not later
-                img = opened.copy()
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "Corrupt EXIF", UserWarning)  # the pixels are fine
+                with Image.open(path) as opened:
+                    opened.load()  # decode now, so truncated data fails here and not later
+                    img = opened.copy()
         except Image.DecompressionBombError as err:
             raise ImageError(f"{path}: refused, the image is implausibly large ({err})") from None
         except Exception as err:  # PIL raises OSError, SyntaxError, ValueError... for bad data
@@ -109,7 +112,9 @@ def load_image(source: ImageLike, *, exif_transpose: bool = True) -> Image.Image
                              f"or not an image") from None
     if exif_transpose:
         try:
-            img = ImageOps.exif_transpose(img)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "Corrupt EXIF", UserWarning)
+                img = ImageOps.exif_transpose(img)
         except Exception:  # a broken EXIF block must not stop classification
             pass
     return to_rgb(img)

@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from ..errors import CheckpointError, NotFoundError
 from ..utils import PathLike, atomic_path
 
 FORMAT = "vitkit-train-state"
@@ -49,17 +50,22 @@ def save_state(path: PathLike, state: Dict[str, Any]) -> Path:
 
 
 def load_state(path: PathLike) -> Dict[str, Any]:
+    from ..checkpoints.files import read_torch
+
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no training checkpoint at {path}: nothing to resume (start the run without --resume)")
+        raise NotFoundError("no training checkpoint here: nothing to resume", path=path,
+                            hint="start the run without --resume")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise ValueError(f"{path} could not be read ({err}): the checkpoint is truncated or corrupt") from None
+        state = read_torch(path)  # weights_only: a damaged file is reported as such, a hostile one refused
+    except CheckpointError as err:
+        err.hint = "the training checkpoint is damaged: start the run again (in a new --out folder)"
+        raise
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a vitkit training checkpoint")
+        raise CheckpointError("not a vitkit training checkpoint", path=path)
     if int(state.get("version", 0)) > VERSION:
-        raise ValueError(f"{path} was written by a newer vitkit (version {state['version']}): upgrade vitkit")
+        raise CheckpointError(f"written by a newer vitkit (version {state['version']})", path=path,
+                              hint="upgrade vitkit")
     return state
 
 

@@ -37,7 +37,13 @@ def evaluate(model: nn.Module, data: Dataset, transform: EvalTransform, *, batch
     sums = torch.zeros(4, dtype=torch.float64)  # correct1, correct5, loss, n
     probs: List[torch.Tensor] = []
     ac = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else _null()
+    unreadable: List[int] = []  # indices of files a folder dataset could not decode (skip_unreadable)
     for images, labels in eval_batches(data, batch_size, dist.rank, dist.world, workers):
+        if bool((labels < 0).any()):
+            unreadable += (-labels[labels < 0] - 1).tolist()
+            images, labels = images[labels >= 0], labels[labels >= 0]
+            if not len(labels):
+                continue
         x = transform(images).to(device, non_blocking=True)
         y = labels.to(device)
         with ac:
@@ -60,6 +66,8 @@ def evaluate(model: nn.Module, data: Dataset, transform: EvalTransform, *, batch
                            "n": int(sums[3])}
     if keep_probs:
         out["probs"] = torch.cat(probs) if probs else torch.zeros(0)
+    if unreadable:
+        out["unreadable"] = sorted(unreadable)
     return out
 
 
@@ -69,6 +77,15 @@ class _null:
 
     def __exit__(self, *a):
         return False
+
+
+def _why_unreadable(data: Dataset, i: int) -> Dict[str, str]:
+    src = data.items[i][0]
+    try:
+        data.decode(i)
+    except ValueError as err:
+        return {"path": str(src), "error": str(err)}
+    return {"path": str(src), "error": "could not be read during evaluation"}
 
 
 def transform_for(preprocessing: Optional[Dict[str, Any]], img_size: Sequence[int], in_memory: bool) -> EvalTransform:
@@ -106,7 +123,11 @@ def evaluate_checkpoint(path: PathLike, dataset: str, split: str = "test", *, ro
     if cfg.num_classes and len(data.classes) > cfg.num_classes:
         raise ValueError(f"{dataset} has {len(data.classes)} classes but the model predicts {cfg.num_classes}: "
                          f"fine-tune it first (vitkit finetune)")
+    if hasattr(data, "skip_unreadable"):  # a folder: unreadable images are left out and reported
+        data.skip_unreadable = True
     tf = transform_for(pre, cfg.img_size, getattr(data, "in_memory", False))
     res = evaluate(model, data, tf, batch_size=batch_size, device=dev, workers=workers, tta=tta)
+    if "unreadable" in res:  # (index -> why), decoded again here to name the reason
+        res["unreadable"] = [_why_unreadable(data, i) for i in res["unreadable"]]
     res.update(dataset=dataset, split=split, checkpoint=str(path), tta=tta)
     return res

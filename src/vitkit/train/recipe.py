@@ -19,7 +19,8 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import yaml
 
-from ..config import ViTConfig, check_fields, config_from_name
+from ..config import ViTConfig, check_fields, coerce_field, config_from_name
+from ..errors import ConfigError, NotFoundError
 from ..data.augment import AugmentConfig
 from ..utils import PathLike, atomic_path
 
@@ -31,7 +32,7 @@ class DataConfig:
     dataset: Optional[str] = "fashion-mnist"  # fashion-mnist | mnist | cifar10:DIR | cifar100:DIR | folder:DIR | shards:PATTERN | tensors:FILE
     root: Optional[str] = None  # folder for specs without a path (e.g. Fashion-MNIST elsewhere)
     train_split: str = "train"
-    eval_split: str = "test"
+    eval_split: Optional[str] = "test"  # the test split, read once at the end (null: none)
     # The validation split: a seeded, class-stratified hold-out of the training split on which the run
     # evaluates periodically and chooses the exported weights (the test split is read once, at the end).
     val_size: Optional[int] = None  # images held out (wins over val_fraction)
@@ -40,7 +41,7 @@ class DataConfig:
     mean: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     std: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     load_size: Optional[int] = None  # file datasets: decode to this square (default img_size / 0.875)
-    workers: int = 0  # decoding processes for file datasets
+    workers: int = 0  # decoding processes for file datasets (at most the usable cores)
     cache: bool = False  # decode a file dataset once into memory (small datasets)
     train_subset: Optional[int] = None  # train on a seeded, class-stratified subset of this many images
     eval_batch_size: int = 500
@@ -131,6 +132,7 @@ class DistillConfig:
     num_heads: Optional[int] = None  # for teacher weight files that do not record it
 
 
+AUTO_FIELDS = ("num_classes", "in_chans")  # model fields a recipe may leave to the dataset ("auto")
 SECTIONS = {"data": DataConfig, "augment": AugmentConfig, "optim": OptimConfig, "schedule": ScheduleConfig,
             "train": TrainConfig, "init": InitConfig, "mpp": MPPConfig, "distill": DistillConfig}
 
@@ -162,20 +164,24 @@ class Recipe:
         d.pop("base", None)
         _check_keys(d, ["name", "description", "model"] + list(SECTIONS), "recipe")
         kw: Dict[str, Any] = {k: d[k] for k in ("name", "description") if k in d}
-        model = dict(d.get("model") or {})
-        check_fields({k: v for k, v in model.items() if k != "arch"})
+        model = d.get("model") or {}
+        if not isinstance(model, dict):
+            raise ConfigError(f"got {model!r}, expected a mapping of config fields", key="model")
+        model = dict(model)
+        if model.get("arch") is not None and not isinstance(model["arch"], str):
+            raise ConfigError(f"got {model['arch']!r}, expected a model name such as 'B/16'", key="model.arch")
+        # num_classes / in_chans may be "auto": taken from the dataset
+        check_fields({k: v for k, v in model.items() if k != "arch" and not (k in AUTO_FIELDS and v == "auto")},
+                     where="model.")
         kw["model"] = model
         for key, klass in SECTIONS.items():
-            sec = dict(d.get(key) or {})
+            sec = d.get(key) or {}
+            if not isinstance(sec, dict):
+                raise ConfigError(f"got {sec!r}, expected a mapping of keys", key=key)
             names = [f.name for f in dataclasses.fields(klass)]
             _check_keys(sec, names, key)
-            for f in dataclasses.fields(klass):
-                if f.name in sec and isinstance(sec[f.name], list) and "Tuple" in str(f.type):
-                    sec[f.name] = tuple(sec[f.name])
-            try:
-                kw[key] = klass(**sec)
-            except TypeError as err:
-                raise ValueError(f"recipe section {key}: {err}") from None
+            sec = {k: coerce_field(klass, k, v, f"{key}.{k}") for k, v in sec.items()}
+            kw[key] = klass(**sec)
         recipe = cls(**kw)
         recipe.validate()
         return recipe
@@ -193,44 +199,44 @@ class Recipe:
     def validate(self) -> None:
         o, s, t = self.optim, self.schedule, self.train
         if o.name not in ("adamw", "adam", "sgd"):
-            raise ValueError(f"optim.name={o.name!r}: use adamw, adam or sgd")
+            raise ConfigError(f"optim.name={o.name!r}: use adamw, adam or sgd")
         if o.lr <= 0 or o.batch_size <= 0 or o.accum_steps <= 0:
-            raise ValueError("optim.lr, optim.batch_size and optim.accum_steps must be positive")
+            raise ConfigError("optim.lr, optim.batch_size and optim.accum_steps must be positive")
         if o.batch_size % o.accum_steps:
-            raise ValueError(f"optim.batch_size {o.batch_size} is not divisible by accum_steps {o.accum_steps}")
+            raise ConfigError(f"optim.batch_size {o.batch_size} is not divisible by accum_steps {o.accum_steps}")
         if o.implementation not in ("auto", "fused", "foreach", "loop"):
-            raise ValueError(f"optim.implementation={o.implementation!r}: use auto, fused, foreach or loop")
+            raise ConfigError(f"optim.implementation={o.implementation!r}: use auto, fused, foreach or loop")
         if s.decay not in ("cosine", "linear", "constant"):
-            raise ValueError(f"schedule.decay={s.decay!r}: use cosine, linear or constant")
+            raise ConfigError(f"schedule.decay={s.decay!r}: use cosine, linear or constant")
         if s.steps is None and (s.epochs is None or s.epochs <= 0):
-            raise ValueError("give schedule.epochs > 0 or schedule.steps")
+            raise ConfigError("give schedule.epochs > 0 or schedule.steps")
         if s.minutes is not None and not s.minutes > 0:
-            raise ValueError(f"schedule.minutes must be positive (a training-time budget), got {s.minutes}")
+            raise ConfigError(f"schedule.minutes must be positive (a training-time budget), got {s.minutes}")
         if s.patch_drop_end is not None and not 0 <= s.patch_drop_end < 1:
-            raise ValueError(f"schedule.patch_drop_end must be in [0, 1), got {s.patch_drop_end}")
+            raise ConfigError(f"schedule.patch_drop_end must be in [0, 1), got {s.patch_drop_end}")
         if not 0 <= s.patch_drop_from < 1:
-            raise ValueError(f"schedule.patch_drop_from must be in [0, 1) (a fraction of the run), got "
+            raise ConfigError(f"schedule.patch_drop_from must be in [0, 1) (a fraction of the run), got "
                              f"{s.patch_drop_from}")
         dc = self.data
         if not 0 <= dc.val_fraction < 1:
-            raise ValueError(f"data.val_fraction must be in [0, 1), got {dc.val_fraction}")
+            raise ConfigError(f"data.val_fraction must be in [0, 1), got {dc.val_fraction}")
         if dc.val_size is not None and dc.val_size < 0:
-            raise ValueError(f"data.val_size must be a number of images >= 0, got {dc.val_size}")
+            raise ConfigError(f"data.val_size must be a number of images >= 0, got {dc.val_size}")
         if t.precision not in ("fp32", "bf16"):
-            raise ValueError(f"train.precision={t.precision!r}: use fp32 or bf16")
+            raise ConfigError(f"train.precision={t.precision!r}: use fp32 or bf16")
         if t.distributed not in ("ddp", "fsdp"):
-            raise ValueError(f"train.distributed={t.distributed!r}: use ddp or fsdp")
+            raise ConfigError(f"train.distributed={t.distributed!r}: use ddp or fsdp")
         if not 0 <= t.ema < 1:
-            raise ValueError(f"train.ema must be in [0, 1) (e.g. 0.9999), got {t.ema}")
+            raise ConfigError(f"train.ema must be in [0, 1) (e.g. 0.9999), got {t.ema}")
         if t.export not in ("auto", "ema", "raw"):
-            raise ValueError(f"train.export={t.export!r}: use auto, ema or raw")
+            raise ConfigError(f"train.export={t.export!r}: use auto, ema or raw")
         if self.init.head not in ("auto", "reset", "keep"):
-            raise ValueError(f"init.head={self.init.head!r}: use auto, reset or keep")
+            raise ConfigError(f"init.head={self.init.head!r}: use auto, reset or keep")
         dd = self.distill
         if dd.kind not in ("hard", "soft"):
-            raise ValueError(f"distill.kind={dd.kind!r}: use hard or soft")
+            raise ConfigError(f"distill.kind={dd.kind!r}: use hard or soft")
         if not 0 < dd.alpha <= 1 or not dd.tau > 0:
-            raise ValueError(f"distill.alpha must be in (0, 1] and distill.tau positive, got alpha={dd.alpha}, "
+            raise ConfigError(f"distill.alpha must be in (0, 1] and distill.tau positive, got alpha={dd.alpha}, "
                              f"tau={dd.tau}")
         if "arch" in self.model and self.model["arch"] is not None:
             config_from_name(str(self.model["arch"]))  # fails early on unknown names
@@ -267,7 +273,7 @@ def _check_keys(d: Dict[str, Any], allowed: List[str], where: str) -> None:
         if k not in allowed:
             hint = difflib.get_close_matches(k, allowed, n=1)
             extra = f"; did you mean {hint[0]!r}?" if hint else ""
-            raise ValueError(f"unknown key {k!r} in {where}{extra} (known: {', '.join(allowed)})")
+            raise ConfigError(f"unknown key {k!r} in {where}{extra} (known: {', '.join(allowed)})")
 
 
 # --- named recipes --------------------------------------------------------------------------------
@@ -281,20 +287,25 @@ def _read_file(path: Path) -> Dict[str, Any]:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise FileNotFoundError(f"recipe file {path} not found") from None
+        raise NotFoundError("recipe file not found", path=path) from None
     try:
         d = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise ValueError(f"recipe {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {err}") from None
+        raise ConfigError(f"not valid {'JSON' if path.suffix == '.json' else 'YAML'} ({_one_line(err)})", path=path,
+                          hint="fix the recipe file") from None
     if not isinstance(d, dict):
-        raise ValueError(f"recipe {path} must be a mapping of sections")
+        raise ConfigError("a recipe must be a mapping of sections (model, data, optim, ...)", path=path)
     return d
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
 
 
 def _raw(name_or_path: Union[str, PathLike], seen: Tuple[str, ...] = ()) -> Dict[str, Any]:
     key = str(name_or_path)
     if key in seen:
-        raise ValueError(f"recipe inheritance loops: {' -> '.join(seen + (key,))}")
+        raise ConfigError(f"recipe inheritance loops: {' -> '.join(seen + (key,))}")
     p = Path(key)
     # a file path, or a name; a folder never shadows a built-in name (a run folder called
     # ``fmnist-long`` in the working directory must not hide the recipe of that name)
@@ -306,7 +317,7 @@ def _raw(name_or_path: Union[str, PathLike], seen: Tuple[str, ...] = ()) -> Dict
             names = list_recipes()
             hint = difflib.get_close_matches(key, names, n=1)
             extra = f" Did you mean {hint[0]!r}?" if hint else ""
-            raise ValueError(f"unknown recipe {key!r}.{extra} Built-in recipes: {', '.join(names)}; or give a "
+            raise ConfigError(f"unknown recipe {key!r}.{extra} Built-in recipes: {', '.join(names)}; or give a "
                              f".yaml/.json file")
         d = yaml.safe_load(res.read_text())
         d.setdefault("name", key)
@@ -346,7 +357,7 @@ def apply_overrides(d: Dict[str, Any], overrides: Dict[str, Any]) -> Dict[str, A
             continue
         elif key == "model" or key in SECTIONS:  # a whole section: model={...} replaces the architecture
             if value is not None and not isinstance(value, dict):
-                raise ValueError(f"{key}=... replaces the whole section: give a mapping, e.g. {key}={{...}}")
+                raise ConfigError(f"{key}=... replaces the whole section: give a mapping, e.g. {key}={{...}}")
             out[key] = dict(value or {})
             continue
         else:
@@ -354,13 +365,13 @@ def apply_overrides(d: Dict[str, Any], overrides: Dict[str, Any]) -> Dict[str, A
             if not owners:
                 hint = difflib.get_close_matches(key, list(leaf_owner), n=1)
                 extra = f"; did you mean {hint[0]!r}?" if hint else ""
-                raise ValueError(f"unknown recipe key {key!r}{extra}: use SECTION.KEY (e.g. optim.lr=3e-4)")
+                raise ConfigError(f"unknown recipe key {key!r}{extra}: use SECTION.KEY (e.g. optim.lr=3e-4)")
             if len(owners) > 1:
-                raise ValueError(f"{key!r} is in several sections ({', '.join(owners)}): write "
+                raise ConfigError(f"{key!r} is in several sections ({', '.join(owners)}): write "
                                  f"{owners[0]}.{key}=... ")
             sec, leaf = owners[0], key
         if sec != "model" and sec not in SECTIONS:
-            raise ValueError(f"unknown recipe section {sec!r} in {key!r}: use one of model, {', '.join(SECTIONS)}")
+            raise ConfigError(f"unknown recipe section {sec!r} in {key!r}: use one of model, {', '.join(SECTIONS)}")
         out.setdefault(sec, {})
         if out[sec] is None:
             out[sec] = {}

@@ -15,14 +15,29 @@ from ..utils import PathLike, atomic_path
 
 
 class MetricsLog:
-    def __init__(self, path: PathLike, enabled: bool = True, truncate_after_step: Optional[int] = None):
-        self.path, self.enabled = Path(path), enabled
-        if enabled and truncate_after_step is not None and self.path.is_file():
-            # resuming: drop lines written after the checkpoint we continue from
-            keep = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= truncate_after_step]
+    """``metrics.jsonl``, appended one fsync'ed line at a time, and exact after a crash.
+
+    :attr:`rows` counts the lines written so far; a training checkpoint records it. Resuming from that
+    checkpoint (``resume_rows``) keeps exactly those lines and drops everything written after it (the
+    evaluation a killed run wrote after its last checkpoint, a line cut off by the kill), so a kill at
+    any instant followed by ``--resume`` leaves exactly one line per step. Checkpoints older than
+    this record are resumed by step: lines up to ``truncate_after_step``, less any final evaluation.
+    """
+
+    def __init__(self, path: PathLike, enabled: bool = True, truncate_after_step: Optional[int] = None,
+                 resume_rows: Optional[int] = None):
+        self.path, self.enabled, self.rows = Path(path), enabled, 0
+        resuming = truncate_after_step is not None or resume_rows is not None
+        if enabled and resuming and self.path.is_file():
+            lines = _complete_lines(self.path)
+            if resume_rows is not None:
+                keep = lines[:int(resume_rows)]
+            else:
+                keep = [line for line in lines if json.loads(line).get("step", 0) <= truncate_after_step
+                        and not json.loads(line).get("final")]
             with atomic_path(self.path) as tmp:
                 tmp.write_text("".join(k + "\n" for k in keep))
+            self.rows = len(keep)
 
     def write(self, record: Dict[str, Any]) -> None:
         if not self.enabled:
@@ -32,13 +47,26 @@ class MetricsLog:
             f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        self.rows += 1
+
+
+def _complete_lines(path: Path) -> List[str]:
+    """The lines of a JSON-lines file that are whole records (a line cut off by a kill is not)."""
+    out = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            if line.strip() and isinstance(json.loads(line), dict):
+                out.append(line)
+        except json.JSONDecodeError:
+            continue
+    return out
 
 
 def read_metrics(path: PathLike) -> List[Dict[str, Any]]:
     p = Path(path)
     if p.is_dir():
         p = p / "metrics.jsonl"
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in _complete_lines(p)]
 
 
 def plot_curves(run_dir: PathLike, out: Optional[PathLike] = None, title: Optional[str] = None) -> Optional[Path]:

@@ -37,7 +37,7 @@ from ..data.augment import BatchAugment, EvalTransform, Normalize
 from ..data.datasets import Dataset, open_dataset
 from ..data.loader import EpochSampler, Loader, split_indices
 from ..models import VisionTransformer
-from ..utils import PathLike
+from ..utils import PathLike, remove_stale_temps
 from . import distributed as D
 from .checkpoint import find_last, load_state, rng_state, save_state, set_rng_state
 from .optim import EMA, Schedule, build_optimizer, set_lr, unwrap
@@ -70,27 +70,30 @@ class Trainer:
         self.dist = D.setup(t.device)
         self.device = self.dist.device
         torch.manual_seed(t.seed)
+        last = find_last(self.out)  # the run folder's state is checked first: it needs no data
+        if resume and last is None:
+            raise FileNotFoundError(f"--resume: no checkpoint in {self.out / 'checkpoints'}; start the run "
+                                    f"without --resume")
         self._build_data(data)
         self._build_model()
         self._build_optim()
         self.step = 0
         self.trained_s = 0.0  # training time so far (evaluations and checkpoints excluded), kept on resume
         self.log = None
+        self.resume_rows = None  # metrics.jsonl lines the resumed checkpoint had seen (issue 22)
         if self.dist.main:
             self.out.mkdir(parents=True, exist_ok=True)
-        last = find_last(self.out)
         if resume:
-            if last is None:
-                raise FileNotFoundError(f"--resume: no checkpoint in {self.out / 'checkpoints'}; start the run "
-                                        f"without --resume")
             self._restore(load_state(last))
+            if self.dist.main:
+                remove_stale_temps(self.out)  # temp files of writes a kill interrupted (issue 22)
         elif last is not None:
             raise ValueError(f"{self.out} already holds a run (checkpoints/last.pt): pass --resume to continue "
                              f"it, or choose another --out")
         if self.dist.main:
             recipe.save(self.out / "recipe.yaml")
         self.log = MetricsLog(self.out / "metrics.jsonl", self.dist.main,
-                              truncate_after_step=self.step if resume else None)
+                              truncate_after_step=self.step if resume else None, resume_rows=self.resume_rows)
         if not resume and self.dist.main and (self.out / "metrics.jsonl").exists():
             (self.out / "metrics.jsonl").unlink()
 
@@ -235,7 +238,7 @@ class Trainer:
               "batch": self.step % self.steps_per_epoch, "model": model_state, "optimizer": optim_state,
               "rng": rng_state(), "recipe": self.recipe.to_dict(), "classes": self.classes,
               "config": self.config.to_dict(), "total_steps": self.total_steps,
-              "trained_s": self.trained_s}
+              "trained_s": self.trained_s, "metrics_rows": self.log.rows if self.log is not None else None}
         if self.ema is not None:
             ema = self.ema.state_dict()
             ema["shadow"] = {k: _full(v) for k, v in ema["shadow"].items()}
@@ -260,6 +263,7 @@ class Trainer:
         set_rng_state(st["rng"])
         self.step = int(st["step"])
         self.trained_s = float(st.get("trained_s", 0.0))
+        self.resume_rows = st.get("metrics_rows")
 
     # --- the loop -----------------------------------------------------------------------------
     def progress_step(self) -> int:
