@@ -19,7 +19,6 @@ def register(sub) -> None:
     p.add_argument("--out", "-o", required=True, help="folder for the run folders and the report")
     p.add_argument("--report-only", action="store_true", help="train nothing: report on the finished runs")
     p.add_argument("--progress", action="store_true", help="a progress bar per run")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(func=_reproduce)
 
 
