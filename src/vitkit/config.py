@@ -20,6 +20,7 @@ from .errors import ConfigError
 POSEMB_KINDS = ("none", "learn", "learn2d", "relative", "sincos2d")
 POSEMB_WHERE = ("input", "every_layer", "every_layer_shared")
 POOL_KINDS = ("token", "gap")
+ATTENTION_KINDS = ("global", "axial")  # axial: row attention + MLP, then column attention + MLP (App. D.6)
 GELU_KINDS = ("exact", "tanh")
 RESIZE_METHODS = ("bilinear", "bicubic")  # bilinear = authors' aligned-corners resize
 BACKBONES = ("resnet",)  # hybrid front-ends (Section 3.1); None = patches of the raw image
@@ -66,7 +67,7 @@ class ViTConfig:
     in_chans: int = 3
     num_classes: int = 1000  # 0: no head, forward() returns the pooled features
     width: int = 768  # D, the hidden size
-    depth: int = 12  # L, the number of encoder blocks
+    depth: int = 12  # L, the number of encoder blocks; 0 with a backbone: a BiT ResNet classifier (Figs 3-4 baseline)
     num_heads: int = 12
     mlp_dim: int = 3072
     class_token: bool = True
@@ -77,6 +78,9 @@ class ViTConfig:
     # Hugging Face's DeiTForImageClassification / DeiTModel)
     distill_head: bool = True
     pool: str = "token"  # "token": read out token 0 (Eq. 4); "gap": mean of patch tokens (App. D.3)
+    # "global": every block attends over all tokens; "axial" (Axial-ViT, App. D.6): every block is a pre-norm
+    # block over each row of the patch grid followed by one over each column (twice the block parameters)
+    attention: str = "global"
     posemb: str = "learn"  # none | learn (1D) | learn2d | relative | sincos2d (App. D.4)
     posemb_where: str = "input"  # input | every_layer | every_layer_shared (Table 8)
     representation_size: Optional[int] = None  # pre-logits layer (tanh) of the pre-training head
@@ -107,7 +111,7 @@ class ViTConfig:
         if self.representation_size is not None:
             set_("representation_size", int(self.representation_size))
         for key, allowed in (("posemb", POSEMB_KINDS), ("posemb_where", POSEMB_WHERE),
-                             ("pool", POOL_KINDS), ("gelu", GELU_KINDS), ("posemb_resize", RESIZE_METHODS),
+                             ("pool", POOL_KINDS), ("attention", ATTENTION_KINDS), ("gelu", GELU_KINDS), ("posemb_resize", RESIZE_METHODS),
                              ("backbone", (None,) + BACKBONES), ("std_conv_style", STD_CONV_STYLES)):
             value = getattr(self, key)
             if value not in allowed:
@@ -116,8 +120,12 @@ class ViTConfig:
                 extra = f"; did you mean {hint[0]!r}?" if hint else ""
                 raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}{extra}")
         for key in ("in_chans", "width", "depth", "num_heads", "mlp_dim"):
-            if int(getattr(self, key)) <= 0:
-                raise ConfigError(f"{key} must be a positive integer, got {getattr(self, key)!r}")
+            if int(getattr(self, key)) <= 0 and not (key == "depth" and self.depth == 0 and self.backbone):
+                raise ConfigError(f"{key} must be a positive integer, got {getattr(self, key)!r}"
+                                  + (" (depth=0 is only for a backbone: the ResNet classifier)" if key == "depth" else ""))
+        if self.depth == 0 and (self.posemb != "none" or self.pool != "gap" or self.class_token):
+            raise ConfigError("depth=0 (a BiT ResNet classifier: backbone, projection, LayerNorm, average pooling, head) "
+                              "has no Transformer: set posemb='none', pool='gap', class_token=False")
         if self.num_classes < 0:
             raise ConfigError(f"num_classes must be >= 0 (0 = no head), got {self.num_classes}")
         if self.width % self.num_heads:
@@ -147,6 +155,11 @@ class ViTConfig:
             raise ConfigError(
                 "patch_drop needs position embeddings added once at the input (posemb none/learn/learn2d/"
                 f"sincos2d, posemb_where='input'), got posemb={self.posemb!r}, posemb_where={self.posemb_where!r}")
+        if self.attention == "axial" and (self.num_prefix_tokens or self.posemb == "relative" or self.patch_drop
+                                          or self.dynamic_img_pad):
+            raise ConfigError("attention='axial' attends along the rows and columns of the patch grid: it needs "
+                              "no class or distillation token (pool='gap', class_token=False), no relative "
+                              "position bias, no patch dropout and no dynamic_img_pad")
         if self.ln_eps <= 0:
             raise ConfigError(f"ln_eps must be positive, got {self.ln_eps}")
         for key in ("std_conv_eps", "gn_eps"):

@@ -8,7 +8,7 @@ against torch's FlopCounterMode.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Dict, Optional, Sequence, Union
+from typing import Dict, Sequence, Union
 
 from ..config import ViTConfig, grid_for
 from .resnet import resnet_cost
@@ -55,7 +55,8 @@ def param_count(cfg: ViTConfig) -> int:
     block = 4 * d  # two LayerNorms
     block += 3 * d * d + (3 * d if cfg.qkv_bias else 0) + d * d + d  # qkv + out projection
     block += d * m + m + m * d + d  # MLP
-    n += cfg.depth * block + 2 * d  # blocks + final LayerNorm
+    per_layer = 2 if cfg.attention == "axial" else 1  # axial: a row block and a column block per layer
+    n += cfg.depth * per_layer * block + 2 * d  # blocks + final LayerNorm
     if r:
         n += d * r + r
     if c:
@@ -80,14 +81,18 @@ def cost(cfg: ViTConfig, img_size: Union[None, int, Sequence[int]] = None) -> Co
     t = n + cfg.num_prefix_tokens
     d, m, h, L = cfg.width, cfg.mlp_dim, cfg.num_heads, cfg.depth
     ph, pw = cfg.patch_size
+    # tokens each query attends to: all t, or (axial) its row's gw then its column's gh, in two blocks
+    axial = cfg.attention == "axial"
+    span = gw + gh if axial else t
+    dense = 2 if axial else 1  # the dense layers run once per (row or column) block
     br = {
         **({"backbone": rc["macs"]} if rc else {}),
         "patch_embed": n * (rc["out_chans"] if rc else cfg.in_chans) * ph * pw * d,
-        "qkv": L * t * d * 3 * d,
-        "attn_scores": L * t * t * d,  # QK^T over all heads
-        "attn_values": L * t * t * d,  # AV over all heads
-        "attn_proj": L * t * d * d,
-        "mlp": L * 2 * t * d * m,
+        "qkv": dense * L * t * d * 3 * d,
+        "attn_scores": L * t * span * d,  # QK^T over all heads
+        "attn_values": L * t * span * d,  # AV over all heads
+        "attn_proj": dense * L * t * d * d,
+        "mlp": dense * L * 2 * t * d * m,
         "head": ((d * cfg.representation_size) if cfg.representation_size else 0)
         + (cfg.representation_size or d) * cfg.num_classes * (2 if cfg.distill_token and cfg.distill_head else 1),
     }
@@ -98,7 +103,7 @@ def cost(cfg: ViTConfig, img_size: Union[None, int, Sequence[int]] = None) -> Co
     mlp_live = t * d + 2 * t * m
     act_inf = f32 * (img + t * d + max(attn_live, mlp_live, rc["act_inference"] if rc else 0))
     # stored for backward per block: LN inputs/outputs, qkv, attention output, softmax statistics, MLP hidden
-    per_block = 8 * t * d + 2 * t * m + h * t
+    per_block = dense * (8 * t * d + 2 * t * m + h * t)
     act_train = f32 * (img + 2 * t * d + L * per_block + (rc["act_train"] if rc else 0))
     params = param_count(cfg.replace(img_size=size, dynamic_img_pad=cfg.dynamic_img_pad))
     return Cost(img_size=tuple(size), grid=(gh, gw), tokens=t, params=params, macs=sum(br.values()),

@@ -252,6 +252,9 @@ def prepare_inference(model: VisionTransformer, dtype: Union[str, torch.dtype] =
     """
     if not isinstance(model, VisionTransformer):
         raise ValueError(f"prepare_inference takes a vitkit VisionTransformer, got {type(model).__name__}")
+    if model.config.attention != "global":
+        raise ValueError(f"prepare_inference streamlines global attention; an attention={model.config.attention!r} "
+                         f"model runs its own forward: model.eval()(x) under torch.inference_mode()")
     dt = resolve_dtype(dtype)
     model = model.eval().requires_grad_(False)
     if device is not None:

@@ -140,3 +140,28 @@ def lecun_normal_(t: torch.Tensor) -> torch.Tensor:
     fan_in = t[0].numel()
     std = math.sqrt(1.0 / fan_in) / 0.87962566103423978  # stddev correction of a [-2, 2] truncation
     return nn.init.trunc_normal_(t, std=std, a=-2 * std, b=2 * std)
+
+
+class AxialBlock(nn.Module):
+    """Axial-ViT's block (Appendix D.6): a pre-norm block (row attention + MLP) over every row of the patch
+    grid, then one (column attention + MLP) over every column. Tokens [B, rows * cols, D] in row-major
+    order, no prefix tokens."""
+
+    def __init__(self, row: Block, col: Block):
+        super().__init__()
+        self.row, self.col = row, col
+
+    def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None, need_weights: bool = False, *,
+                grid: Tuple[int, int]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        if need_weights or bias is not None:
+            raise ValueError("an axial block attends within rows and columns: it has no [tokens, tokens] attention "
+                             "map (attention distance and rollout need attention='global') and no relative bias")
+        b, n, d = x.shape
+        gh, gw = grid
+        x = self.row(x.reshape(b * gh, gw, d))[0]  # each row a sequence of gw tokens
+        x = x.reshape(b, gh, gw, d).transpose(1, 2).reshape(b * gw, gh, d)  # each column one of gh tokens
+        x = self.col(x)[0]
+        return x.reshape(b, gw, gh, d).transpose(1, 2).reshape(b, n, d), None
+
+    def sublayers(self) -> Tuple[Block, Block]:
+        return self.row, self.col

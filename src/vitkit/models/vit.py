@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..config import ViTConfig
-from .layers import Block, PatchEmbed, lecun_normal_
+from .layers import AxialBlock, Block, PatchEmbed, lecun_normal_
 from .meta import ModelMeta
 from .posemb import RelativePositionBias, resize_grid, resize_pos_embed, resize_relative_table, sincos_2d
 from .resnet import HybridEmbed
@@ -63,10 +63,10 @@ class VisionTransformer(nn.Module):
         self.pos_drop = nn.Dropout(cfg.dropout)
 
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # linear stochastic depth
+        block = lambda r: Block(d, cfg.num_heads, cfg.mlp_dim, qkv_bias=cfg.qkv_bias, dropout=cfg.dropout,  # noqa: E731
+                                attn_dropout=cfg.attn_dropout, drop_path=r, ln_eps=cfg.ln_eps, gelu=cfg.gelu)
         self.blocks = nn.ModuleList(
-            Block(d, cfg.num_heads, cfg.mlp_dim, qkv_bias=cfg.qkv_bias, dropout=cfg.dropout,
-                  attn_dropout=cfg.attn_dropout, drop_path=r, ln_eps=cfg.ln_eps, gelu=cfg.gelu)
-            for r in rates)
+            AxialBlock(block(r), block(r)) if cfg.attention == "axial" else block(r) for r in rates)
         self.norm = nn.LayerNorm(d, eps=cfg.ln_eps)
 
         rep = cfg.representation_size
@@ -94,7 +94,8 @@ class VisionTransformer(nn.Module):
             nn.init.zeros_(self.cls_token)
         if self.dist_token is not None:  # DeiT's init; it must differ from the class token's
             nn.init.trunc_normal_(self.dist_token, std=0.02, a=-0.04, b=0.04)
-        for blk in self.blocks:
+        for blk in (b for layer in self.blocks for b in (layer.sublayers() if isinstance(layer, AxialBlock)
+                                                         else (layer,))):
             for i in range(3):  # q, k and v each get their own Xavier-uniform [D, D] kernel
                 nn.init.xavier_uniform_(blk.attn.qkv.weight[i * d:(i + 1) * d])
             if blk.attn.qkv.bias is not None:
@@ -225,14 +226,15 @@ class VisionTransformer(nn.Module):
         saved, maps = {}, {}
         keep = set(keep)
         ckpt = self.grad_checkpointing and self.training and torch.is_grad_enabled() and not need_weights
+        axial = {"grid": grid} if cfg.attention == "axial" else {}  # axial blocks attend along the grid
         for i, blk in enumerate(self.blocks):
             if pe is not None and every:
                 x = x + pe[i if pe.shape[0] > 1 else 0]
             bias = None if biases is None else biases[i if len(biases) > 1 else 0]
             if ckpt:
-                x, w = checkpoint(blk, x, bias, False, use_reentrant=False)
+                x, w = checkpoint(blk, x, bias, False, use_reentrant=False, **axial)
             else:
-                x, w = blk(x, bias, need_weights and i in keep)
+                x, w = blk(x, bias, need_weights and i in keep, **axial)
             if i in keep:
                 saved[i] = x
                 if w is not None:

@@ -1,0 +1,331 @@
+"""Run the arms: one ordinary run folder per (arm, seed), reused when finished, resumed when interrupted,
+then measured once (validation accuracy, few-shot accuracy, speed, attention statistics).
+
+Layout under the output folder::
+
+    runs/ARM/seedS/          a normal vitkit run folder (recipe.yaml, metrics.jsonl, checkpoints/, model/,
+                             results.json) plus measures.json, written once the run is measured
+    runs/ARM/seedS-init/     for arms that start from altered weights (claim 5's re-initialised embeddings)
+
+The test split is read by the trainer's final evaluation only. Everything used for choosing (claim 2's
+learning rate) or probing (few-shot, attention distances) comes from the validation split held out of the
+training images (:func:`vitkit.reproduce.budget.validation_overrides`).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..utils import PathLike, write_json_atomic
+from .budget import Budget, validation_overrides
+from .claims import Arm, Claim, same_run
+
+MEASURES = "measures.json"
+
+
+# --- what to run -------------------------------------------------------------------------------------
+def canonical(name: str, arms: Dict[str, Arm]) -> str:
+    """The arm whose run folder serves ``name`` (the first arm with the same configuration)."""
+    for other, arm in arms.items():
+        if same_run(arm, arms[name]):
+            return other
+    return name
+
+
+def needed_arms(claims: Sequence[Claim], arms: Dict[str, Arm], all_claims: Dict[int, Claim]) -> List[str]:
+    """Canonical arm names the claims need, parents first. Claim 10 correlates the supervised models of the
+    other claims asked for (all claims' when asked alone)."""
+    names: List[str] = []
+    ids = {c.id for c in claims}
+    sources = [c for c in claims if c.id != 10]
+    if 10 in ids and not sources:
+        sources = [c for c in all_claims.values() if c.id != 10]
+    for c in sources:
+        for test in c.tests:
+            names.extend(_selector_arms(n, arms) for n, _ in test.weights)
+        names.extend(c.arms)
+    out: List[str] = []
+
+    def add(name: str) -> None:
+        name = canonical(name, arms)
+        if name in out:
+            return
+        if arms[name].parent:
+            add(arms[name].parent)
+        out.append(name)
+
+    for n in names:
+        for m in (n if isinstance(n, list) else [n]):
+            add(m)
+    return out
+
+
+def _selector_arms(name: str, arms: Dict[str, Arm]) -> List[str]:
+    """Every arm a name may resolve to (a selector needs its whole group)."""
+    if name.startswith("best:") or "@best:" in name:
+        groups = {name.split(":", 1)[1]} | ({name.split("@", 1)[0]} if "@" in name else set())
+        return [a.name for a in arms.values() if a.group in groups]
+    return [name]
+
+
+def recipe_overrides(arm: Arm, seed: int, budget: Budget, root: Path) -> Dict[str, Any]:
+    """The recipe keys (``--set`` semantics) of one arm at one seed under a budget."""
+    ov: Dict[str, Any] = {}
+    model = arm.full_model()
+    if model is not None:
+        ov["model"] = model
+    b = budget
+    if arm.length == "main" or arm.length == "finetune":
+        epochs = b.epochs if arm.length == "main" else b.finetune_epochs
+        ov.update({"data.train_subset": b.train_images, "schedule.epochs": epochs,
+                   "schedule.warmup_epochs": round(0.1 * epochs, 4)})
+    elif arm.length == "data":
+        ov.update({"data.train_subset": arm.train_images, "schedule.steps": b.data_steps,
+                   "schedule.warmup_steps": max(1, b.data_steps // 10)})
+    elif arm.length == "mpp":
+        ov.update({"schedule.epochs": b.mpp_epochs, "schedule.warmup_epochs": round(0.25 * b.mpp_epochs, 4)})
+    elif arm.length == "few_labels":
+        ov.update({"data.train_subset": b.few_labels, "schedule.epochs": b.few_label_epochs,
+                   "schedule.warmup_epochs": round(min(5.0, b.few_label_epochs / 12), 4)})
+    else:
+        raise ValueError(f"arm {arm.name}: unknown length {arm.length!r}")
+    ov.update(validation_overrides(b.val_size))
+    ov.update({"train.seed": seed, "train.eval_every": 0, "train.ckpt_every": 0, "train.predictions": 0,
+               "name": f"reproduce-{arm.name}"})
+    if arm.parent:
+        ov["init.checkpoint"] = str(init_folder(arm, seed, root) if arm.prepare else
+                                    run_folder(root, arm.parent, seed) / "model")
+    ov.update(arm.overrides)
+    ov.update(b.extra)
+    return ov
+
+
+def run_folder(root: PathLike, arm: str, seed: int) -> Path:
+    return Path(root) / "runs" / arm / f"seed{seed}"
+
+
+def init_folder(arm: Arm, seed: int, root: PathLike) -> Path:
+    return Path(root) / "runs" / arm.name / f"seed{seed}-init"
+
+
+def is_done(folder: Path) -> bool:
+    return (folder / "results.json").is_file() and (folder / "model").is_dir()
+
+
+# --- running ---------------------------------------------------------------------------------------
+def run_arm(arm: Arm, seed: int, budget: Budget, root: PathLike, *, progress: bool = False,
+            stop_after: Optional[int] = None) -> Dict[str, Any]:
+    """Train one (arm, seed) into its run folder: reuse a finished run, resume an interrupted one.
+    ``stop_after`` stops the training after that many steps, as a kill would (for tests)."""
+    from ..train import load_recipe
+
+    root = Path(root)
+    out = run_folder(root, arm.name, seed)
+    recipe = load_recipe(arm.recipe, recipe_overrides(arm, seed, budget, root))
+    if is_done(out):
+        _check_same_recipe(out, recipe)
+        return json.loads((out / "results.json").read_text())
+    if arm.prepare:
+        _prepare(arm, seed, root, recipe)
+    resume = (out / "checkpoints" / "last.pt").is_file()
+    if resume:
+        _check_same_recipe(out, recipe)
+    if arm.kind == "mpp":
+        from ..train.mpp import MPPTrainer as trainer_class
+    else:
+        from ..train.trainer import Trainer as trainer_class
+    trainer = trainer_class(recipe, out, resume=resume, progress=progress, stop_after=stop_after)
+    from ..train import distributed as D
+    try:
+        return trainer.fit()
+    finally:
+        D.teardown()
+
+
+def _check_same_recipe(out: Path, recipe) -> None:
+    import yaml
+
+    saved, now = yaml.safe_load((out / "recipe.yaml").read_text()), yaml.safe_load(recipe.to_yaml())
+    for d in (saved, now):  # the MPP trainer records its head-less model (num_classes 0) itself
+        d["model"].pop("num_classes", None)
+    if saved != now:
+        raise ValueError(f"{out} holds a run of another configuration (a different budget or vitkit version?): "
+                         f"give another --out, or delete that folder to run it again")
+
+
+def _prepare(arm: Arm, seed: int, root: Path, recipe) -> None:
+    """Starting weights that are not simply the parent's model (written once)."""
+    dest = init_folder(arm, seed, root)
+    if (dest / "vitkit.json").is_file() and (dest / "model.safetensors").is_file():
+        return
+    from ..checkpoints import save_model
+    from ..models import VisionTransformer
+    from ..train.weights import load_for_eval
+
+    if arm.prepare != "reinit_posemb":
+        raise ValueError(f"arm {arm.name}: unknown preparation {arm.prepare!r}")
+    model, labels, pre = load_for_eval(run_folder(root, arm.parent, seed) / "model")
+    if model.pos_embed is None:
+        raise ValueError(f"arm {arm.name}: re-initialising position embeddings needs posemb='learn'")
+    size = recipe.model.get("img_size", model.config.img_size)
+    model.set_img_size(size)
+    torch.manual_seed(seed)
+    fresh = VisionTransformer(model.config)  # the model's own initialisation at the new grid
+    with torch.no_grad():
+        model.pos_embed.copy_(fresh.pos_embed)
+    save_model(model, dest, labels=labels, preprocessing=pre, extra={"note": "position embeddings re-initialised"})
+
+
+# --- measuring -------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4)
+def _dataset(spec: str, split: str, root: Optional[str]):
+    from ..data.datasets import open_dataset
+
+    return open_dataset(spec, split, root=root)
+
+
+def validation_split(recipe) -> Tuple[Any, Any]:
+    """(training part, validation part) of the training split, held out exactly as the trainer holds them
+    out (``Trainer._build_data``; tests/test_reproduce.py checks that the two agree)."""
+    from ..data.loader import split_indices
+
+    dc = recipe.data
+    full = _dataset(dc.dataset, dc.train_split, dc.root)
+    fraction = dc.val_size / len(full) if dc.val_size else dc.val_fraction
+    if not fraction > 0:
+        raise ValueError(f"recipe {recipe.name!r} has no validation split: set data.val_size")
+    tr, va = split_indices(len(full), fraction, dc.val_seed, full.labels)
+    return full.subset(tr, "train"), full.subset(va, "val")
+
+
+def validation_top1(folder: Path, recipe, model, val) -> float:
+    """The exported weights' validation accuracy, as the trainer recorded it in results.json (measured here
+    with the trainer's own evaluation for a run folder without it)."""
+    res = json.loads((folder / "results.json").read_text())
+    kind = res.get("exported_weights")
+    if kind and kind in res.get("val", {}):
+        return float(res["val"][kind]["top1"])
+    from ..data.augment import EvalTransform, Normalize
+    from ..train.evaluate import evaluate
+
+    tf = EvalTransform(model.config.img_size, Normalize(recipe.data.mean, recipe.data.std,
+                                                        channels=model.config.in_chans))
+    return float(evaluate(model, val, tf, batch_size=recipe.data.eval_batch_size)["top1"])
+
+
+def train_speed(folder: Path) -> Optional[float]:
+    """Median training images per second over the run's metric lines (the first one, warm-up, left out)."""
+    from ..train.runlog import read_metrics
+
+    rates = [r["img_per_s"] for r in read_metrics(folder / "metrics.jsonl") if r.get("kind") == "train"]
+    rates = rates[1:] or rates
+    return float(statistics.median(rates)) if rates else None
+
+
+def measure(arm: Arm, seed: int, budget: Budget, root: PathLike) -> Dict[str, Any]:
+    """measures.json of a finished run (computed once)."""
+    from ..models.cost import cost
+    from ..train import load_recipe
+    from ..train.weights import load_for_eval
+
+    folder = run_folder(root, arm.name, seed)
+    path = folder / MEASURES
+    if path.is_file():
+        return json.loads(path.read_text())
+    recipe = load_recipe(folder / "recipe.yaml")
+    res = json.loads((folder / "results.json").read_text())
+    model, _, _ = load_for_eval(folder / "model")
+    c = cost(model.config)
+    m: Dict[str, Any] = {"arm": arm.name, "seed": seed, "params": c.params, "macs": c.macs,
+                         "img_per_s": train_speed(folder), "train_s": res.get("trained_s")}
+    if arm.kind == "train":
+        train_part, val = validation_split(recipe)
+        m["test_top1"] = res.get("test_top1")
+        m["val_top1"] = validation_top1(folder, recipe, model, val)
+        m.update(fewshot(model, train_part, val, budget))
+        if arm.analysis:
+            m.update(inside(model, val, budget.analysis_images))
+    write_json_atomic(path, m)
+    return m
+
+
+def fewshot(model, train_part, val, budget: Budget) -> Dict[str, float]:
+    """k-shot linear accuracy of the frozen model (Section 4.1): shots and the L2 choice from the training
+    part, accuracy on the validation images."""
+    from ..eval.fewshot import evaluate_frozen
+
+    out = evaluate_frozen(model, train_part.images, train_part.labels.numpy(), val.images, val.labels.numpy(),
+                          shots=budget.fewshot_shots, seeds=budget.fewshot_seeds, progress=False,
+                          num_classes=model.config.num_classes)
+    return {f"fewshot_{r['shots']}": r["mean"] for r in out["fewshot"]}
+
+
+def inside(model, val, n_images: int) -> Dict[str, Any]:
+    """Claim 9's statistics: attention distances per layer and head (pixels) on validation images, and
+    the row/column structure of the position embeddings."""
+    from ..analysis.distance import attention_distance, mean_attention_distance
+    from ..analysis.posemb_similarity import posemb_similarity
+    from ..eval.features import model_preprocessing, prepare_images
+
+    cfg = model.config
+    if cfg.depth == 0:
+        return {}
+    x = prepare_images(val.images[:n_images], cfg.img_size, cfg.in_chans, model_preprocessing(model))
+    dist = mean_attention_distance(model, list(x.split(64)))  # [layers, heads]
+    t = cfg.seq_len
+    uniform = float(attention_distance(torch.full((1, 1, t, t), 1.0 / t), cfg.grid_size, cfg.pixel_patch_size,
+                                       cfg.num_prefix_tokens)[0])
+    out: Dict[str, Any] = {"distance": dist.tolist(), "uniform_distance": uniform,
+                           "l0_mean_dist": float(dist[0].mean()), "l0_max_rel": float(dist[0].max()) / uniform,
+                           "dist_growth": float(dist[-1].mean() - dist[0].mean())}
+    if cfg.posemb in ("learn", "learn2d", "sincos2d"):
+        out["posemb_rowcol"] = rowcol_excess(posemb_similarity(model))
+    return out
+
+
+def rowcol_excess(sim: torch.Tensor) -> float:
+    """Mean cosine similarity of position embeddings that share a row or a column, minus that of pairs
+    that share neither (self-pairs left out): > 0 is the 2D structure of Figure 7 (centre)."""
+    gh, gw = sim.shape[:2]
+    r = torch.arange(gh).view(gh, 1, 1, 1).expand(gh, gw, gh, gw)
+    c = torch.arange(gw).view(1, gw, 1, 1).expand(gh, gw, gh, gw)
+    r2 = torch.arange(gh).view(1, 1, gh, 1).expand(gh, gw, gh, gw)
+    c2 = torch.arange(gw).view(1, 1, 1, gw).expand(gh, gw, gh, gw)
+    same = (r == r2) ^ (c == c2)  # one shared, not both (that is the patch itself)
+    other = (r != r2) & (c != c2)
+    return float(sim[same].double().mean() - sim[other].double().mean())
+
+
+def run_all(names: Sequence[str], arms: Dict[str, Arm], budget: Budget, root: PathLike, *,
+            progress: bool = False, log: Callable[[str], None] = print) -> Dict[str, List[Dict[str, Any]]]:
+    """Train and measure every (arm, seed); returns {arm: [measures per seed]}."""
+    out: Dict[str, List[Dict[str, Any]]] = {}
+    total = len(names) * len(budget.seeds)
+    i = 0
+    for seed in budget.seeds:  # seed-major: a partial run still has every arm at the first seeds
+        for name in names:
+            i += 1
+            arm = arms[name]
+            folder = run_folder(root, name, seed)
+            state = "reused" if is_done(folder) else (
+                "resumed" if (folder / "checkpoints" / "last.pt").is_file() else "training")
+            log(f"[{i}/{total}] {name} seed {seed}: {state}")
+            run_arm(arm, seed, budget, root, progress=progress)
+            out.setdefault(name, []).append(measure(arm, seed, budget, root))
+    return {k: sorted(v, key=lambda m: m["seed"]) for k, v in out.items()}
+
+
+def collected(names: Iterable[str], budget: Budget, root: PathLike) -> Dict[str, List[Dict[str, Any]]]:
+    """The measures already on disk (for a report without training)."""
+    out: Dict[str, List[Dict[str, Any]]] = {}
+    for name in names:
+        for seed in budget.seeds:
+            p = run_folder(root, name, seed) / MEASURES
+            if p.is_file():
+                out.setdefault(name, []).append(json.loads(p.read_text()))
+    return out

@@ -1,0 +1,200 @@
+"""vitkit reproduce: the verdict rule on constructed numbers, the claims table, resume after an interrupted
+arm, and the whole pipeline end to end on a tiny synthetic data set."""
+import json
+
+import pytest
+import torch
+
+from _synthetic import write_npz
+from vitkit.reproduce import arms_table, claims_table, get_budget, plan, reproduce
+from vitkit.reproduce import runner, stats
+from vitkit.reproduce.claims import same_run
+
+
+# --- the verdict rule -----------------------------------------------------------------------------------
+def test_summary_and_contrast_pool_the_seed_variances():
+    s = stats.summary([0.80, 0.82, 0.84])
+    assert s["mean"] == pytest.approx(0.82) and s["std"] == pytest.approx(0.02) and s["n"] == 3
+    c = stats.contrast([("a", 1.0), ("b", -1.0)], {"a": [0.80, 0.82, 0.84], "b": [0.70, 0.71, 0.72]})
+    assert c["estimate"] == pytest.approx(0.11)
+    assert c["se"] == pytest.approx(((0.02 ** 2 + 0.01 ** 2) / 3) ** 0.5)
+    one = stats.contrast([("a", 1.0), ("b", -1.0)], {"a": [0.8], "b": [0.7, 0.71]})
+    assert one["estimate"] == pytest.approx(0.095) and one["se"] is None
+
+
+@pytest.mark.parametrize("est,se,expect,want", [
+    (0.05, 0.01, ">", "supports"),       # 5 SE in the expected direction
+    (0.015, 0.01, ">", "inconclusive"),  # 1.5 SE
+    (-0.05, 0.01, ">", "contradicts"),
+    (0.021, 0.01, ">", "supports"),      # just over 2 SE
+    (0.019, 0.01, ">", "inconclusive"),  # just under
+    (0.001, 0.002, "~", "supports"),     # within 2 SE, and 2 SE = 0.4 pt < 1 pt margin
+    (0.001, 0.02, "~", "inconclusive"),  # within 2 SE but the seeds could not see a 1 pt difference
+    (0.05, 0.01, "~", "contradicts"),    # 5 pt apart, beyond 2 SE and the margin
+    (0.005, 0.001, "~", "inconclusive"),  # detectable but smaller than the margin
+    (0.05, None, ">", "inconclusive"),   # one seed: no standard error
+])
+def test_verdict_rule(est, se, expect, want):
+    assert stats.verdict(est, se, expect) == want
+
+
+def test_verdict_against_a_reference_and_claim_combination():
+    assert stats.verdict(0.9, 0.05, ">", ref=0.75) == "supports"
+    assert stats.verdict(0.7, 0.05, ">", ref=0.75) == "inconclusive"
+    assert stats.combine(["supports", "supports"]) == "supports"
+    assert stats.combine(["supports", "inconclusive"]) == "inconclusive"
+    assert stats.combine(["supports", "contradicts"]) == "contradicts"
+    assert stats.combine([]) == "inconclusive"
+
+
+def test_rank_correlation_verdicts():
+    x = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
+    assert stats.rank_correlation(x, [v + 0.01 for v in x])["verdict"] == "supports"
+    assert stats.rank_correlation(x, [-v for v in x])["verdict"] == "contradicts"
+    assert stats.rank_correlation(x[:2], x[:2])["verdict"] == "inconclusive"
+
+
+def test_selectors_choose_on_validation_accuracy():
+    groups = {"token": [(1e-3, "t1"), (3e-3, "t3")], "gap": [(1e-3, "g1"), (3e-3, "g3")]}
+    val = {"t1": [0.7, 0.72], "t3": [0.8, 0.8], "g1": [0.9, 0.9], "g3": [0.6, 0.6]}
+    assert stats.resolve("best:token", groups, val) == "t3"
+    assert stats.resolve("gap@best:token", groups, val) == "g3"
+    assert stats.resolve("best:gap", groups, val) == "g1"
+    assert stats.resolve("plain", groups, val) == "plain"
+
+
+# --- the claims table -----------------------------------------------------------------------------------
+def test_claims_table_names_existing_arms_and_shares_runs():
+    arms, claims = arms_table(), claims_table()
+    assert sorted(claims) == list(range(1, 11))
+    for c in claims.values():
+        for name in c.arms:
+            assert name in arms, (c.id, name)
+        for t in c.tests:
+            for name, _ in t.weights:
+                assert name in arms or name.startswith("best:") or "@best:" in name, (c.id, name)
+    assert same_run(arms["gap-lr3e-3"], arms["vit"])  # claim 2's GAP at lr 3e-3 is the base ViT's run
+    assert runner.canonical("gap-lr3e-3", arms) == "vit"
+    _, _, names = plan(None, get_budget("full"))
+    assert len(names) == len(set(names))
+    assert names.index("res-pre20") < names.index("res-ft28") and names.index("mpp") < names.index("few-mpp")
+    # every recipe the arms ask for resolves (model fields, overrides, the budget's lengths)
+    from vitkit.train import load_recipe
+    for name in names:
+        for budget in ("quick", "full"):
+            r = load_recipe(arms[name].recipe, runner.recipe_overrides(arms[name], 0, get_budget(budget),
+                                                                          runner.Path("/nonexistent")))
+            r.model_config(num_classes=10, in_chans=1)
+
+
+def test_nested_data_subsets():
+    """Claim 3's subsets are nested: the 1k images are among the 6k, for the same seed."""
+    from vitkit.data.loader import split_indices
+    labels = torch.arange(10).repeat(600)
+    small = set(split_indices(len(labels), 100 / len(labels), 1, labels)[1].tolist())
+    large = set(split_indices(len(labels), 600 / len(labels), 1, labels)[1].tolist())
+    assert len(small) == 100 and len(large) == 600 and small <= large
+
+
+def test_rowcol_excess_sees_2d_structure():
+    gh = gw = 5
+    r, c = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+    rows = (r.reshape(gh, gw, 1, 1) == r.reshape(1, 1, gh, gw)).float()
+    cols = (c.reshape(gh, gw, 1, 1) == c.reshape(1, 1, gh, gw)).float()
+    assert runner.rowcol_excess(0.5 * (rows + cols)) == pytest.approx(0.5)
+    assert runner.rowcol_excess(torch.full((gh, gw, gh, gw), 0.3)) == pytest.approx(0.0)
+
+
+# --- running --------------------------------------------------------------------------------------------
+def tiny_budget(data):
+    return get_budget("quick").with_(
+        name="tiny", seeds=(0, 1), train_images=100, epochs=1, finetune_epochs=1, data_steps=2,
+        data_sizes=(50, 100, 200), mpp_epochs=0.5, few_label_epochs=1, few_labels=100, val_size=100, fewshot_shots=(5,),
+        fewshot_seeds=(0,), analysis_images=8,
+        data_note="4 synthetic classes (the bright quadrant), 500 training and 100 test images",
+        extra={"data.dataset": f"tensors:{data}", "optim.batch_size": 25, "data.eval_batch_size": 100,
+               "train.threads": 1})
+
+
+@pytest.fixture
+def tiny_data(tmp_path):
+    return write_npz(tmp_path / "quadrants.npz", n_train=500, n_test=100, size=28, classes=4)
+
+
+def test_resume_after_an_interrupted_arm(tmp_path, tiny_data):
+    budget = tiny_budget(tiny_data).with_(epochs=3)
+    arm = arms_table(budget.data_sizes)["vit"]
+    root = tmp_path / "out"
+    stopped = runner.run_arm(arm, 0, budget, root, stop_after=5)  # as if killed after 5 of 12 steps
+    assert stopped == {"stopped_at": 5}
+    folder = runner.run_folder(root, "vit", 0)
+    assert not runner.is_done(folder)
+    res = runner.run_arm(arm, 0, budget, root)  # picks the checkpoint up
+    assert res["steps"] == 12 and runner.is_done(folder)
+    # the same run uninterrupted ends with the same weights
+    whole = runner.run_arm(arm, 0, budget, tmp_path / "other")
+    assert whole["test_top1"] == res["test_top1"]
+    from safetensors.torch import load_file
+    a = load_file(str(folder / "model" / "model.safetensors"))
+    b = load_file(str(runner.run_folder(tmp_path / "other", "vit", 0) / "model" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # a finished run is reused, not retrained
+    mtime = (folder / "results.json").stat().st_mtime_ns
+    assert runner.run_arm(arm, 0, budget, root)["steps"] == 12
+    assert (folder / "results.json").stat().st_mtime_ns == mtime
+    # ... unless the configuration changed (another budget in the same folder)
+    with pytest.raises(ValueError, match="another configuration"):
+        runner.run_arm(arm, 0, budget.with_(epochs=2), root)
+
+
+@pytest.mark.slow
+def test_reproduce_end_to_end_tiny(tmp_path, tiny_data):
+    out = tmp_path / "rep"
+    budget = tiny_budget(tiny_data)
+    ids = [2, 3, 5, 8, 9, 10]  # selection, data sizes, prepared fine-tuning, MPP, analysis, correlation
+    rep = reproduce(out, ids, budget, command="test", log=lambda s: None)
+    assert (out / "report.md").is_file() and (out / "report.json").is_file()
+    saved = json.loads((out / "report.json").read_text())
+    assert [c["id"] for c in saved["claims"]] == ids
+    for c in saved["claims"]:
+        assert c["verdict"] in stats.VERDICTS
+        assert c["tests"]
+        if c["id"] != 10:
+            assert (out / f"claim{c['id']}.png").is_file()
+            for row in c["arms"]:
+                assert row["test_top1" if c["id"] != 9 else "l0_mean_dist"]["n"] == 2, (c["id"], row["arm"])
+    md = (out / "report.md").read_text()
+    assert "Verdict rule" in md and "## Claim 8" in md and stats.RULE[:40] in md and "synthetic" in md
+    # claim 2's selection ran on validation numbers
+    c2 = next(c for c in saved["claims"] if c["id"] == 2)
+    assert all("error" not in t for t in c2["tests"])
+    # claim 5's re-initialised arm started from the pre-trained weights with new position embeddings
+    from vitkit.train.weights import load_for_eval
+    pre = load_for_eval(runner.run_folder(out, "res-pre20", 0) / "model")[0]
+    init = load_for_eval(runner.init_folder(arms_table(budget.data_sizes)["res-ft28-reinit"], 0, out))[0]
+    assert init.config.img_size == (28, 28) and pre.config.img_size == (20, 20)
+    assert torch.equal(init.blocks[0].mlp.fc1.weight, pre.blocks[0].mlp.fc1.weight)
+    assert init.pos_embed.shape[1] == 49
+    # a second call trains nothing: every run is reused, and the report is the same
+    lines = []
+    rep2 = reproduce(out, ids, budget, command="test", log=lines.append)
+    assert not any("training" in line or "resumed" in line for line in lines)
+    assert [c["verdict"] for c in rep2["claims"]] == [c["verdict"] for c in rep["claims"]]
+    # the command line reports on the finished runs without training
+    from vitkit.cli import main
+    assert main(["reproduce", "--claims", "8", "--report-only", "--out", str(out)]) == 0
+    assert main(["reproduce", "--claims", "8,11", "--report-only", "--out", str(out)]) == 2  # a usage error
+
+
+def test_validation_split_is_the_trainers(tmp_path, tiny_data):
+    """The images the report probes (few-shot, attention) are exactly the trainer's validation split."""
+    from vitkit.train import load_recipe
+    from vitkit.train.trainer import Trainer
+    budget = tiny_budget(tiny_data)
+    arm = arms_table(budget.data_sizes)["vit"]
+    recipe = load_recipe(arm.recipe, runner.recipe_overrides(arm, 1, budget, tmp_path))
+    trainer = Trainer(recipe, tmp_path / "t", progress=False)
+    train_part, val = runner.validation_split(recipe)
+    assert len(val) == 100 and torch.equal(val.images, trainer.val_data.images)
+    assert torch.equal(val.labels, trainer.val_data.labels)
+    assert not set(map(bytes, val.images.numpy())) & set(map(bytes, trainer.train_data.images.numpy()))
