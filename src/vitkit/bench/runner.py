@@ -33,9 +33,8 @@ class BenchOptions:
     peers: List[str] = field(default_factory=lambda: list(PEERS))
     roofline: bool = True
     peer_bf16: str = "weights"  # peers in bf16: bf16 weights (model.to(bf16)) or fp32 weights + autocast
-    chunk_tokens: int = 2048
     copy_weights: bool = True
-    vitkit_module: bool = False  # also time vitkit's plain nn.Module (no inference engine)
+    vitkit_module: bool = False  # also time vitkit's model called directly (no prepare_inference wrapper)
     compile_mode: Optional[str] = None  # torch.compile mode (CUDA: "reduce-overhead" = CUDA graphs)
     overrides: Dict[str, Any] = field(default_factory=dict)
     seed: int = 0
@@ -82,13 +81,12 @@ def inference_contenders(model, dtype: str, compiled: bool, opts: BenchOptions) 
     """vitkit (prepared for inference), optionally vitkit's plain module, and each available peer."""
     dt, dev = resolve_dtype(dtype), opts.device
     notes: List[str] = []
-    fast = prepare_inference(clone(model), dt, device=dev, compile=compiled, chunk_tokens=opts.chunk_tokens,
-                             compile_mode=opts.compile_mode)
+    fast = prepare_inference(clone(model), dt, device=dev, compile=compiled, compile_mode=opts.compile_mode)
     out = [Contender("vitkit", fast, {"engine": inference_summary(fast), "weights": "reference"})]
     if opts.vitkit_module:
         plain = clone(model).to(device=dev, dtype=dt).eval()
         fn = torch.compile(plain, mode=opts.compile_mode) if compiled else plain
-        out.append(Contender("vitkit-module", lambda x, f=fn: f(x.to(dt)), {"engine": "nn.Module"}))
+        out.append(Contender("vitkit-module", lambda x, f=fn: f(x.to(dt)), {"engine": "model(x) in eval mode"}))
     for lib in opts.peers:
         try:
             peer = build_peer(lib, model, copy_weights=opts.copy_weights)
