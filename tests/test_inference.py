@@ -138,37 +138,43 @@ def test_calibration_chooses_onednn_only_beyond_the_noise_and_caches_per_machine
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(kernels, "_CHOICE", {})
     monkeypatch.setattr(kernels, "_onednn_ok", lambda dtype: True)
-    ratio = {"r": 1.05}
-    monkeypatch.setattr(kernels, "measure", lambda dtype, rounds=7: {"aten_s": ratio["r"], "onednn_s": 1.0,
-                                                                      "ratio": ratio["r"]})
-    cpu = torch.device("cpu")
-    assert kernels.gemm_kernel(torch.float32, cpu) == "aten"  # a 5% win is within the noise
-    entry = json.loads(kernels.cache_path().read_text())[kernels.cache_key(torch.float32)]
+    ratio = {"linear": 1.05, "accumulate": 0.5}
+    monkeypatch.setattr(kernels, "measure", lambda dtype, op, rounds=7: {"aten_s": ratio[op], "onednn_s": 1.0,
+                                                                         "ratio": ratio[op]})
+    cpu, f32 = torch.device("cpu"), torch.float32
+    assert kernels.gemm_kernel(f32, cpu, "linear") == "aten"  # a 5% win is within the noise
+    assert kernels.gemm_kernel(f32, cpu, "accumulate") == "aten"
+    entry = json.loads(kernels.cache_path().read_text())[kernels.cache_key(f32, "linear")]
     assert entry["kernel"] == "aten" and entry["min_gain"] == kernels.MIN_GAIN
-    ratio["r"] = 1.6
-    assert kernels.gemm_kernel(torch.float32, cpu) == "aten"  # cached: no new measurement
+    ratio["linear"] = 1.6
+    assert kernels.gemm_kernel(f32, cpu, "linear") == "aten"  # cached: no new measurement
     kernels._CHOICE.clear()
-    assert kernels.gemm_kernel(torch.float32, cpu) == "aten"  # read back from the file
-    assert kernels.calibrate(torch.float32) == "onednn"  # re-measured on demand
-    assert kernels.gemm_kernel(torch.float32, cpu) == "onednn"
-    assert kernels.gemm_kernel(torch.bfloat16, cpu) == "onednn"  # another dtype: its own measurement
-    assert kernels.gemm_kernel(torch.float32, torch.device("meta")) == "aten"  # not a CPU: aten (cuBLAS...)
-    assert "threads" in kernels.cache_key(torch.float32) and "torch" in kernels.cache_key(torch.float32)
-    assert kernels.summary(torch.float32)["kernel"] == "onednn"
+    assert kernels.gemm_kernel(f32, cpu, "linear") == "aten"  # read back from the file
+    assert kernels.calibrate(f32, "linear") == "onednn"  # re-measured on demand
+    assert kernels.gemm_kernel(f32, cpu, "linear") == "onednn"
+    assert kernels.gemm_kernel(f32, cpu, "accumulate") == "aten"  # each operation decided on its own
+    assert kernels.gemm_kernel(torch.bfloat16, cpu, "linear") == "onednn"  # another dtype: measured again
+    assert kernels.gemm_kernel(f32, torch.device("meta")) == "aten"  # not a CPU: aten (cuBLAS on CUDA)
+    key = kernels.cache_key(f32, "linear")
+    assert "threads" in key and "torch" in key and key != kernels.cache_key(f32, "accumulate")
+    assert kernels.summary(f32)["linear"]["kernel"] == "onednn"
 
 
 def test_measure_times_both_kernels():
     if not kernels._onednn_ok(torch.float32):
         pytest.skip("no oneDNN linear")
-    r = kernels.measure(torch.float32, rounds=1, shape=(32, 16, 24))
-    assert r["aten_s"] > 0 and r["onednn_s"] > 0 and r["ratio"] > 0
+    for op in kernels.OPS:
+        r = kernels.measure(torch.float32, op, rounds=1, shape=(32, 16, 24))
+        assert r["aten_s"] > 0 and r["onednn_s"] > 0 and r["ratio"] > 0
+    with pytest.raises(ValueError, match="operation"):
+        kernels.measure(torch.float32, "conv")
 
 
 @pytest.mark.parametrize("kern", kernels.KERNELS)
 def test_model_inference_with_either_kernel_equals_training_path(tiny_cfg, kern, monkeypatch):
     if kern == "onednn" and not kernels._onednn_ok(torch.float32):
         pytest.skip("no oneDNN linear")
-    monkeypatch.setattr(kernels, "gemm_kernel", lambda dtype, device: kern)
+    monkeypatch.setattr(kernels, "gemm_kernel", lambda dtype, device, op="linear": kern)
     model = noisy(VisionTransformer(tiny_cfg), std=0.1)
     x = torch.randn(3, 3, 32, 32)
     ref = model(x)

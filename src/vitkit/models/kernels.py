@@ -1,20 +1,29 @@
 """Which GEMM kernel runs the inference products: chosen by a short measurement, cached per machine.
 
 torch offers two CPU GEMM libraries for a dense layer: ATen's ``addmm`` (MKL in fp32, oneDNN in bf16) and
-oneDNN's linear primitive (``torch.ops.mkldnn._linear_pointwise``). Which one is faster depends on the CPU
-and on the torch build: on a 2-core AMD EPYC with AVX-512 oneDNN ran the MLP's fp32 product at ~355 GFLOP/s
-against MKL's ~192 (issue 19), while on a 2-core Intel Xeon with AMX the two were within the noise of each
-other. So vitkit measures instead of guessing: the first inference GEMM of a dtype on a CPU times both
-kernels on a ViT-B/16 MLP-shaped product ([2048 x 768] @ [768 x 3072], plain and accumulated into a
-residual), in alternating rounds, and takes oneDNN only when it is faster in the median of the paired
-per-round ratios by more than :data:`MIN_GAIN`; otherwise the simpler ATen call. The verdict is cached
-in ``~/.cache/vitkit/gemm-kernels.json`` (``$XDG_CACHE_HOME`` respected) under a key naming the CPU model,
-its instruction-set flags, the torch version, the thread count and the dtype, so a different machine,
-torch build or thread count measures again. ``calibrate()`` reruns the measurement on demand.
+oneDNN's linear primitive (``torch.ops.mkldnn._linear_pointwise``). Which one is faster depends on the CPU,
+the torch build and the operation: on a 2-core AMD EPYC with AVX-512 oneDNN ran the MLP's fp32 product at
+~355 GFLOP/s against MKL's ~192 (issue 19), while on a 2-core Intel Xeon with AMX the two were within the
+noise of each other in fp32; and in bf16 on that Xeon, ATen's ``addmm`` with a bias ran at half the speed
+of oneDNN's linear (it first copies the broadcast bias into the output), while for accumulating into the
+residual stream (``addmm_``, beta = 1) ATen was about twice as fast as oneDNN's linear followed by an add
+(benchmarks/cpu_kernels.py). So vitkit measures instead of guessing, separately for the two operations
+the model uses:
 
-Weights are used as they are stored (no pre-packed copies), so nothing needs to be invalidated when they
-change; pre-packing (``torch.ops.mkldnn._reorder_linear_weight``) measured within the noise of plain
-weights on both kernels (benchmarks/gemm_kernels.py).
+- ``linear``: y = x W^T + b (qkv, fc1, the patch embedding);
+- ``accumulate``: out += x W^T (the output projection and fc2, adding into the residual stream).
+
+The first inference GEMM of an operation and dtype on a CPU times both kernels on a ViT-B/16 MLP-shaped
+product ([2048 x 768] @ [768 x 3072]) in alternating rounds (about a second), and takes oneDNN only when
+it is faster in the median of the paired per-round ratios by at least :data:`MIN_GAIN`; otherwise the
+simpler ATen call. The verdict is cached in ``~/.cache/vitkit/gemm-kernels.json`` (``$XDG_CACHE_HOME``
+respected) under a key naming the CPU model, its instruction-set flags, the torch version, the thread
+count, the operation and the dtype, so a different machine, torch build or thread count measures again.
+:func:`calibrate` reruns the measurement on demand.
+
+Weights are used as they are stored (no pre-packed copies), so nothing needs invalidating when they
+change: pre-packing (``torch.ops.mkldnn._reorder_linear_weight``, MKL's packed GEMM) measured within the
+noise of plain weights here.
 """
 from __future__ import annotations
 
@@ -31,6 +40,7 @@ from typing import Dict, Optional
 import torch
 
 KERNELS = ("aten", "onednn")
+OPS = ("linear", "accumulate")
 MIN_GAIN = 1.10  # oneDNN must be >= 10% faster in the median paired round to be chosen
 SHAPE = (2048, 768, 3072)  # rows, in, out: the MLP of ViT-B/16, one inference chunk
 _CHOICE: Dict[tuple, str] = {}
@@ -39,12 +49,14 @@ _CHOICE: Dict[tuple, str] = {}
 def _onednn_ok(dtype: torch.dtype) -> bool:
     if not torch.backends.mkldnn.is_available() or dtype not in (torch.float32, torch.bfloat16):
         return False
+    if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return False
     if dtype == torch.bfloat16:
         try:
             return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
         except (AttributeError, RuntimeError):
             return False
-    return hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return True
 
 
 def _cpu_id() -> str:
@@ -63,8 +75,8 @@ def _cpu_id() -> str:
     return f"{model} [{hashlib.sha1(flags.encode()).hexdigest()[:10]}]"
 
 
-def cache_key(dtype: torch.dtype) -> str:
-    return (f"{_cpu_id()} | torch {torch.__version__} | threads {torch.get_num_threads()} | "
+def cache_key(dtype: torch.dtype, op: str = "linear") -> str:
+    return (f"{_cpu_id()} | torch {torch.__version__} | threads {torch.get_num_threads()} | {op} "
             f"{str(dtype).replace('torch.', '')}")
 
 
@@ -94,75 +106,68 @@ def _write_cache(key: str, entry: dict) -> None:
         pass
 
 
-def _run(kernel: str, x, w, b, out) -> None:
-    if out is None:
-        _gemm(kernel, x, w, b)
-    else:
-        _gemm_into(kernel, out, x, w)
-
-
-def measure(dtype: torch.dtype, rounds: int = 7, shape=SHAPE) -> dict:
-    """Time both kernels on ``shape`` (a plain product and one accumulated into a residual), alternating the
-    order each round; returns per-kernel median seconds and the median paired ratio aten / onednn."""
+def measure(dtype: torch.dtype, op: str = "linear", rounds: int = 7, shape=SHAPE) -> dict:
+    """Time both kernels for ``op`` on ``shape``, alternating the order each round; returns per-kernel
+    median seconds and the median paired ratio aten / onednn (> 1: oneDNN faster)."""
+    if op not in OPS:
+        raise ValueError(f"unknown GEMM operation {op!r}: use one of {', '.join(OPS)}")
     m, k, n = shape
     g = torch.Generator().manual_seed(0)
     x = torch.randn(m, k, generator=g).to(dtype)
     w = torch.randn(n, k, generator=g).mul_(k ** -0.5).to(dtype)
     b = torch.randn(n, generator=g).to(dtype)
-    h = torch.randn(m, n, generator=g).to(dtype)
-    w2 = torch.randn(k, n, generator=g).mul_(n ** -0.5).to(dtype)
-    res = torch.zeros(m, k, dtype=dtype)
+    out = torch.zeros(m, n, dtype=dtype)
+    if op == "linear":
+        fns = {kern: (lambda kern=kern: _gemm(kern, x, w, b)) for kern in KERNELS}
+    else:
+        fns = {kern: (lambda kern=kern: _gemm_into(kern, out, x, w)) for kern in KERNELS}
     times = {kern: [] for kern in KERNELS}
-
-    def once(kern: str) -> float:
-        t0 = time.perf_counter()
-        _run(kern, x, w, b, None)  # fc1-like
-        _run(kern, h, w2, None, res)  # fc2-like, into the residual
-        return time.perf_counter() - t0
-
     with torch.inference_mode():
         for kern in KERNELS:
-            once(kern)
+            fns[kern]()
         for r in range(rounds):
-            order = KERNELS if r % 2 == 0 else KERNELS[::-1]
-            for kern in order:
-                times[kern].append(once(kern))
+            for kern in (KERNELS if r % 2 == 0 else KERNELS[::-1]):
+                t0 = time.perf_counter()
+                fns[kern]()
+                times[kern].append(time.perf_counter() - t0)
     ratios = [a / o for a, o in zip(times["aten"], times["onednn"])]
     return {"aten_s": statistics.median(times["aten"]), "onednn_s": statistics.median(times["onednn"]),
             "ratio": statistics.median(ratios), "rounds": rounds, "shape": list(shape)}
 
 
-def calibrate(dtype: torch.dtype, rounds: int = 7) -> str:
-    """Measure now, cache and return the kernel for ``dtype`` on this CPU."""
-    result = measure(dtype, rounds)
+def calibrate(dtype: torch.dtype, op: str = "linear", rounds: int = 7) -> str:
+    """Measure now, cache and return the kernel for ``op`` in ``dtype`` on this CPU."""
+    result = measure(dtype, op, rounds)
     choice = "onednn" if result["ratio"] >= MIN_GAIN else "aten"
-    _write_cache(cache_key(dtype), {**result, "kernel": choice, "min_gain": MIN_GAIN,
-                                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
-    _CHOICE[(dtype, torch.get_num_threads())] = choice
+    _write_cache(cache_key(dtype, op), {**result, "kernel": choice, "min_gain": MIN_GAIN,
+                                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+    _CHOICE[(dtype, op, torch.get_num_threads())] = choice
     return choice
 
 
-def gemm_kernel(dtype: torch.dtype, device: torch.device) -> str:
-    """The kernel for inference GEMMs of ``dtype`` on ``device``: ``aten`` everywhere except on a CPU
-    where the cached (or, the first time, a fresh) measurement found oneDNN's linear clearly faster."""
+def gemm_kernel(dtype: torch.dtype, device: torch.device, op: str = "linear") -> str:
+    """The kernel for the inference GEMM ``op`` in ``dtype`` on ``device``: ``aten`` everywhere except on
+    a CPU where the cached (or, the first time, a fresh) measurement found oneDNN's linear clearly faster."""
     if device.type != "cpu" or not _onednn_ok(dtype) or torch.compiler.is_compiling():
         return "aten"  # CUDA: cuBLAS via aten; compiled: inductor picks its own kernels
-    key = (dtype, torch.get_num_threads())
+    key = (dtype, op, torch.get_num_threads())
     choice = _CHOICE.get(key)
     if choice is None:
-        entry = _read_cache().get(cache_key(dtype))
-        choice = entry["kernel"] if entry and entry.get("kernel") in KERNELS else calibrate(dtype)
+        entry = _read_cache().get(cache_key(dtype, op))
+        choice = entry["kernel"] if entry and entry.get("kernel") in KERNELS else calibrate(dtype, op)
         _CHOICE[key] = choice
     return choice
 
 
 def summary(dtype: torch.dtype, device: str = "cpu") -> dict:
-    """The kernel in use for ``dtype`` and the measurement behind it (for the benchmarks' machine line)."""
+    """The kernel in use for each operation in ``dtype`` and the measurement behind it (for reports)."""
     dev = torch.device(device)
-    kern = gemm_kernel(dtype, dev)
-    entry = _read_cache().get(cache_key(dtype)) if dev.type == "cpu" else None
-    return {"dtype": str(dtype).replace("torch.", ""), "kernel": kern,
-            "measured_aten_over_onednn": None if not entry else round(entry["ratio"], 3)}
+    out = {}
+    for op in OPS:
+        kern = gemm_kernel(dtype, dev, op)
+        entry = _read_cache().get(cache_key(dtype, op)) if dev.type == "cpu" else None
+        out[op] = {"kernel": kern, "aten_over_onednn": None if not entry else round(entry["ratio"], 3)}
+    return out
 
 
 # --- the two kernels ------------------------------------------------------------------------------
@@ -179,10 +184,10 @@ def _gemm_into(kernel: str, out: torch.Tensor, x: torch.Tensor, w: torch.Tensor)
 
 
 def gemm(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x W^T + b on rows [M, K] (no autograd) with the chosen kernel."""
-    return _gemm(gemm_kernel(x.dtype, x.device), x, w, b)
+    """x W^T + b on rows [M, K] (no autograd) with the kernel chosen for ``linear``."""
+    return _gemm(gemm_kernel(x.dtype, x.device, "linear"), x, w, b)
 
 
 def gemm_into(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """out += x W^T in place with the chosen kernel."""
-    return _gemm_into(gemm_kernel(x.dtype, x.device), out, x, w)
+    """out += x W^T in place with the kernel chosen for ``accumulate``."""
+    return _gemm_into(gemm_kernel(x.dtype, x.device, "accumulate"), out, x, w)
