@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from vitkit.bench.machine import machine_info, machine_line
 from vitkit.models import kernels, precision
-from vitkit.models.layers import Block, PatchEmbed
+from vitkit.models.layers import INFERENCE_CHUNK_TOKENS, Block, PatchEmbed
 
 ATTENTION = [  # batch, heads, tokens, head dim
     (64, 2, 17, 32), (64, 2, 49, 32), (128, 4, 16, 32), (64, 4, 65, 32), (32, 6, 197, 64), (16, 12, 197, 64),
@@ -39,7 +39,7 @@ PATCHES = [  # batch, channels, image size, patch, width
     (64, 1, 28, 4, 64), (128, 1, 28, 7, 128), (128, 3, 32, 4, 192), (64, 3, 64, 8, 384), (32, 3, 224, 16, 768)]
 GEMMS = [  # rows, in, out: ViT-B/16 at batch 16 (3152 tokens) - qkv, proj, fc1, fc2
     (3152, 768, 2304), (3152, 768, 768), (3152, 768, 3072), (3152, 3072, 768)]
-CHUNKS = [1024, 2048, 4096, 1 << 30]
+CHUNKS = [2048, 4096, 8192, 1 << 30]
 
 
 def alternate(fns: dict, seconds: float, repeats: int) -> dict:
@@ -144,17 +144,20 @@ def main() -> None:
                 print(f"  {str(dtype)[6:]:9s} [{m}x{k}]x[{k}x{n}]  aten {rates['aten']:7.1f}  onednn "
                       f"{rates['onednn']:7.1f}  onednn/aten {rates['onednn'] / rates['aten']:5.2f}  vitkit: {chosen}")
     if "chunks" not in args.skip:
-        print("\ninference chunk size, one ViT-B/16 block, batch 32 (6304 tokens), fp32")
-        blk = Block(768, 12, 3072).eval()
-        x = torch.randn(32, 197, 768)
-        fns = {c: (lambda c=c: blk.forward_inference(x, None, chunk_tokens=c)) for c in CHUNKS}
-        with torch.inference_mode():
-            st = alternate(fns, args.seconds, args.repeats)
-        best = min(st.values())
-        for c, s in st.items():
-            label = "whole batch" if c == CHUNKS[-1] else f"{c} tokens"
-            res["chunks"].append({"chunk_tokens": c, "ms": 1e3 * s, "vs_best": s / best})
-            print(f"  {label:12s} {1e3 * s:8.2f} ms  {s / best:5.2f}x the fastest")
+        print("\ninference chunk size, one ViT-B/16 block, batch 64 (12608 tokens), fp32 and bf16")
+        for dtype in (torch.float32, torch.bfloat16):
+            blk = Block(768, 12, 3072).eval().to(dtype)
+            x = torch.randn(64, 197, 768).to(dtype)
+            fns = {c: (lambda c=c: blk.forward_inference(x, None, chunk_tokens=c)) for c in CHUNKS}
+            with torch.inference_mode():
+                st = alternate(fns, args.seconds, args.repeats)
+            best = min(st.values())
+            for c, s in st.items():
+                label = "whole batch" if c == CHUNKS[-1] else f"{c} tokens"
+                res["chunks"].append({"dtype": str(dtype), "chunk_tokens": c, "ms": 1e3 * s, "vs_best": s / best,
+                                      "vitkit": c == INFERENCE_CHUNK_TOKENS})
+                print(f"  {str(dtype)[6:]:9s} {label:12s} {1e3 * s:8.2f} ms  {s / best:5.2f}x the fastest"
+                      + ("  (vitkit)" if c == INFERENCE_CHUNK_TOKENS else ""))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1, default=str))
     print(f"\nwrote {args.out}")

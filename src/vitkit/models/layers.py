@@ -16,12 +16,14 @@ from torch import nn
 
 from .precision import attention, dense, dense_add_, linear
 
-# Inference runs a block on chunks of whole images of about this many tokens (ViT-B/16 at 224 px: 10 images
-# of 197 tokens). Every image is independent, so no number changes; it bounds the block's scratch memory
-# (qkv, attention, MLP hidden activations) at one chunk, which keeps batch-64 inference peak memory at the
-# weights, the input and two residual streams. Chunk sizes from 1024 to 8192 tokens ran within the noise of
-# each other (benchmarks/cpu_kernels.py --chunks), so the size is set by memory, not speed.
-INFERENCE_CHUNK_TOKENS = 2048
+# Inference runs a block on chunks of whole images of at most this many tokens (ViT-B/16 at 224 px: 41
+# images of 197 tokens). Every image is independent, so no number changes; it caps the block's scratch
+# memory (qkv, MLP hidden activations) at one chunk, so peak memory grows with the batch only by the input
+# and two residual streams. Smaller chunks were slower, not faster, on a 2-core AMX Xeon (one B/16 block,
+# batch 32, bf16: 2048 tokens 842 ms, 4096 595 ms, whole batch 486 ms; fp32 1537 / 1524 / 1358 ms;
+# benchmarks/cpu_kernels.py): every op costs a thread wake-up and a barrier, dear on a shared machine.
+# So the size is set by memory: batch 64 stays in two chunks.
+INFERENCE_CHUNK_TOKENS = 8192
 
 
 def fast_inference(module: nn.Module) -> bool:
