@@ -1,4 +1,4 @@
-"""CPU kernel choices of the model, measured; writes benchmarks/results/cpu_kernels.json.
+"""CPU kernel choices of the model, measured; writes benchmarks/results/<machine kind>/cpu_kernels.json.
 
 Each choice is timed both ways in the same process, alternating, median of ``--repeats`` windows:
 
@@ -65,9 +65,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seconds", type=float, default=0.5, help="per timing window")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "cpu_kernels.json"))
+    ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/<machine kind>/cpu_kernels.json)")
     ap.add_argument("--skip", nargs="*", default=[], choices=["attention", "patches", "gemm", "chunks"])
     args = ap.parse_args()
+    if args.out is None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from _common import kind_folder
+
+        args.out = str(kind_folder() / "cpu_kernels.json")
     if args.threads:
         torch.set_num_threads(args.threads)
     info = machine_info()

@@ -140,7 +140,7 @@ def test_fp32_path_is_the_plain_module_call(tiny_cfg):
 
 # --- peers -------------------------------------------------------------------------------------------------
 def test_parse_peers():
-    assert parse_peers(None) == ["timm", "hf", "torchvision"] and parse_peers(["none"]) == []
+    assert parse_peers(None) == ["timm", "hf", "torchvision", "onnxruntime"] and parse_peers(["none"]) == []
     assert parse_peers(["hf", "timm", "hf"]) == ["hf", "timm"]
     with pytest.raises(ValueError, match="unknown peer"):
         parse_peers(["keras"])
@@ -301,3 +301,35 @@ def test_cpu_kernel_benchmark_runs_and_reports_every_shape(tmp_path):
     assert sum("vitkit: gemm" in x for x in lines) == 2 * 5
     data = json.loads((tmp_path / "k.json").read_text())
     assert len(data["attention"]) == 7 and len(data["patches"]) == 5 and "machine" in data["machine_line"]
+
+
+def test_onnxruntime_peer_runs_vitkits_exported_model(tiny_cfg):
+    pytest.importorskip("onnxruntime")
+    model = noisy(VisionTransformer(tiny_cfg))
+    peer = build_peer("onnxruntime", model)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.inference_mode():
+        ref = model(x)
+    assert peer.label == "ORT" and "exported to ONNX" in peer.weights
+    torch.testing.assert_close(peer.forward(x), ref, rtol=1e-4, atol=1e-4)  # any batch size (dynamic axis)
+
+
+def test_verdict_compares_best_batches_and_keeps_onnxruntime_apart():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from verdict import TARGETS, check
+
+    def row(lib, ips, batch=16, **kw):
+        return {"kind": "inference", "model": "B/16", "img_size": 224, "dtype": "fp32", "library": lib, "batch": batch,
+                "images_per_s": ips, "spread": 0.01, "compile": False, **kw}
+    rows = [row("vitkit", 11.0, roofline_fraction=0.95, roofline_images_per_s=11.6), row("vitkit", 9.0, 32),
+            row("timm", 10.0), row("HF", 9.5), row("ORT", 12.0)]
+    lines = check([{"rows": rows}], TARGETS[:4] + [TARGETS[-2]])
+    assert lines[0].startswith("B/16 inference fp32 vs best library: vitkit 11.00") and "= 1.10x" in lines[0]
+    assert lines[0].endswith("met") and "timm" in lines[0]  # ORT is not a library peer
+    assert lines[1].endswith("not measured")
+    assert "vs ORT 12.00" in lines[2] and lines[2].endswith("NOT met")
+    assert "95% of the roofline" in lines[3] and lines[3].endswith("-> met")
+    assert lines[4].endswith("not measured")
