@@ -21,6 +21,7 @@ def main() -> None:
                    help="batch sizes (default: 16 for S/16, 256 for the Fashion-MNIST model)")
     p.add_argument("--dtype", nargs="+", default=["fp32", "bf16"])
     p.add_argument("--compile", choices=("off", "on", "both"), default="off")
+    p.set_defaults(peers=["timm"])  # training steps are compared with timm (issue 19's reference)
     args = p.parse_args()
     if args.quick:
         args.repeats = min(args.repeats, 3)
@@ -30,7 +31,7 @@ def main() -> None:
         batches = args.batch or ([256] if model.startswith("recipe:") else [16])
         out = out_folder(args, f"training-{model.replace('/', '').replace(':', '-')}"
                                f"{'-compile-' + args.compile if args.compile != 'off' else ''}")
-        results.append(run(["train"], [model], args, options(args, peers=["timm"]), out,
+        results.append(run(["train"], [model], args, options(args), out,
                            train_batches=batches, dtypes=args.dtype, compiles=compiles))
     verdict(results)
 

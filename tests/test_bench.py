@@ -333,3 +333,26 @@ def test_verdict_compares_best_batches_and_keeps_onnxruntime_apart():
     assert "vs ORT 12.00" in lines[2] and lines[2].endswith("NOT met")
     assert "95% of the roofline" in lines[3] and lines[3].endswith("-> met")
     assert lines[4].endswith("not measured")
+
+
+def test_performance_doc_quotes_the_committed_json():
+    """Every verdict line that the committed results give appears word for word in docs/performance.md,
+    and every machine-kind folder quoted there exists: the docs cannot drift from the JSON."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    from verdict import check
+
+    doc = (root / "docs" / "performance.md").read_text()
+    kinds = [d for d in (root / "benchmarks" / "results").iterdir() if d.is_dir() and list(d.glob("*/bench.json"))]
+    assert kinds, "no committed benchmark results"
+    for kind in kinds:
+        results = [json.loads(f.read_text()) for f in sorted(kind.glob("*/bench.json"))]
+        lines = [x for x in check(results) if "not measured" not in x]
+        assert lines
+        for line in lines:
+            assert line in doc, f"docs/performance.md does not quote: {line}"
+        for res in results:
+            assert res["machine_line"] in doc, f"docs/performance.md lacks the machine line of {kind.name}"
