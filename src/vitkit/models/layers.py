@@ -26,12 +26,19 @@ from .precision import attention, dense, dense_add_, linear
 INFERENCE_CHUNK_TOKENS = 8192
 
 
+def _traced() -> bool:
+    """Inside torch.compile / torch.export / TorchScript / ONNX tracing: graph compilers fuse the work
+    themselves and need the plain graph (the chunk loop would pin a dynamic batch size)."""
+    compiler = torch.compiler
+    return (compiler.is_compiling() or (hasattr(compiler, "is_exporting") and compiler.is_exporting())
+            or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export())
+
+
 def fast_inference(module: nn.Module) -> bool:
     """Whether ``module`` may take the inference path: evaluation mode, no autograd, no autocast (under
-    autocast the plain path runs, so autocast's casting rules hold), not traced for export."""
+    autocast the plain path runs, so autocast's casting rules hold), not traced by a graph compiler."""
     return (not module.training and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
-            and not (torch.cuda.is_available() and torch.is_autocast_enabled("cuda"))
-            and not torch.jit.is_tracing() and not torch.onnx.is_in_onnx_export())
+            and not (torch.cuda.is_available() and torch.is_autocast_enabled("cuda")) and not _traced())
 
 
 class PatchEmbed(nn.Module):
