@@ -19,10 +19,10 @@ from .precision import attention, dense, dense_add_, linear
 # Inference runs a block on chunks of whole images of at most this many tokens (ViT-B/16 at 224 px: 41
 # images of 197 tokens). Every image is independent, so no number changes; it caps the block's scratch
 # memory (qkv, MLP hidden activations) at one chunk, so peak memory grows with the batch only by the input
-# and two residual streams. Smaller chunks were slower, not faster, on a 2-core AMX Xeon (one B/16 block,
-# batch 32, bf16: 2048 tokens 842 ms, 4096 595 ms, whole batch 486 ms; fp32 1537 / 1524 / 1358 ms;
-# benchmarks/cpu_kernels.py): every op costs a thread wake-up and a barrier, dear on a shared machine.
-# So the size is set by memory: batch 64 stays in two chunks.
+# and two residual streams. Smaller chunks were slower, not faster, on a 2-core AMX Xeon (one B/16 block at
+# batch 64, bf16: 2048-token chunks 762 ms, 4096 677, 8192 621, whole batch 610; fp32 within the noise;
+# benchmarks/results/intel-amx/cpu_kernels.json): every op costs a thread wake-up and a barrier. So the
+# size is set by memory: batch 64 stays in two chunks.
 INFERENCE_CHUNK_TOKENS = 8192
 
 
