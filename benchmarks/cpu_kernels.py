@@ -1,12 +1,17 @@
-"""CPU kernel choices of the model, measured: attention and patch embedding, forward + backward.
+"""CPU kernel choices of the model, measured; writes benchmarks/results/<machine kind>/cpu_kernels.json.
 
-On a CPU vitkit computes attention as explicit softmax(QK^T/sqrt(d))V for sequences up to
-``CPU_EXPLICIT_ATTENTION_MAX_TOKENS`` tokens and with torch's fused kernel above, and in training projects
-patch vectors of up to ``PatchEmbed.GEMM_MAX_PATCH_VALUES`` values as one GEMM instead of a convolution.
-This script times both alternatives of each choice on the shapes of the Fashion-MNIST, CIFAR and ImageNet
-models, in the same process, and prints the ratio (> 1: the path vitkit takes for that shape is faster);
-then whole training steps (``TrainStep``: forward, backward, clipping, fused AdamW) of the Fashion-MNIST
-recipes' models with both choices on and both off, alternating, at the recipes' batch size::
+Each choice is timed both ways in the same process, alternating, median of ``--repeats`` windows:
+
+- attention: explicit softmax(QK^T/sqrt(d))V (vitkit's path up to ``CPU_EXPLICIT_ATTENTION_MAX_TOKENS``
+  tokens) vs torch's fused kernel, forward + backward (training) and forward only (inference);
+- patch embedding: the stride-P convolution vs one GEMM over flattened patches (vitkit's only path),
+  training (forward + backward) and inference;
+- GEMM kernel of the inference products: ATen (``addmm``: MKL in fp32) vs oneDNN's linear
+  (``torch.ops.mkldnn._linear_pointwise``), fp32 and bf16, at ViT-B/16's shapes (vitkit picks per machine
+  by :mod:`vitkit.models.kernels`' calibration; this is the wider table behind it);
+- the inference chunk size (tokens per chunk of whole images) of one ViT-B/16 block at batch 32.
+
+A ratio > 1 means the path vitkit takes is faster::
 
     .venv/bin/python benchmarks/cpu_kernels.py            # both cores
     .venv/bin/python benchmarks/cpu_kernels.py --threads 1
@@ -14,37 +19,45 @@ recipes' models with both choices on and both off, alternating, at the recipes' 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from vitkit.models import VisionTransformer, precision
-from vitkit.models.layers import PatchEmbed
-from vitkit.train import load_recipe
-from vitkit.train.optim import build_optimizer
-from vitkit.train.step import TrainStep
+from vitkit.bench.machine import machine_info, machine_line
+from vitkit.models import kernels, precision
+from vitkit.models.layers import INFERENCE_CHUNK_TOKENS, Block, PatchEmbed
 
 ATTENTION = [  # batch, heads, tokens, head dim
     (64, 2, 17, 32), (64, 2, 49, 32), (128, 4, 16, 32), (64, 4, 65, 32), (32, 6, 197, 64), (16, 12, 197, 64),
     (8, 12, 577, 64)]
 PATCHES = [  # batch, channels, image size, patch, width
-    (64, 1, 28, 4, 64), (128, 1, 28, 7, 128), (128, 3, 32, 4, 192), (64, 3, 64, 8, 384), (32, 3, 224, 16, 384)]
+    (64, 1, 28, 4, 64), (128, 1, 28, 7, 128), (128, 3, 32, 4, 192), (64, 3, 64, 8, 384), (32, 3, 224, 16, 768)]
+GEMMS = [  # rows, in, out: ViT-B/16 at batch 16 (3152 tokens) - qkv, proj, fc1, fc2
+    (3152, 768, 2304), (3152, 768, 768), (3152, 768, 3072), (3152, 3072, 768)]
+CHUNKS = [2048, 4096, 8192, 1 << 30]
 
 
-def _time(fn, seconds: float, repeats: int) -> float:
-    """Median seconds per call over ``repeats`` windows of ``seconds``."""
-    for _ in range(3):
+def alternate(fns: dict, seconds: float, repeats: int) -> dict:
+    """Median seconds per call of each function, windows of ``seconds`` taken in rotating order."""
+    for fn in fns.values():
         fn()
-    out = []
-    for _ in range(repeats):
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            fn()
-            n += 1
-        out.append((time.perf_counter() - t0) / n)
-    return statistics.median(out)
+    times = {k: [] for k in fns}
+    names = list(fns)
+    for r in range(repeats):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            n, t0 = 0, time.perf_counter()
+            while True:
+                fns[k]()
+                n += 1
+                if time.perf_counter() - t0 >= seconds:
+                    break
+            times[k].append((time.perf_counter() - t0) / n)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main() -> None:
@@ -52,54 +65,107 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seconds", type=float, default=0.5, help="per timing window")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--recipes", nargs="*", default=["fmnist-fast", "fmnist-demo"],
-                    help="recipes whose model's training step is timed (none: skip)")
+    ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/<machine kind>/cpu_kernels.json)")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["attention", "patches", "gemm", "chunks"])
     args = ap.parse_args()
+    if args.out is None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from _common import kind_folder
+
+        args.out = str(kind_folder() / "cpu_kernels.json")
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; times: median ms per forward+backward")
-    print("\nattention (fp32): fused kernel vs explicit; vitkit takes explicit up to "
-          f"{precision.CPU_EXPLICIT_ATTENTION_MAX_TOKENS} tokens")
-    for b, h, t, d in ATTENTION:
-        q, k, v = (torch.randn(b, h, t, d, requires_grad=True) for _ in range(3))
-        g = torch.randn(b, h, t, d)
-        fused = _time(lambda: F.scaled_dot_product_attention(q, k, v).backward(g), args.seconds, args.repeats)
-        expl = _time(lambda: precision._explicit_attention(q, k, v, None, 0.0).backward(g), args.seconds,
-                     args.repeats)
-        ours = "explicit" if t <= precision.CPU_EXPLICIT_ATTENTION_MAX_TOKENS else "fused"
-        gain = fused / expl if ours == "explicit" else expl / fused
-        print(f"  B{b:<4d} heads {h:<3d} tokens {t:<4d} dim {d:<3d}  fused {1e3 * fused:8.2f}  explicit "
-              f"{1e3 * expl:8.2f}  vitkit: {ours:8s} {gain:5.2f}x the other")
-    print("\npatch embedding in training (fp32, weight gradient): convolution vs GEMM; vitkit takes the GEMM up "
-          f"to {PatchEmbed.GEMM_MAX_PATCH_VALUES} values per patch")
-    for b, c, s, p, w in PATCHES:
-        emb = PatchEmbed((p, p), c, w)
-        x = torch.randn(b, c, s, s)
-        conv = _time(lambda: emb.proj(x).sum().backward(), args.seconds, args.repeats)
-        gemm = _time(lambda: emb._gemm(x).sum().backward(), args.seconds, args.repeats)
-        ours = "gemm" if c * p * p <= PatchEmbed.GEMM_MAX_PATCH_VALUES else "conv"
-        gain = conv / gemm if ours == "gemm" else gemm / conv
-        print(f"  B{b:<4d} {c}x{s}x{s} patch {p:<3d} width {w:<4d}  conv {1e3 * conv:8.2f}  gemm "
-              f"{1e3 * gemm:8.2f}  vitkit: {ours:5s} {gain:5.2f}x the other")
-    print("\ntraining step (fp32, batch 64, patch dropout as the recipe starts): torch's fused attention + "
-          "convolution vs vitkit's choices")
-    for name in args.recipes:
-        recipe = load_recipe(name)
-        model = VisionTransformer(recipe.model_config(num_classes=10, in_chans=1))
-        step = TrainStep(model, build_optimizer(model, recipe.optim, torch.device("cpu")), clip_grad=1.0)
-        x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
-        times = {"torch": [], "vitkit": []}
-        ours = precision.CPU_EXPLICIT_ATTENTION_MAX_TOKENS, PatchEmbed.GEMM_MAX_PATCH_VALUES
-        for _ in range(args.repeats):
-            for which in times:
-                limits = (0, 0) if which == "torch" else ours
-                precision.CPU_EXPLICIT_ATTENTION_MAX_TOKENS, PatchEmbed.GEMM_MAX_PATCH_VALUES = limits
-                times[which].append(_time(lambda: step(x, y), 4 * args.seconds, 1))
-        precision.CPU_EXPLICIT_ATTENTION_MAX_TOKENS, PatchEmbed.GEMM_MAX_PATCH_VALUES = ours
-        old, new = (statistics.median(v) for v in times.values())
-        print(f"  {name:12s} patch {model.config.patch_size[0]} width {model.config.width} patch_drop "
-              f"{model.config.patch_drop:.2f}:  torch kernels {64 / old:7.0f} img/s  vitkit {64 / new:7.0f} img/s  "
-              f"{old / new:5.2f}x")
+    info = machine_info()
+    line = machine_line(info)
+    print(line)
+    print("times: median ms per call; ratio > 1: vitkit's path is faster")
+    res = {"machine": info, "machine_line": line, "command": "python " + " ".join(sys.argv),
+           "attention": [], "patches": [], "gemm": [], "chunks": []}
+    limit = precision.CPU_EXPLICIT_ATTENTION_MAX_TOKENS
+    if "attention" not in args.skip:
+        print(f"\nattention (fp32): fused kernel vs explicit; vitkit takes explicit up to {limit} tokens")
+        for b, h, t, d in ATTENTION:
+            q, k, v = (torch.randn(b, h, t, d, requires_grad=True) for _ in range(3))
+            g = torch.randn(b, h, t, d)
+            ours = "explicit" if t <= limit else "fused"
+            row = {"shape": [b, h, t, d], "vitkit": ours}
+            for mode in ("train", "inference"):
+                def fused():
+                    if mode == "train":
+                        F.scaled_dot_product_attention(q, k, v).backward(g)
+                    else:
+                        with torch.inference_mode():
+                            F.scaled_dot_product_attention(q, k, v)
+
+                def expl():
+                    if mode == "train":
+                        precision._explicit_attention(q, k, v, None, 0.0).backward(g)
+                    else:
+                        with torch.inference_mode():
+                            precision._explicit_attention(q, k, v, None, 0.0)
+                st = alternate({"fused": fused, "explicit": expl}, args.seconds, args.repeats)
+                gain = st["fused"] / st["explicit"] if ours == "explicit" else st["explicit"] / st["fused"]
+                row[mode] = {"fused_ms": 1e3 * st["fused"], "explicit_ms": 1e3 * st["explicit"], "ratio": gain}
+                print(f"  {mode:9s} B{b:<4d} heads {h:<3d} tokens {t:<4d} dim {d:<3d}  fused {1e3 * st['fused']:8.2f}"
+                      f"  explicit {1e3 * st['explicit']:8.2f}  vitkit: {ours:8s} {gain:5.2f}x the other")
+            res["attention"].append(row)
+    if "patches" not in args.skip:
+        print("\npatch embedding (fp32): convolution vs GEMM over flattened patches; vitkit takes the GEMM")
+        for b, c, s, p, w in PATCHES:
+            emb = PatchEmbed((p, p), c, w)
+            x = torch.randn(b, c, s, s)
+            row = {"shape": [b, c, s, p, w], "vitkit": "gemm"}
+            for mode in ("train", "inference"):
+                if mode == "train":
+                    conv = lambda: emb.proj(x).sum().backward()  # noqa: E731
+                    gemm = lambda: emb(x).sum().backward()  # noqa: E731
+                else:
+                    def conv():
+                        with torch.inference_mode():
+                            emb.proj(x)
+
+                    def gemm():
+                        with torch.inference_mode():
+                            emb.eval()(x)
+                st = alternate({"conv": conv, "gemm": gemm}, args.seconds, args.repeats)
+                row[mode] = {"conv_ms": 1e3 * st["conv"], "gemm_ms": 1e3 * st["gemm"], "ratio": st["conv"] / st["gemm"]}
+                print(f"  {mode:9s} B{b:<4d} {c}x{s}x{s} patch {p:<3d} width {w:<4d}  conv {1e3 * st['conv']:8.2f}  gemm "
+                      f"{1e3 * st['gemm']:8.2f}  vitkit: gemm  {st['conv'] / st['gemm']:5.2f}x the other")
+            res["patches"].append(row)
+    if "gemm" not in args.skip:
+        print("\ninference GEMMs at ViT-B/16 batch-16 shapes: ATen (MKL in fp32) vs oneDNN linear, GFLOP/s")
+        for dtype in (torch.float32, torch.bfloat16):
+            if not kernels._onednn_ok(dtype):
+                print(f"  {dtype}: oneDNN's linear does not run here")
+                continue
+            chosen = kernels.gemm_kernel(dtype, torch.device("cpu"))
+            for m, k, n in GEMMS:
+                x, w, bias = torch.randn(m, k).to(dtype), torch.randn(n, k).to(dtype), torch.randn(n).to(dtype)
+                fns = {kern: (lambda kern=kern: kernels._gemm(kern, x, w, bias)) for kern in kernels.KERNELS}
+                with torch.inference_mode():
+                    st = alternate(fns, args.seconds, args.repeats)
+                rates = {kern: 2 * m * k * n / s / 1e9 for kern, s in st.items()}
+                res["gemm"].append({"dtype": str(dtype), "shape": [m, k, n], "gflops": rates, "vitkit": chosen})
+                print(f"  {str(dtype)[6:]:9s} [{m}x{k}]x[{k}x{n}]  aten {rates['aten']:7.1f}  onednn "
+                      f"{rates['onednn']:7.1f}  onednn/aten {rates['onednn'] / rates['aten']:5.2f}  vitkit: {chosen}")
+    if "chunks" not in args.skip:
+        print("\ninference chunk size, one ViT-B/16 block, batch 64 (12608 tokens), fp32 and bf16")
+        for dtype in (torch.float32, torch.bfloat16):
+            blk = Block(768, 12, 3072).eval().to(dtype)
+            x = torch.randn(64, 197, 768).to(dtype)
+            fns = {c: (lambda c=c: blk.forward_inference(x, None, chunk_tokens=c)) for c in CHUNKS}
+            with torch.inference_mode():
+                st = alternate(fns, args.seconds, args.repeats)
+            best = min(st.values())
+            for c, s in st.items():
+                label = "whole batch" if c == CHUNKS[-1] else f"{c} tokens"
+                res["chunks"].append({"dtype": str(dtype), "chunk_tokens": c, "ms": 1e3 * s, "vs_best": s / best,
+                                      "vitkit": c == INFERENCE_CHUNK_TOKENS})
+                print(f"  {str(dtype)[6:]:9s} {label:12s} {1e3 * s:8.2f} ms  {s / best:5.2f}x the fastest"
+                      + ("  (vitkit)" if c == INFERENCE_CHUNK_TOKENS else ""))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=1, default=str))
+    print(f"\nwrote {args.out}")
 
 
 if __name__ == "__main__":

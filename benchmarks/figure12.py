@@ -6,7 +6,7 @@ resolution beside it when ``--memory`` is given::
 
     flock /work/cpu.lock /work/peers/bin/python benchmarks/figure12.py
 """
-from _common import main_guard, options, parser, run
+from _common import main_guard, options, out_folder, parser, run
 
 
 def main() -> None:
@@ -21,7 +21,7 @@ def main() -> None:
     if args.quick:
         args.img_size, args.repeats = [64, 224], 2
     what = ["inference"] + (["memory"] if args.memory else [])
-    run(what, args.models, args, options(args, roofline=False), img_sizes=args.img_size, batches=args.batch,
+    run(what, args.models, args, options(args, roofline=False), out_folder(args, "figure12"), img_sizes=args.img_size, batches=args.batch,
         memory_batches=args.batch, dtypes=args.dtype)
 
 

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# One-shot GPU benchmark (issue 6), for a session that has a CUDA device: about 8 minutes on an H100/H200.
-#   bash benchmarks/gpu.sh            # results in benchmarks/results/gpu-*/bench.json (+ .png) and gpu.log
+# One-shot GPU check (issue 19), for a session that has a CUDA device: about 8 minutes on an H100/H200.
+#   bash benchmarks/gpu.sh            # tests, then benchmarks; JSON under benchmarks/results/gpu-*/, log gpu.log
+# 1. the CUDA tests (tests/test_cuda.py: inference path = training path in fp32/bf16, a training step,
+#    compile), 2. B/16 inference eager fp32/bf16 with MFU against the datasheet peak, 3. compiled, 4. CUDA-graph
+#    latency, 5. an S/16 training step vs timm (same fused AdamW), 6. peak memory at batch 64.
 # Uses whichever python has a CUDA build of torch (PYTHON=... to choose); vitkit is taken from ./src, so no
-# install is needed. Peers (timm, torchvision, transformers) are used where importable, skipped otherwise.
+# install is needed. Peers (timm, torchvision, transformers) are used where importable, skipped otherwise;
+# ONNX Runtime is a CPU peer only.
 set -u
 cd "$(dirname "$0")/.."
 OUT=benchmarks/results
@@ -10,7 +14,7 @@ mkdir -p "$OUT"
 LOG="$OUT/gpu.log"
 PY="${PYTHON:-}"
 if [ -z "$PY" ]; then
-  for cand in python3 python /usr/bin/python3 .venv/bin/python; do
+  for cand in .venv-peers/bin/python python3 python /usr/bin/python3 .venv/bin/python; do
     if command -v "$cand" >/dev/null 2>&1 && "$cand" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
       PY="$cand"; break
     fi
@@ -26,23 +30,21 @@ VK="$PY -m vitkit"
   $PY -c "import importlib; [print(m, getattr(importlib.import_module(m), '__version__', '?')) for m in ('timm', 'torchvision', 'transformers') if importlib.util.find_spec(m)]"
 } 2>&1 | tee "$LOG"
 
-run() {  # run LIMIT_SECONDS ARGS...: one benchmark with a hard time limit, never the whole script
+run() {  # run LIMIT_SECONDS ARGS...: one step with a hard time limit, never the whole script
   local limit=$1; shift
-  echo "+ vitkit $*" | tee -a "$LOG"
-  timeout "$limit" $VK "$@" 2>&1 | grep -v Warning | tee -a "$LOG"
+  echo "+ $*" | tee -a "$LOG"
+  timeout "$limit" "$@" 2>&1 | grep -v Warning | tee -a "$LOG"
 }
 
-# 1. B/16 inference at 224: eager, bf16 and fp32, every library, two batch sizes; MFU against the datasheet peak.
-run 150 bench B/16 --device cuda --dtype bf16 fp32 --batch 64 256 --what inference --repeats 10 --warmup 3 \
-    --out "$OUT/gpu-inference"
-# 2. compiled (inductor) bf16 inference, vitkit vs timm, and batch-1 latency with CUDA graphs (reduce-overhead).
-run 150 bench B/16 --device cuda --dtype bf16 --batch 256 --what inference --compile on --peers timm \
+run 180 $PY -m pytest -q tests/test_cuda.py
+run 150 $VK bench B/16 --device cuda --dtype bf16 fp32 --batch 64 256 --what inference --repeats 10 --warmup 3 \
+    --peers timm hf torchvision --out "$OUT/gpu-inference"
+run 150 $VK bench B/16 --device cuda --dtype bf16 --batch 256 --what inference --compile on --peers timm \
     --repeats 10 --warmup 3 --no-roofline --out "$OUT/gpu-compiled"
-run 90 bench B/16 --device cuda --dtype bf16 --what latency --compile on --compile-mode reduce-overhead \
+run 90 $VK bench B/16 --device cuda --dtype bf16 --what latency --compile on --compile-mode reduce-overhead \
     --peers timm --repeats 20 --warmup 3 --no-roofline --out "$OUT/gpu-latency-cudagraphs"
-# 3. training steps (bf16 autocast) of S/16 at 224, vitkit's TrainStep vs timm in a plain loop.
-run 90 bench S/16 --device cuda --dtype bf16 --what train --train-batch 128 --peers timm --repeats 10 --warmup 3 \
+run 90 $VK bench S/16 --device cuda --dtype bf16 --what train --train-batch 128 --peers timm --repeats 10 --warmup 3 \
     --out "$OUT/gpu-train"
-# 4. peak CUDA memory of one B/16 inference call at batch 64.
-run 60 bench B/16 --device cuda --dtype bf16 --what memory --memory-batch 64 --out "$OUT/gpu-memory"
+run 60 $VK bench B/16 --device cuda --dtype bf16 --what memory --memory-batch 64 --peers timm hf torchvision \
+    --out "$OUT/gpu-memory"
 echo "done: $(date -u '+%H:%M UTC'); results under $OUT/gpu-*" | tee -a "$LOG"

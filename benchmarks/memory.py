@@ -1,12 +1,12 @@
-"""Peak memory of one inference call at batch 64: ViT-B/16 at 224 px, vitkit vs timm / HF / torchvision.
+"""Peak memory of one inference call at batch 64: ViT-B/16 at 224 px, vitkit vs timm / HF / torchvision / ORT.
 
 Each contender runs in a fresh process; the peak is the resident-set high-water mark during the call minus
-the process's size before the model was built (weights + input + activations). Target of issue 6: vitkit's
-peak no higher than the best peer's::
+the process's size before the model was built (weights + input + activations). Target of issue 19: vitkit's
+peak no higher than the best library peer's (ONNX Runtime, fp32 only, shown for reference)::
 
-    flock /work/cpu.lock /work/peers/bin/python benchmarks/memory.py
+    .venv-peers/bin/python benchmarks/memory.py
 """
-from _common import main_guard, options, parser, run, verdict
+from _common import main_guard, options, out_folder, parser, run, verdict
 
 
 def main() -> None:
@@ -16,11 +16,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[64])
     p.add_argument("--dtype", nargs="+", default=["fp32", "bf16"])
     args = p.parse_args()
-    result = run(["memory"], args.models, args, options(args), img_sizes=args.img_size,
-                 memory_batches=args.batch, dtypes=args.dtype)
-    verdict(result, [dict(kind="memory", model=m, dtype=d, img_size=s, need=1.0,
-                          label=f"{m} {s}px batch {','.join(map(str, args.batch))} {d} peak memory vs best peer")
-                     for m in args.models for d in args.dtype for s in args.img_size])
+    result = run(["memory"], args.models, args, options(args), out_folder(args, "memory"),
+                 img_sizes=args.img_size, memory_batches=args.batch, dtypes=args.dtype)
+    verdict(result)
 
 
 if __name__ == "__main__":

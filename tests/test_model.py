@@ -57,17 +57,29 @@ def test_conv_patch_embedding_equals_flatten_and_linear(tiny_cfg):
 
 @pytest.mark.parametrize("variant", POSEMB_VARIANTS + POOL_VARIANTS + [dict(representation_size=32)],
                          ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()))
-def test_fused_equals_explicit_attention(tiny_cfg, variant):
-    model = randomize_head(VisionTransformer(tiny_cfg.replace(**variant)))
+def test_fused_equals_explicit_attention(tiny_cfg, variant, monkeypatch):
+    """The fused kernel (F.scaled_dot_product_attention) against the explicit path that returns weights.
+    48 px images of 4 px patches give 145 tokens (+1 with a class token), longer than the sequences the
+    CPU computes explicitly, so the fused kernel really runs (counted below)."""
+    from vitkit.models import precision
+
+    calls = []
+    fused_kernel = F.scaled_dot_product_attention
+    monkeypatch.setattr(precision.F, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(1) or fused_kernel(*a, **k))
+    model = randomize_head(VisionTransformer(tiny_cfg.replace(img_size=48, **variant)))
     if model.rel_pos is not None:  # non-zero relative biases so the bias path is exercised
         for rel in model.rel_pos:
             torch.nn.init.normal_(rel.table, std=0.5)
             if rel.cls is not None:
                 torch.nn.init.normal_(rel.cls, std=0.5)
-    x = torch.randn(3, 3, 32, 32)
+    x = torch.randn(3, 3, 48, 48)
+    assert model.config.seq_len > precision.CPU_EXPLICIT_ATTENTION_MAX_TOKENS
     for mode in ("eval", "train"):  # train mode with all dropout rates 0 must agree too
         getattr(model, mode)()
+        n = len(calls)
         fused = model(x)
+        assert len(calls) - n == tiny_cfg.depth  # every block ran the fused kernel
         explicit, maps = model(x, return_attention=True)
         torch.testing.assert_close(explicit, fused, rtol=1e-5, atol=1e-5)
     assert len(maps) == tiny_cfg.depth
@@ -382,25 +394,161 @@ def test_short_sequence_attention_path_matches_the_fused_kernel(monkeypatch):
             torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("img_size,pad", [(32, False), (30, True)])
-def test_patch_embedding_gemm_matches_the_convolution(tiny_cfg, monkeypatch, img_size, pad):
-    """Training on a CPU, short patch vectors are projected as one GEMM instead of a convolution: same
-    outputs and gradients (including padded inputs)."""
-    from vitkit.models.layers import PatchEmbed
+@pytest.mark.parametrize("t,mask_kind", [(17, None), (50, "float"), (9, "bool")])
+def test_short_sequence_attention_path_is_the_explicit_one_and_agrees(t, mask_kind, monkeypatch):
+    """On a CPU, sequences up to CPU_EXPLICIT_ATTENTION_MAX_TOKENS use the explicit softmax(QK^T)V path;
+    values and gradients equal the fused kernel's."""
+    from vitkit.models import precision
 
+    assert precision._short_on_cpu(torch.zeros(1, 1, 128, 4), torch.zeros(1, 1, 128, 4))
+    assert not precision._short_on_cpu(torch.zeros(1, 1, 197, 4), torch.zeros(1, 1, 197, 4))
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 2, t, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = None
+    if mask_kind == "float":
+        mask = torch.randn(2, t, t, dtype=torch.float64)
+    elif mask_kind == "bool":
+        mask = torch.rand(t, t) > 0.3
+        mask.fill_diagonal_(True)
+    out = precision.sdpa(q, k, v, mask)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(torch.autograd.grad(out.square().sum(), (q, k, v)),
+                    torch.autograd.grad(ref.square().sum(), (q, k, v))):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("img_size,pad", [(32, False), (30, True)])
+def test_patch_embedding_gemm_equals_the_convolution(tiny_cfg, img_size, pad):
+    """The patch projection runs as one GEMM over flattened patches (training and inference paths): the
+    same outputs and gradients as the stride-P convolution its weights describe (padded inputs too)."""
     cfg = tiny_cfg.replace(img_size=img_size, dynamic_img_pad=pad)
-    model = VisionTransformer(cfg)
-    x = torch.randn(2, 3, img_size, img_size)
-    assert model.patch_embed._as_gemm(x)
-    results = []
-    for limit in (PatchEmbed.GEMM_MAX_PATCH_VALUES, 0):
-        monkeypatch.setattr(PatchEmbed, "GEMM_MAX_PATCH_VALUES", limit)
-        model.zero_grad()
-        out = model(x)
-        out.square().sum().backward()
-        results.append((out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    torch.testing.assert_close(results[0][0], results[1][0])
-    for n, g in results[0][1].items():
-        torch.testing.assert_close(g, results[1][1][n], msg=n)
-    with torch.no_grad():
-        assert not model.patch_embed._as_gemm(x)  # inference keeps the convolution
+    emb = VisionTransformer(cfg).patch_embed.double()
+    x = torch.randn(2, 3, img_size, img_size, dtype=torch.float64, requires_grad=True)
+    out = emb(x)
+    xp = F.pad(x, (0, (-img_size) % 4, 0, (-img_size) % 4))
+    ref = F.conv2d(xp, emb.proj.weight, emb.proj.bias, stride=4)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(ref)
+    grads = torch.autograd.grad(out, (x, emb.proj.weight, emb.proj.bias), g)
+    refs = torch.autograd.grad(ref, (x, emb.proj.weight, emb.proj.bias), g)
+    for a, b in zip(grads, refs):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    with torch.inference_mode():
+        torch.testing.assert_close(emb(x.detach()), ref.detach(), rtol=1e-12, atol=1e-12)
+
+
+# --- the inference path equals the training path, for every config field ---------------------------
+# Values for fields whose type alone does not give a valid alternative, and the companions a value needs
+# (e.g. distill_head=False only exists with a distillation token). Every other field gets its alternative
+# from its type: the other bool, every allowed string (read from the config's own error message), a
+# scaled number.
+FIELD_VALUES = {
+    "img_size": [(32, 48)],
+    "width": [96],
+    "depth": [3],
+    "num_heads": [2, 8],
+    "mlp_dim": [80],
+    "backbone_width": [64 + 32],
+    "patch_size": [(4, 8), 8],
+    "num_classes": [0, 3],
+    "representation_size": [32],
+    "backbone": ["resnet"],
+    "backbone_layers": [(1, 1)],
+    "ln_eps": [1e-12, 1e-3],
+    "std_conv_eps": [1e-8],
+    "gn_eps": [1e-5],
+}
+COMPANIONS = {
+    "class_token": dict(pool="gap"),
+    "distill_head": dict(distill_token=True),
+    "backbone": dict(backbone_layers=(1,), backbone_width=32, patch_size=1),
+    "backbone_layers": dict(backbone="resnet", backbone_width=32, patch_size=1),
+    "backbone_width": dict(backbone="resnet", backbone_layers=(1,), patch_size=1),
+    "width": dict(num_heads=4),
+    "std_conv_eps": dict(backbone="resnet", backbone_layers=(1,), backbone_width=32, patch_size=1),
+    "std_conv_style": dict(backbone="resnet", backbone_layers=(1,), backbone_width=32, patch_size=1),
+    "gn_eps": dict(backbone="resnet", backbone_layers=(1,), backbone_width=32, patch_size=1),
+    "patch_drop": dict(posemb="learn"),
+    "posemb_where": dict(posemb="learn"),
+    "attention": dict(pool="gap", class_token=False),  # axial attention has no prefix tokens
+}
+SKIP_FIELDS = {"name"}  # a label, no effect on the function
+
+
+def _allowed_strings(name):
+    """The allowed values of a string field, from the config's own validation message."""
+    import re
+
+    try:
+        vitkit.ViTConfig(**{name: "?"})
+    except vitkit.ConfigError as err:
+        m = re.search(r"is not one of (.*?)(;|$)", str(err))
+        if m:
+            return [v.strip() for v in m.group(1).split(",")]
+    return []
+
+
+def _field_cases():
+    import dataclasses
+
+    cases = []
+    for f in dataclasses.fields(vitkit.ViTConfig):
+        if f.name in SKIP_FIELDS:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if f.name in FIELD_VALUES:
+            values = FIELD_VALUES[f.name]
+        elif isinstance(default, bool):
+            values = [not default]
+        elif isinstance(default, str):
+            values = [v for v in _allowed_strings(f.name) if v != default]
+        elif isinstance(default, float):
+            values = [0.25] if default == 0.0 else [default * 10]
+        elif isinstance(default, int):
+            values = [default * 2]
+        else:
+            values = []
+        for v in values:
+            cases.append(pytest.param({**COMPANIONS.get(f.name, {}), f.name: v}, id=f"{f.name}={v}"))
+    return cases
+
+
+def test_every_config_field_has_inference_cases():
+    """A new ViTConfig field gets cases from its type; this fails if one gets none."""
+    import dataclasses
+
+    covered = {k for c in _field_cases() for k in c.values[0]}
+    missing = {f.name for f in dataclasses.fields(vitkit.ViTConfig)} - covered - SKIP_FIELDS
+    assert not missing, f"add values for {missing} to FIELD_VALUES"
+
+
+@pytest.mark.parametrize("variant", _field_cases())
+def test_inference_path_equals_training_path(tiny_cfg, variant):
+    """``model.eval()`` under inference_mode (residual adds inside GEMMs, chunks, GELU in place, the patch
+    GEMM, the chosen GEMM kernel) computes what the training path computes with autograd on, for a model
+    with each config field changed: logits, features and intermediates, in float64 (differences only from
+    summation order) and float32."""
+    cfg = tiny_cfg.replace(**variant)
+    model = randomize_head(VisionTransformer(cfg)).eval()
+    with torch.no_grad():  # every parameter perturbed: zero biases, unit LayerNorms would hide mistakes
+        for name, p in model.named_parameters():
+            p.add_(torch.randn_like(p), alpha=0.5 if "rel_pos" in name or name.endswith("cls") else 0.05)
+    size = cfg.img_size if not cfg.dynamic_img_pad else (cfg.img_size[0] - 2, cfg.img_size[1] - 1)
+    if cfg.dynamic_img_pad:
+        cfg = cfg.replace(img_size=size)
+        model.config = cfg
+    batch = 5
+    for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 2e-5)):
+        model = model.to(dtype)
+        x = torch.randn(batch, cfg.in_chans, *size, dtype=dtype, generator=torch.Generator().manual_seed(1))
+        ref = model(x)  # autograd on: the training path
+        ref_inter = model.forward_intermediates(x, norm=True)
+        assert ref.requires_grad
+        with torch.inference_mode():
+            out = model(x)
+            inter = model.forward_intermediates(x, norm=True)
+        scale = ref.abs().max().item() + 1e-3
+        torch.testing.assert_close(out, ref.detach(), rtol=tol, atol=tol * scale)
+        for a, b in zip(inter["intermediates"], ref_inter["intermediates"]):
+            torch.testing.assert_close(a, b.detach(), rtol=tol, atol=tol * 10)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..models.inference import FastViT, prepare_inference
+from ..models.inference import prepare_inference
 from .machine import busy_warning, machine_info, machine_line, set_threads
 from .memory import run_memory
 from .peers import PEERS, PeerUnavailable, build_peer, parse_peers, peer_version
@@ -70,7 +70,7 @@ def run_bench(what: Sequence[str], models: Sequence[str], *, img_sizes: Sequence
     if "memory" in what:
         r, n = run_memory(list(models), list(img_sizes), list(memory_batches), list(dtypes), list(opts.peers),
                           device=opts.device, threads=threads, overrides=opts.overrides,
-                          chunk_tokens=opts.chunk_tokens, peer_bf16=opts.peer_bf16, log=opts.log)
+                          peer_bf16=opts.peer_bf16, log=opts.log)
         rows += r
         notes += n
     if "roofline" in what:
@@ -129,7 +129,7 @@ def format_result(result: Dict[str, Any]) -> str:
 
 
 __all__ = [
-    "BenchOptions", "FastViT", "Gemm", "KINDS", "PEERS", "PeerUnavailable", "Roofline", "Stats", "alternate",
+    "BenchOptions", "Gemm", "KINDS", "PEERS", "PeerUnavailable", "Roofline", "Stats", "alternate",
     "build_peer", "busy_warning", "compare", "comparison_table", "format_result", "machine_info", "machine_line",
     "model_gemms", "parse_peers", "peak_gemm", "peer_version", "plot_figure12", "prepare_inference", "roofline",
     "rows_table", "run_bench", "run_inference", "run_memory", "run_training", "set_threads", "write_json",

@@ -47,6 +47,25 @@ def native_bf16_matmul(device: str = "cpu") -> bool:
     return cpu_has_native_bf16()
 
 
+def chosen_paths(device: str = "cpu") -> Dict[str, Any]:
+    """What vitkit runs here and why: the bf16 path and the inference GEMM kernel per operation and dtype
+    (from the cached calibration, see :mod:`vitkit.models.kernels`)."""
+    from ..models import kernels
+
+    cuda = str(device).startswith("cuda")
+    out: Dict[str, Any] = {
+        "bf16": ("native bf16 (CUDA)" if cuda else
+                 "native bf16 GEMMs (oneDNN: avx512_bf16/amx)" if cpu_has_native_bf16() else
+                 "bf16 operands widened to fp32 (no bf16 GEMM hardware)")}
+    if not cuda:
+        for dt in (torch.float32, torch.bfloat16):
+            if dt == torch.bfloat16 and not cpu_has_native_bf16():
+                continue
+            s = kernels.summary(dt, "cpu")
+            out[str(dt).replace("torch.", "")] = {op: v["kernel"] for op, v in s.items()}
+    return out
+
+
 def machine_info(device: str = "cpu") -> Dict[str, Any]:
     """A dict describing the machine, the torch build and the current load."""
     model, flags = _cpu_model_and_flags()
@@ -76,6 +95,7 @@ def machine_info(device: str = "cpu") -> Dict[str, Any]:
         info["mem_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30, 1)
     except (ValueError, OSError, AttributeError):
         info["mem_gib"] = None
+    info["paths"] = chosen_paths(device)
     if str(device).startswith("cuda") and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.device(device))
         info["gpu"] = props.name
@@ -89,7 +109,7 @@ def machine_line(info: Optional[Dict[str, Any]] = None, device: str = "cpu") -> 
     """One line: date, CPU/GPU, instruction sets, threads, torch build, load average."""
     i = info or machine_info(device)
     isa = " ".join(i["isa"]) or "no avx2"
-    missing = [f for f in ("avx512f", "amx_bf16") if f not in i["isa"]]
+    missing = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f not in i["isa"]]
     bf16 = "native bf16 matmul" if i["native_bf16_matmul_cpu"] else "no native bf16 matmul"
     parts = [
         f"machine: {i['date']}",
@@ -99,6 +119,11 @@ def machine_line(info: Optional[Dict[str, Any]] = None, device: str = "cpu") -> 
         f"threads {i['threads']}",
         f"load {' '.join(str(x) for x in i['load_avg'])}" if i.get("load_avg") else None,
     ]
+    paths = i.get("paths") or {}
+    if paths:
+        gemm = "; ".join(f"{dt} GEMMs linear={v['linear']} accumulate={v['accumulate']}"
+                         for dt, v in paths.items() if isinstance(v, dict))
+        parts.append(f"path: {paths['bf16']}" + (f"; {gemm}" if gemm else ""))
     if i.get("gpu"):
         parts.insert(2, f"GPU {i['gpu']} (sm {i['gpu_capability']}, {i['gpu_mem_gib']} GiB, CUDA {i['cuda']})")
     return " | ".join(p for p in parts if p)

@@ -61,7 +61,7 @@ def _build(lib: str, model: str, overrides, dt, device: str, spec: Dict[str, Any
     ctx = torch.autocast(device_type=device.split(":")[0], dtype=dt) \
         if lib != "vitkit" and dt != torch.float32 and spec.get("peer_bf16") == "autocast" else None
     if lib == "vitkit":
-        fn = prepare_inference(base, dt, device=device, chunk_tokens=spec.get("chunk_tokens", 2048))
+        fn = prepare_inference(base, dt, device=device)
     else:
         peer = build_peer(lib, base, copy_weights=False, check=False)
         del base
@@ -98,6 +98,8 @@ def probe(spec: Dict[str, Any]) -> Dict[str, Any]:
         torch.set_num_threads(int(spec["threads"]))
     lib, device = spec["library"], spec.get("device", "cpu")
     dt = resolve_dtype(spec["dtype"])
+    if lib == "onnxruntime" and dt != torch.float32:
+        return {"error": "ONNX Runtime is measured in fp32 only"}
     if lib != "vitkit":
         from .peers import peer_version
 
@@ -147,11 +149,11 @@ def probe(spec: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def measure(library: str, model: str, img_size: Optional[int], batch: int, dtype: str, *, device: str = "cpu",
-            threads: Optional[int] = None, overrides: Optional[Dict[str, Any]] = None, chunk_tokens: int = 2048,
+            threads: Optional[int] = None, overrides: Optional[Dict[str, Any]] = None,
             peer_bf16: str = "weights", timeout: float = 1800) -> Dict[str, Any]:
     """Peak memory of one forward pass of ``batch`` images, measured in a fresh Python process."""
     spec = {"library": library, "model": model, "img_size": img_size, "batch": batch, "dtype": dtype,
-            "device": device, "threads": threads, "overrides": overrides or {}, "chunk_tokens": chunk_tokens,
+            "device": device, "threads": threads, "overrides": overrides or {},
             "peer_bf16": peer_bf16}
     proc = subprocess.run([sys.executable, "-m", "vitkit.bench.memory", json.dumps(spec)], capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore"})
@@ -164,7 +166,7 @@ def measure(library: str, model: str, img_size: Optional[int], batch: int, dtype
 
 def run_memory(models: List[str], img_sizes: List[Optional[int]], batches: List[int], dtypes: List[str],
                libraries: List[str], *, device: str = "cpu", threads: Optional[int] = None,
-               overrides: Optional[Dict[str, Any]] = None, chunk_tokens: int = 2048, peer_bf16: str = "weights",
+               overrides: Optional[Dict[str, Any]] = None, peer_bf16: str = "weights",
                log=print) -> Tuple[List[dict], List[str]]:
     rows, notes = [], []
     for model in models:
@@ -173,7 +175,7 @@ def run_memory(models: List[str], img_sizes: List[Optional[int]], batches: List[
                 for dtype in dtypes:
                     for lib in ["vitkit", *libraries]:
                         r = measure(lib, model, img, batch, dtype, device=device, threads=threads,
-                                    overrides=overrides, chunk_tokens=chunk_tokens, peer_bf16=peer_bf16)
+                                    overrides=overrides, peer_bf16=peer_bf16)
                         if "error" in r:
                             note = f"memory {lib} skipped: {r['error']}"
                             if note not in notes:

@@ -1,4 +1,5 @@
-"""The same ViT built in timm, Hugging Face transformers and torchvision, with vitkit's weights.
+"""The same ViT built in timm, Hugging Face transformers and torchvision, with vitkit's weights; and vitkit's
+model exported to ONNX and run by ONNX Runtime (the engine a user would pick instead for CPU inference).
 
 Each builder takes a vitkit model, builds the peer library's own model of the
 same configuration, copies the weights through vitkit's checkpoint writers
@@ -24,8 +25,9 @@ from torch import nn
 
 from ..models import VisionTransformer
 
-PEERS = ("timm", "hf", "torchvision")
-_MODULE = {"timm": "timm", "hf": "transformers", "torchvision": "torchvision"}
+PEERS = ("timm", "hf", "torchvision", "onnxruntime")
+_MODULE = {"timm": "timm", "hf": "transformers", "torchvision": "torchvision", "onnxruntime": "onnxruntime"}
+INFERENCE_ONLY = ("onnxruntime",)
 
 
 class PeerUnavailable(RuntimeError):
@@ -42,7 +44,7 @@ class Peer:
 
     @property
     def label(self) -> str:
-        return {"hf": "HF"}.get(self.library, self.library)
+        return {"hf": "HF", "onnxruntime": "ORT"}.get(self.library, self.library)
 
 
 def peer_version(library: str) -> Optional[str]:
@@ -82,6 +84,8 @@ def _common_problems(cfg) -> List[str]:
 
 
 def _problems(library: str, cfg) -> List[str]:
+    if library == "onnxruntime":  # runs vitkit's own model, exported: every configuration
+        return []
     p = _common_problems(cfg)
     if cfg.distill_token and (library == "torchvision" or (library == "timm" and not cfg.distill_head)):
         p.append("a distillation token" + (" read out by the class token only" if library == "timm" else ""))
@@ -151,6 +155,32 @@ def _hf_config(cfg):
     return hf
 
 
+class OrtModel(nn.Module):
+    """vitkit's model exported to ONNX (fp32, opset 17, dynamic batch) in an ONNX Runtime CPU session with
+    every graph optimisation and torch's intra-op thread count; maps an image tensor to logits."""
+
+    def __init__(self, model: VisionTransformer):
+        super().__init__()
+        import onnxruntime as ort
+
+        cfg = model.config
+        x = torch.randn(2, cfg.in_chans, *cfg.img_size)
+        with tempfile.TemporaryDirectory(prefix="vitkit-onnx-") as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            path = str(Path(tmp) / "model.onnx")
+            torch.onnx.export(model.float().cpu().eval(), (x,), path, input_names=["images"],
+                              output_names=["logits"], dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}},
+                              opset_version=17, dynamo=False)
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = torch.get_num_threads()
+            so.inter_op_num_threads = 1
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            self.session = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.session.run(None, {"images": x.float().contiguous().numpy()})[0])
+
+
 def _build_torchvision(cfg) -> nn.Module:
     from torchvision.models.vision_transformer import VisionTransformer as TvViT
 
@@ -194,6 +224,17 @@ def build_peer(library: str, model: VisionTransformer, *, copy_weights: bool = T
     if problems:
         raise PeerUnavailable(f"{library} cannot build this configuration: {', '.join(problems)}")
     src = model.float().cpu().eval()
+    if library == "onnxruntime":  # vitkit's own model, exported: its weights by construction
+        module = OrtModel(src)
+        forward = _forward_fn(library, module)
+        weights = "vitkit's model exported to ONNX"
+        if check:
+            x = torch.randn(1, cfg.in_chans, *cfg.img_size, generator=torch.Generator().manual_seed(0))
+            with torch.inference_mode():
+                ref, out = model(x), forward(x)
+            diff = (ref - out).abs().max().item() / max(ref.abs().max().item(), 1e-12)
+            weights += f" (logits agree to {diff:.1e} relative)"
+        return Peer(library, version, module, forward, weights)
     if library == "hf":
         import transformers
 
@@ -226,6 +267,8 @@ def _forward_fn(library: str, module: nn.Module) -> Callable[[torch.Tensor], tor
 
     if library == "hf":
         return lambda x: module(pixel_values=x.to(dtype_of())).logits
+    if library == "onnxruntime":
+        return lambda x: module(x)
     return lambda x: module(x.to(dtype_of()))
 
 

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional
 
 from ..utils import atomic_path, write_json_atomic
 
-LIB_ORDER = ("vitkit", "vitkit-module", "timm", "HF", "torchvision")
+LIB_ORDER = ("vitkit", "vitkit-module", "timm", "HF", "torchvision", "ORT")
 
 
 def _lib_key(lib: str) -> int:

@@ -7,8 +7,9 @@ it, and add up ``flops / rate``: that is the least time a forward pass can
 take here. A measured throughput divided by this bound is the fraction of
 the roofline reached (1.0 = as fast as the bare GEMMs).
 
-bf16 GEMM candidates on a CPU: torch's native bf16 kernel and the same
-product on the fp32 units (bf16 operands widened exactly to fp32, fp32
+GEMM candidates on a CPU: ATen's kernel (``F.linear``: MKL in fp32, oneDNN
+in bf16) and oneDNN's linear primitive, the two libraries torch can reach;
+in bf16 also the same product on the fp32 units (bf16 operands widened exactly to fp32, fp32
 accumulation, result rounded to bf16; the numbers a native bf16 GEMM with
 fp32 accumulation gives). The faster one sets the bound. Each rate is the
 bare product (no bias) and the fastest of its repeats, so the bound is as
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 
 from ..config import ViTConfig
 from ..models.cost import cost
+from ..models.kernels import _onednn_ok
 from .timing import alternate, synchronizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -83,7 +85,9 @@ def _candidates(g: Gemm, dtype: torch.dtype, device: str, rows: Optional[int] = 
     cands: Dict[str, Callable[[], torch.Tensor]] = {}
     if g.groups == 1:
         x, w = make(m, g.k), make(g.n, g.k)
-        cands["native"] = lambda: F.linear(x, w)
+        cands["native"] = lambda: F.linear(x, w)  # ATen: MKL in fp32, oneDNN in bf16 on a CPU
+        if device == "cpu" and _onednn_ok(dtype):  # oneDNN's linear primitive
+            cands["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
         if dtype != torch.float32 and device == "cpu":
             cands["fp32_units"] = lambda: F.linear(x.float(), w.float()).to(dtype)
     else:

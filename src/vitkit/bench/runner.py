@@ -33,9 +33,8 @@ class BenchOptions:
     peers: List[str] = field(default_factory=lambda: list(PEERS))
     roofline: bool = True
     peer_bf16: str = "weights"  # peers in bf16: bf16 weights (model.to(bf16)) or fp32 weights + autocast
-    chunk_tokens: int = 2048
     copy_weights: bool = True
-    vitkit_module: bool = False  # also time vitkit's plain nn.Module (no inference engine)
+    vitkit_module: bool = False  # also time vitkit's model called directly (no prepare_inference wrapper)
     compile_mode: Optional[str] = None  # torch.compile mode (CUDA: "reduce-overhead" = CUDA graphs)
     overrides: Dict[str, Any] = field(default_factory=dict)
     seed: int = 0
@@ -82,14 +81,20 @@ def inference_contenders(model, dtype: str, compiled: bool, opts: BenchOptions) 
     """vitkit (prepared for inference), optionally vitkit's plain module, and each available peer."""
     dt, dev = resolve_dtype(dtype), opts.device
     notes: List[str] = []
-    fast = prepare_inference(clone(model), dt, device=dev, compile=compiled, chunk_tokens=opts.chunk_tokens,
-                             compile_mode=opts.compile_mode)
+    fast = prepare_inference(clone(model), dt, device=dev, compile=compiled, compile_mode=opts.compile_mode)
     out = [Contender("vitkit", fast, {"engine": inference_summary(fast), "weights": "reference"})]
     if opts.vitkit_module:
         plain = clone(model).to(device=dev, dtype=dt).eval()
         fn = torch.compile(plain, mode=opts.compile_mode) if compiled else plain
-        out.append(Contender("vitkit-module", lambda x, f=fn: f(x.to(dt)), {"engine": "nn.Module"}))
+        out.append(Contender("vitkit-module", lambda x, f=fn: f(x.to(dt)), {"engine": "model(x) in eval mode"}))
     for lib in opts.peers:
+        if lib == "onnxruntime":
+            why = ("its CPU execution provider is measured in fp32 only" if dt != torch.float32 else
+                   "it is its own graph compiler: measured in the eager rows" if compiled else
+                   "it runs on the CPU here" if dev != "cpu" else None)
+            if why:
+                notes.append(f"ONNX Runtime not in the {dtype}{' compiled' if compiled else ''} rows: {why}")
+                continue
         try:
             peer = build_peer(lib, model, copy_weights=opts.copy_weights)
         except PeerUnavailable as err:
@@ -180,15 +185,16 @@ def _add_bounds(row: Dict[str, Any], bound, device: str, dtype: str, factor: flo
 
 
 # --- training -------------------------------------------------------------------------------
-def _vitkit_train_step(model, dtype: str, device: str) -> Tuple[Callable, str]:
+def _vitkit_train_step(model, dtype: str, device: str) -> Tuple[Callable, str, bool]:
     """vitkit's training step: the training engine's TrainStep with its fused AdamW when available."""
     from ..train import TrainStep, build_optimizer  # imported here: vitkit.train imports the model stack
     from ..train.recipe import OptimConfig
 
     opt = build_optimizer(model, OptimConfig(name="adamw", lr=1e-4, weight_decay=0.05), torch.device(device))
-    impl = "fused" if opt.defaults.get("fused") else "foreach"  # the engine's "auto": fused where torch has it
+    fused = bool(opt.defaults.get("fused"))  # the engine's "auto": fused where torch has it, else foreach
     step = TrainStep(model, opt, precision=dtype, clip_grad=1.0)
-    return step, f"vitkit.train.TrainStep ({impl} AdamW, no-decay groups, clip 1.0, {dtype})"
+    impl = "fused" if fused else "foreach"
+    return step, f"vitkit.train.TrainStep ({impl} AdamW, no-decay groups, clip 1.0, {dtype})", fused
 
 
 def _minimal_step(model, opt, dtype: str, device: str) -> Callable:
@@ -213,18 +219,27 @@ def training_contenders(model, dtype: str, compiled: bool, opts: BenchOptions
     mine = clone(model).to(dev).train()
     if compiled:
         mine = torch.compile(mine, mode=opts.compile_mode)
-    step, how = _vitkit_train_step(mine, dtype, dev)
-    out = [("vitkit", step, {"step": how})]
+    step, how, fused = _vitkit_train_step(mine, dtype, dev)
+    out = [("vitkit", step, {"step": how, "optimizer": f"torch.optim.AdamW({'fused' if fused else 'foreach'})"})]
     if "timm" in opts.peers:
         try:
             peer = build_peer("timm", model, copy_weights=opts.copy_weights, check=False)
             module = peer.module.to(dev).train()
             if compiled:
                 module = torch.compile(module, mode=opts.compile_mode)
-            opt = torch.optim.AdamW(module.parameters(), lr=1e-4, weight_decay=0.05)  # PyTorch's default
+            # the same optimiser implementation as vitkit's step (fused AdamW where torch has it, else
+            # foreach), the same decay / no-decay split (no decay for biases, norms, tokens, positions):
+            # the comparison measures the model code, not the optimiser
+            named = [(n, p) for n, p in peer.module.named_parameters() if p.requires_grad]
+            skip = lambda n, p: p.ndim <= 1 or n.split(".")[-1] in ("cls_token", "dist_token", "pos_embed")  # noqa: E731
+            groups = [{"params": [p for n, p in named if not skip(n, p)], "weight_decay": 0.05},
+                      {"params": [p for n, p in named if skip(n, p)], "weight_decay": 0.0}]
+            kw = {"fused": True} if fused else {"foreach": True}
+            opt = torch.optim.AdamW(groups, lr=1e-4, **kw)
             out.append(("timm", _minimal_step(module, opt, dtype, dev),
-                        {"step": f"plain PyTorch loop (torch.optim.AdamW defaults, clip 1.0, "
-                                 f"{'bf16 autocast' if dtype == 'bf16' else 'fp32'})", "version": peer.version}))
+                        {"step": f"plain PyTorch loop (same AdamW implementation, clip 1.0, "
+                                 f"{'bf16 autocast' if dtype == 'bf16' else 'fp32'})", "version": peer.version,
+                         "optimizer": f"torch.optim.AdamW({'fused' if fused else 'foreach'})"}))
         except PeerUnavailable as err:
             notes.append(f"timm skipped: {err}")
     if [p for p in opts.peers if p != "timm"]:
@@ -292,9 +307,12 @@ def compare(rows: List[dict]) -> List[dict]:
     out = []
     for (kind, model, img, dtype, compiled), libs in groups.items():
         mine = libs.get("vitkit")
-        peers = {k: v for k, v in libs.items() if k not in ("vitkit", "vitkit-module")}
+        # the best *library* peer (timm / HF / torchvision); ONNX Runtime, an engine, gets its own ratio
+        peers = {k: v for k, v in libs.items() if k not in ("vitkit", "vitkit-module", "ORT")}
         entry = {"kind": kind, "model": model, "img_size": img, "dtype": dtype, "compile": compiled,
                  "libraries": {k: _headline(v) for k, v in libs.items()}}
+        if mine and "ORT" in libs and kind != "memory":
+            entry["ratio_ort"] = mine["images_per_s"] / libs["ORT"]["images_per_s"]
         if mine and peers:
             if kind == "memory":
                 best_peer = min(peers.values(), key=lambda v: v["peak_mib"])

@@ -48,8 +48,6 @@ def register(sub) -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed calls per contender first (default 1)")
     p.add_argument("--repeats", type=positive_int, default=5, help="timed repeats per contender, alternated (default 5)")
     p.add_argument("--no-roofline", action="store_true", help="skip measuring the GEMM roofline")
-    p.add_argument("--chunk-tokens", type=positive_int, default=2048,
-                   help="vitkit inference runs large batches in chunks of about this many tokens")
     p.add_argument("--no-copy-weights", action="store_true",
                    help="peers keep their own random init instead of vitkit's weights")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
@@ -73,7 +71,7 @@ def _bench(args) -> int:
     log = (lambda m: None) if args.quiet or args.json else (lambda m: print(m, file=sys.stderr, flush=True))
     opts = BenchOptions(device=args.device, warmup=args.warmup, repeats=args.repeats,
                         peers=parse_peers(args.peers), roofline=not args.no_roofline, peer_bf16=args.peer_bf16,
-                        chunk_tokens=args.chunk_tokens, copy_weights=not args.no_copy_weights,
+                        copy_weights=not args.no_copy_weights,
                         vitkit_module=args.vitkit_module, compile_mode=args.compile_mode,
                         overrides=parse_overrides(args.set), log=log)
     compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]

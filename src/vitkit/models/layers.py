@@ -1,4 +1,10 @@
-"""Building blocks of the encoder: patch embedding (Eq. 1), MSA, MLP and the pre-norm block (Eq. 2-3)."""
+"""Building blocks of the encoder: patch embedding (Eq. 1), MSA, MLP and the pre-norm block (Eq. 2-3).
+
+Each module has one definition of its forward pass. In evaluation mode without autograd (``model.eval()``
+under ``torch.no_grad()`` / ``torch.inference_mode()``) the block computes the same function with less
+memory traffic (:meth:`Block.forward`): the residual adds of Eq. 2-3 accumulate inside the output GEMMs,
+GELU runs in place, and large batches go through in chunks of whole images.
+"""
 from __future__ import annotations
 
 import math
@@ -8,14 +14,41 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .precision import attention, conv2d, linear, widen_bf16
+from .precision import attention, dense, dense_add_, linear
+
+# Inference runs a block on chunks of whole images of at most this many tokens (ViT-B/16 at 224 px: 41
+# images of 197 tokens). Every image is independent, so no number changes; it caps the block's scratch
+# memory (qkv, MLP hidden activations) at one chunk, so peak memory grows with the batch only by the input
+# and two residual streams. Smaller chunks were slower, not faster, on a 2-core AMX Xeon (one B/16 block at
+# batch 64, bf16: 2048-token chunks 762 ms, 4096 677, 8192 621, whole batch 610; fp32 within the noise;
+# benchmarks/results/intel-amx/cpu_kernels.json): every op costs a thread wake-up and a barrier. So the
+# size is set by memory: batch 64 stays in two chunks.
+INFERENCE_CHUNK_TOKENS = 8192
+
+
+def _traced() -> bool:
+    """Inside torch.compile / torch.export / TorchScript / ONNX tracing: graph compilers fuse the work
+    themselves and need the plain graph (the chunk loop would pin a dynamic batch size)."""
+    compiler = torch.compiler
+    return (compiler.is_compiling() or (hasattr(compiler, "is_exporting") and compiler.is_exporting())
+            or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export())
+
+
+def fast_inference(module: nn.Module) -> bool:
+    """Whether ``module`` may take the inference path: evaluation mode, no autograd, no autocast (under
+    autocast the plain path runs, so autocast's casting rules hold), not traced by a graph compiler."""
+    return (not module.training and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+            and not (torch.cuda.is_available() and torch.is_autocast_enabled("cuda")) and not _traced())
 
 
 class PatchEmbed(nn.Module):
-    """Eq. 1's linear projection E of flattened P x P patches, as a conv with kernel = stride = P.
+    """Eq. 1's linear projection E of flattened P x P patches (weights stored as a conv, kernel = stride = P).
 
     Returns the patch grid [B, D, rows, cols]; flattening it row-major gives
     the token sequence. ``pad=True`` pads right/bottom to a multiple of P.
+    The projection runs as one GEMM over the flattened patches: on a CPU it is 1.1-4x faster than oneDNN's
+    convolution for short patch vectors in training and within the noise at 3 x 16 x 16 (inference and
+    training, benchmarks/cpu_kernels.py), so there is one path.
     """
 
     def __init__(self, patch_size: Tuple[int, int], in_chans: int, width: int, pad: bool = False):
@@ -29,20 +62,9 @@ class PatchEmbed(nn.Module):
             ph, pw = self.patch_size
             h, w = x.shape[-2:]
             x = F.pad(x, (0, (-w) % pw, 0, (-h) % ph))
-        if self._as_gemm(x):
-            return self._gemm(x)
-        return conv2d(x, self.proj)
+        return self.gemm(x)
 
-    # Training on a CPU, the same projection as one GEMM over the flattened patches is 1.1-4x faster than
-    # oneDNN's convolution for short patch vectors (the weight-gradient kernel dominates), measured up to
-    # 3 x 8 x 8 = 192 values; at 3 x 16 x 16 = 768 the two are within the noise (docs/performance.md).
-    GEMM_MAX_PATCH_VALUES = 256
-
-    def _as_gemm(self, x: torch.Tensor) -> bool:
-        return (x.device.type == "cpu" and torch.is_grad_enabled() and self.proj.weight.requires_grad
-                and self.proj.weight[0].numel() <= self.GEMM_MAX_PATCH_VALUES and not widen_bf16(x))
-
-    def _gemm(self, x: torch.Tensor) -> torch.Tensor:
+    def gemm(self, x: torch.Tensor) -> torch.Tensor:
         """The convolution as patches [B, rows, cols, C*ph*pw] @ W^T: identical sums, the grid returned as
         a [B, D, rows, cols] view whose token order (row-major) flattens without a copy."""
         b, c, h, w = x.shape
@@ -51,14 +73,18 @@ class PatchEmbed(nn.Module):
         x = x[:, :, :rows * ph, :cols * pw]  # what a stride-P convolution without padding reads
         patches = x.reshape(b, c, rows, ph, cols, pw).permute(0, 2, 4, 1, 3, 5).reshape(b, rows, cols, -1)
         w_ = self.proj.weight.reshape(self.proj.out_channels, -1)
-        return F.linear(patches, w_, self.proj.bias).permute(0, 3, 1, 2)
+        if fast_inference(self):
+            flat = dense(patches.reshape(b * rows * cols, -1), w_, self.proj.bias)
+            return flat.view(b, rows, cols, -1).permute(0, 3, 1, 2)
+        return linear(patches, w_, self.proj.bias).permute(0, 3, 1, 2)
 
 
 class Attention(nn.Module):
     """Multi-head self-attention with one fused q/k/v projection.
 
     ``need_weights=False`` uses ``F.scaled_dot_product_attention`` (fused
-    kernel); ``need_weights=True`` computes softmax(QK^T/sqrt(d) + bias) V
+    kernel; explicit for short sequences on a CPU, see :func:`precision.sdpa`);
+    ``need_weights=True`` computes softmax(QK^T/sqrt(d) + bias) V
     explicitly for this call and also returns the weights [B, heads, T, T].
     """
 
@@ -73,10 +99,12 @@ class Attention(nn.Module):
         self.proj = nn.Linear(width, width)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        b, t, d = x.shape
-        q, k, v = linear(x, self.qkv).view(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    def mix(self, qkv: torch.Tensor, n: int, t: int, bias: Optional[torch.Tensor] = None,
+            need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The attention of Eq. 2 on projected q/k/v rows [n * t, 3D] (or [n, t, 3D]) -> [n * t, D] heads
+        concatenated, before the output projection."""
+        d = self.num_heads * self.head_dim
+        q, k, v = qkv.view(n, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         weights = None
         if need_weights:
             logits = (q * self.scale) @ k.transpose(-2, -1)
@@ -87,8 +115,13 @@ class Attention(nn.Module):
         else:
             out = attention(q, k, v, None if bias is None else bias.to(q.dtype),
                             self.attn_drop if self.training else 0.0)
-        out = out.transpose(1, 2).reshape(b, t, d)
-        return self.proj_drop(linear(out, self.proj)), weights
+        return out.transpose(1, 2).reshape(n * t, d), weights
+
+    def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        b, t, d = x.shape
+        out, weights = self.mix(_apply(x, self.qkv), b, t, bias, need_weights)
+        return self.proj_drop(_apply(out, self.proj)).view(b, t, d), weights
 
 
 class Mlp(nn.Module):
@@ -102,7 +135,8 @@ class Mlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(linear(self.drop(self.act(linear(x, self.fc1))), self.fc2))
+        h = self.drop(self.act(_apply(x, self.fc1)))
+        return self.drop(_apply(h, self.fc2))
 
 
 def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
@@ -112,6 +146,19 @@ def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
     keep = 1.0 - rate
     mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
     return x * mask.div_(keep)
+
+
+def _apply(x: torch.Tensor, lin: nn.Module) -> torch.Tensor:
+    """A dense layer on the training path: :func:`precision.linear` for a plain ``nn.Linear``, else the module."""
+    return linear(x, lin.weight, lin.bias) if type(lin) is nn.Linear else lin(x)
+
+
+def _layer(lin: nn.Module):
+    """(weight, bias, module) of a dense layer, as :func:`precision.dense` takes them; a layer that is not
+    a plain ``nn.Linear`` (e.g. int8 dynamic quantised) is called as a module."""
+    if type(lin) is nn.Linear:
+        return lin.weight, lin.bias, None
+    return None, None, lin
 
 
 class Block(nn.Module):
@@ -129,10 +176,40 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
                 need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        if not need_weights and fast_inference(self):
+            return self.forward_inference(x, bias), None
         y, weights = self.attn(self.norm1(x), bias, need_weights)
         x = x + drop_path(y, self.drop_path, self.training)
         x = x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training)
         return x, weights
+
+    def forward_inference(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                          chunk_tokens: int = INFERENCE_CHUNK_TOKENS) -> torch.Tensor:
+        """Eq. 2-3 without autograd, dropout or stochastic depth (evaluation): the same function as the
+        training path, computed on chunks of whole images with each residual add inside its GEMM
+        (``out += h W^T + b`` by ``addmm_``) and GELU in place. Returns a new tensor; ``x`` is unchanged."""
+        b, t, d = x.shape
+        rows = x.reshape(b * t, d)
+        out = torch.empty_like(rows)
+        qkv, proj = _layer(self.attn.qkv), _layer(self.attn.proj)
+        fc1, fc2 = _layer(self.mlp.fc1), _layer(self.mlp.fc2)
+        per_chunk = max(1, chunk_tokens // t)
+        for s in range(0, b, per_chunk):
+            n = min(b, s + per_chunk) - s
+            src, res = rows[s * t:(s + n) * t], out[s * t:(s + n) * t]
+            y = F.layer_norm(src, (d,), self.norm1.weight, self.norm1.bias, self.norm1.eps)
+            if proj[1] is not None:  # the residual copy and the projection's bias in one pass
+                torch.add(src, proj[1], out=res)
+            else:
+                res.copy_(src)
+            heads, _ = self.attn.mix(dense(y, *qkv), n, t, bias)
+            del y
+            dense_add_(res, heads, proj[0], None, proj[2])
+            del heads
+            h = dense(F.layer_norm(res, (d,), self.norm2.weight, self.norm2.bias, self.norm2.eps), *fc1)
+            h = torch.ops.aten.gelu_(h, approximate=self.mlp.act.approximate)
+            dense_add_(res, h, *fc2)
+        return out.view(b, t, d)
 
 
 def lecun_normal_(t: torch.Tensor) -> torch.Tensor:

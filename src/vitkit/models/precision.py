@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kernels import gemm, gemm_into
+
 BF16 = torch.bfloat16
 
 
@@ -93,20 +95,35 @@ class _WidenedLinear(torch.autograd.Function):
         return gx, gw, gb
 
 
-def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """``layer(x)``, widened to the fp32 units under CPU bf16 autocast without native bf16."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` (the training path), widened to the fp32 units for bf16 work on a CPU
+    without native bf16 GEMMs."""
     if widen_bf16(x):
-        return _WidenedLinear.apply(x, layer.weight, layer.bias)
-    return layer(x)
+        return _WidenedLinear.apply(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
-def conv2d(x: torch.Tensor, layer: nn.Conv2d) -> torch.Tensor:
-    """``layer(x)`` for a convolution, widened like :func:`linear`."""
-    if widen_bf16(x):
-        with torch.autocast("cpu", enabled=False):
-            return F.conv2d(_exact(x), _exact(layer.weight), _exact(layer.bias), layer.stride, layer.padding,
-                            layer.dilation, layer.groups).to(BF16)
-    return layer(x)
+# --- inference GEMMs (no autograd) ------------------------------------------------------------------
+def dense(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor] = None,
+          module: Optional[nn.Module] = None) -> torch.Tensor:
+    """x W^T + b on rows [M, K] without autograd, by the GEMM kernel :func:`kernels.gemm_kernel` chose for
+    this dtype and device; ``module`` (instead of weight/bias): a layer to call, e.g. int8 quantised."""
+    if module is not None:
+        return module(x)
+    if widen_bf16(x):  # bf16 operands on the fp32 units, fp32 accumulation, result rounded to bf16
+        return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
+    return gemm(x, weight, bias)
+
+
+def dense_add_(out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
+               bias: Optional[torch.Tensor] = None, module: Optional[nn.Module] = None) -> torch.Tensor:
+    """out += x W^T + b in place; the add happens inside the GEMM (``addmm_``, beta = 1) when the product
+    runs in ``out``'s dtype, so the product is never written to a temporary."""
+    if module is not None or widen_bf16(x) or out.dtype != weight.dtype:
+        return out.add_(dense(x, weight, bias, module))
+    if bias is not None:
+        out.add_(bias)
+    return gemm_into(out, x, weight)
 
 
 # On a CPU, torch's fused attention kernel (flash attention for CPU) tends to cost more than the three

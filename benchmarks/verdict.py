@@ -1,0 +1,107 @@
+"""The targets of issue 19, checked against benchmark JSON: one line per target, met / NOT met.
+
+Reads the ``bench.json`` files the other scripts write (default: every one under this machine kind's
+results folder) and prints a verdict per target, from the same run's medians::
+
+    python benchmarks/verdict.py                                   # this machine kind's results
+    python benchmarks/verdict.py benchmarks/results/intel-amx/*/bench.json
+
+Targets (ViT-B/16 at 224 px for inference; medians of the same run):
+
+- inference >= 1.10x the best of timm / Hugging Face (sdpa) / torchvision, fp32 and bf16;
+- inference fp32 >= 1.0x ONNX Runtime;
+- inference >= 90% of the roofline (the fastest GEMM rate torch reaches at the model's shapes, MKL and
+  oneDNN measured in the same run);
+- training step (ViT-S/16 at 224 and the fmnist-demo network) >= 1.10x timm with the same optimiser,
+  fp32 and bf16;
+- inference peak memory at batch 64 <= the best peer.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+LIBRARY_PEERS = ("timm", "HF", "torchvision")
+TARGETS = [
+    dict(kind="inference", model="B/16", dtype="fp32", need=1.10, vs=LIBRARY_PEERS, label="B/16 inference fp32 vs best library"),
+    dict(kind="inference", model="B/16", dtype="bf16", need=1.10, vs=LIBRARY_PEERS, label="B/16 inference bf16 vs best library"),
+    dict(kind="inference", model="B/16", dtype="fp32", need=1.00, vs=("ORT",), label="B/16 inference fp32 vs ONNX Runtime"),
+    dict(kind="inference", model="B/16", dtype="fp32", need=0.90, what="roofline", label="B/16 inference fp32 roofline"),
+    dict(kind="inference", model="B/16", dtype="bf16", need=0.90, what="roofline", label="B/16 inference bf16 roofline"),
+    dict(kind="train", model="S/16", dtype="fp32", need=1.10, vs=("timm",), label="S/16 training step fp32 vs timm"),
+    dict(kind="train", model="S/16", dtype="bf16", need=1.10, vs=("timm",), label="S/16 training step bf16 vs timm"),
+    dict(kind="train", model="recipe:fmnist-demo", dtype="fp32", need=1.10, vs=("timm",),
+         label="fmnist-demo training step fp32 vs timm"),
+    dict(kind="train", model="recipe:fmnist-demo", dtype="bf16", need=1.10, vs=("timm",),
+         label="fmnist-demo training step bf16 vs timm"),
+    dict(kind="memory", model="B/16", dtype="fp32", need=1.0, vs=("timm", "HF", "torchvision"),
+         label="B/16 batch-64 inference peak memory fp32 vs best peer"),
+    dict(kind="memory", model="B/16", dtype="bf16", need=1.0, vs=("timm", "HF", "torchvision"),
+         label="B/16 batch-64 inference peak memory bf16 vs best peer"),
+]
+
+
+def _rows(results: List[dict]) -> List[dict]:
+    return [r for res in results for r in res.get("rows", [])]
+
+
+def check(results: List[dict], targets: List[Dict] = TARGETS) -> List[str]:
+    """One line per target from the rows of ``results`` (the best batch of each library, eager or compiled;
+    vitkit's best against the best peer of the same kind, model and dtype)."""
+    rows = _rows(results)
+    lines = []
+    for t in targets:
+        group = [r for r in rows if r["kind"] == t["kind"] and r["model"] == t["model"] and r["dtype"] == t["dtype"]
+                 and (t["kind"] != "inference" or r.get("img_size") == 224)]
+        mine = [r for r in group if r["library"] == "vitkit"]
+        if not mine:
+            lines.append(f"{t['label']}: not measured")
+            continue
+        if t.get("what") == "roofline":
+            best = max(mine, key=lambda r: r["images_per_s"])
+            if "roofline_fraction" not in best:
+                lines.append(f"{t['label']}: no roofline measured")
+                continue
+            v = best["roofline_fraction"]
+            lines.append(f"{t['label']}: {best['images_per_s']:.2f} img/s = {v:.0%} of the roofline "
+                         f"{best['roofline_images_per_s']:.2f} img/s (batch {best['batch']}, target "
+                         f"{t['need']:.0%}) -> {'met' if v >= t['need'] else 'NOT met'}")
+            continue
+        peers = [r for r in group if r["library"] in t["vs"] or (t["kind"] == "memory" and r["library"] in
+                                                                   {"onnxruntime"} and "ORT" in t["vs"])]
+        if not peers:
+            lines.append(f"{t['label']}: no peer measured")
+            continue
+        if t["kind"] == "memory":
+            m, p = min(mine, key=lambda r: r["peak_mib"]), min(peers, key=lambda r: r["peak_mib"])
+            ratio = m["peak_mib"] / p["peak_mib"]
+            lines.append(f"{t['label']}: vitkit {m['peak_mib']:.0f} MiB vs {p['library']} {p['peak_mib']:.0f} MiB "
+                         f"= {ratio:.2f}x (target <= {t['need']:.2f}x) -> {'met' if ratio <= t['need'] else 'NOT met'}")
+            continue
+        m, p = max(mine, key=lambda r: r["images_per_s"]), max(peers, key=lambda r: r["images_per_s"])
+        ratio = m["images_per_s"] / p["images_per_s"]
+        tag = lambda r: f"batch {r['batch']}{', compiled' if r.get('compile') else ''}, spread {r['spread']:.0%}"  # noqa: E731
+        lines.append(f"{t['label']}: vitkit {m['images_per_s']:.2f} img/s ({tag(m)}) vs {p['library']} "
+                     f"{p['images_per_s']:.2f} ({tag(p)}) = {ratio:.2f}x (target {t['need']:.2f}x) -> "
+                     f"{'met' if ratio >= t['need'] else 'NOT met'}")
+    return lines
+
+
+def main(paths: List[str]) -> None:
+    from _common import kind_folder
+
+    files = [Path(p) for p in paths] or sorted(kind_folder().glob("*/bench.json"))
+    results = [json.loads(f.read_text()) for f in files]
+    lines = {res.get("machine_line", "?") for res in results}
+    print("results:", ", ".join(str(f) for f in files))
+    for ln in sorted(lines):
+        print(ln)
+    print("\ntargets (issue 19):")
+    for ln in check(results):
+        print("  " + ln)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,193 @@
+"""Which GEMM kernel runs the inference products: chosen by a short measurement, cached per machine.
+
+torch offers two CPU GEMM libraries for a dense layer: ATen's ``addmm`` (MKL in fp32, oneDNN in bf16) and
+oneDNN's linear primitive (``torch.ops.mkldnn._linear_pointwise``). Which one is faster depends on the CPU,
+the torch build and the operation: on a 2-core AMD EPYC with AVX-512 oneDNN ran the MLP's fp32 product at
+~355 GFLOP/s against MKL's ~192 (issue 19), while on a 2-core Intel Xeon with AMX the two were within the
+noise of each other in fp32; and in bf16 on that Xeon, ATen's ``addmm`` with a bias ran at half the speed
+of oneDNN's linear (it first copies the broadcast bias into the output), while for accumulating into the
+residual stream (``addmm_``, beta = 1) ATen was about twice as fast as oneDNN's linear followed by an add
+(benchmarks/cpu_kernels.py). So vitkit measures instead of guessing, separately for the two operations
+the model uses:
+
+- ``linear``: y = x W^T + b (qkv, fc1, the patch embedding);
+- ``accumulate``: out += x W^T (the output projection and fc2, adding into the residual stream).
+
+The first inference GEMM of an operation and dtype on a CPU times both kernels on a ViT-B/16 MLP-shaped
+product ([2048 x 768] @ [768 x 3072]) in alternating rounds (about a second), and takes oneDNN only when
+it is faster in the median of the paired per-round ratios by at least :data:`MIN_GAIN`; otherwise the
+simpler ATen call. The verdict is cached in ``~/.cache/vitkit/gemm-kernels.json`` (``$XDG_CACHE_HOME``
+respected) under a key naming the CPU model, its instruction-set flags, the torch version, the thread
+count, the operation and the dtype, so a different machine, torch build or thread count measures again.
+:func:`calibrate` reruns the measurement on demand.
+
+Weights are used as they are stored (no pre-packed copies), so nothing needs invalidating when they
+change: pre-packing (``torch.ops.mkldnn._reorder_linear_weight``, MKL's packed GEMM) measured within the
+noise of plain weights here.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+
+KERNELS = ("aten", "onednn")
+OPS = ("linear", "accumulate")
+MIN_GAIN = 1.10  # oneDNN must be >= 10% faster in the median paired round to be chosen
+SHAPE = (2048, 768, 3072)  # rows, in, out: the MLP of ViT-B/16, one inference chunk
+_CHOICE: Dict[tuple, str] = {}
+
+
+def _onednn_ok(dtype: torch.dtype) -> bool:
+    if not torch.backends.mkldnn.is_available() or dtype not in (torch.float32, torch.bfloat16):
+        return False
+    if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return False
+    if dtype == torch.bfloat16:
+        try:
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):
+            return False
+    return True
+
+
+def _cpu_id() -> str:
+    model, flags = platform.processor() or platform.machine(), ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = value.strip()
+                    break
+    except OSError:
+        pass
+    return f"{model} [{hashlib.sha1(flags.encode()).hexdigest()[:10]}]"
+
+
+def cache_key(dtype: torch.dtype, op: str = "linear") -> str:
+    return (f"{_cpu_id()} | torch {torch.__version__} | threads {torch.get_num_threads()} | {op} "
+            f"{str(dtype).replace('torch.', '')}")
+
+
+def cache_path() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "vitkit" / "gemm-kernels.json"
+
+
+def _read_cache() -> dict:
+    try:
+        return json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(key: str, entry: dict) -> None:
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = _read_cache()
+        data[key] = entry
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".gemm-kernels-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:  # a read-only home: the choice still holds for this process
+        pass
+
+
+def measure(dtype: torch.dtype, op: str = "linear", rounds: int = 7, shape=SHAPE) -> dict:
+    """Time both kernels for ``op`` on ``shape``, alternating the order each round; returns per-kernel
+    median seconds and the median paired ratio aten / onednn (> 1: oneDNN faster)."""
+    if op not in OPS:
+        raise ValueError(f"unknown GEMM operation {op!r}: use one of {', '.join(OPS)}")
+    m, k, n = shape
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = torch.randn(n, k, generator=g).mul_(k ** -0.5).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype)
+    out = torch.zeros(m, n, dtype=dtype)
+    if op == "linear":
+        fns = {kern: (lambda kern=kern: _gemm(kern, x, w, b)) for kern in KERNELS}
+    else:
+        fns = {kern: (lambda kern=kern: _gemm_into(kern, out, x, w)) for kern in KERNELS}
+    times = {kern: [] for kern in KERNELS}
+    with torch.inference_mode():
+        for kern in KERNELS:
+            fns[kern]()
+        for r in range(rounds):
+            for kern in (KERNELS if r % 2 == 0 else KERNELS[::-1]):
+                t0 = time.perf_counter()
+                fns[kern]()
+                times[kern].append(time.perf_counter() - t0)
+    ratios = [a / o for a, o in zip(times["aten"], times["onednn"])]
+    return {"aten_s": statistics.median(times["aten"]), "onednn_s": statistics.median(times["onednn"]),
+            "ratio": statistics.median(ratios), "rounds": rounds, "shape": list(shape)}
+
+
+def calibrate(dtype: torch.dtype, op: str = "linear", rounds: int = 7) -> str:
+    """Measure now, cache and return the kernel for ``op`` in ``dtype`` on this CPU."""
+    result = measure(dtype, op, rounds)
+    choice = "onednn" if result["ratio"] >= MIN_GAIN else "aten"
+    _write_cache(cache_key(dtype, op), {**result, "kernel": choice, "min_gain": MIN_GAIN,
+                                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+    _CHOICE[(dtype, op, torch.get_num_threads())] = choice
+    return choice
+
+
+def gemm_kernel(dtype: torch.dtype, device: torch.device, op: str = "linear") -> str:
+    """The kernel for the inference GEMM ``op`` in ``dtype`` on ``device``: ``aten`` everywhere except on
+    a CPU where the cached (or, the first time, a fresh) measurement found oneDNN's linear clearly faster."""
+    if device.type != "cpu" or not _onednn_ok(dtype) or torch.compiler.is_compiling():
+        return "aten"  # CUDA: cuBLAS via aten; compiled: inductor picks its own kernels
+    key = (dtype, op, torch.get_num_threads())
+    choice = _CHOICE.get(key)
+    if choice is None:
+        entry = _read_cache().get(cache_key(dtype, op))
+        choice = entry["kernel"] if entry and entry.get("kernel") in KERNELS else calibrate(dtype, op)
+        _CHOICE[key] = choice
+    return choice
+
+
+def summary(dtype: torch.dtype, device: str = "cpu") -> dict:
+    """The kernel in use for each operation in ``dtype`` and the measurement behind it (for reports)."""
+    dev = torch.device(device)
+    out = {}
+    for op in OPS:
+        kern = gemm_kernel(dtype, dev, op)
+        entry = _read_cache().get(cache_key(dtype, op)) if dev.type == "cpu" else None
+        out[op] = {"kernel": kern, "aten_over_onednn": None if not entry else round(entry["ratio"], 3)}
+    return out
+
+
+# --- the two kernels ------------------------------------------------------------------------------
+def _gemm(kernel: str, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+    if kernel == "onednn":
+        return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+    return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())
+
+
+def _gemm_into(kernel: str, out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    if kernel == "onednn":
+        return out.add_(torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""))
+    return out.addmm_(x, w.t())
+
+
+def gemm(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x W^T + b on rows [M, K] (no autograd) with the kernel chosen for ``linear``."""
+    return _gemm(gemm_kernel(x.dtype, x.device, "linear"), x, w, b)
+
+
+def gemm_into(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """out += x W^T in place with the kernel chosen for ``accumulate``."""
+    return _gemm_into(gemm_kernel(x.dtype, x.device, "accumulate"), out, x, w)

@@ -1,0 +1,182 @@
+"""The model's inference path (layers.Block.forward_inference and friends), prepare_inference, and the GEMM
+kernel choice: numerics and mechanics, never timings. That the inference path equals the training path for
+every config field is tests/test_model.py::test_inference_path_equals_training_path."""
+import copy
+import json
+
+import pytest
+import torch
+
+from vitkit import VisionTransformer, create_model
+from vitkit.models import kernels, layers, precision
+from vitkit.models.inference import Prepared, inference_summary, prepare_inference
+
+
+def rel_err(a, b):
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+
+
+def noisy(model, std=0.2):
+    """Every parameter random (the paper's zero head and tiny biases would hide mistakes)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(std=std)
+    return model.eval()
+
+
+def _count_inference_calls(monkeypatch):
+    calls = []
+    orig = layers.Block.forward_inference
+    monkeypatch.setattr(layers.Block, "forward_inference", lambda self, *a, **k: calls.append(1) or orig(self, *a, **k))
+    return calls
+
+
+def test_inference_branch_runs_only_without_autograd_in_eval_mode(tiny_cfg, monkeypatch):
+    calls = _count_inference_calls(monkeypatch)
+    model = noisy(VisionTransformer(tiny_cfg))
+    x = torch.randn(2, 3, 32, 32)
+    model(x)  # autograd on
+    model.train()
+    with torch.no_grad():
+        model(x)  # training mode: dropout / stochastic depth belong to the training path
+    model.eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x)  # autocast: its casting rules hold on the plain path
+    with torch.no_grad():
+        model(x, return_attention=True)  # attention maps: the explicit path
+    assert calls == []
+    with torch.no_grad():
+        model(x)
+    with torch.inference_mode():
+        model(x)
+    assert len(calls) == 2 * tiny_cfg.depth
+
+
+@pytest.mark.parametrize("chunk", [1, 65, 3 * 65 + 7, 10_000])
+def test_chunks_of_whole_images_change_no_number_and_leave_the_input(tiny_cfg, chunk):
+    """Chunks smaller than an image, exactly one image, a ragged last chunk, one chunk: the same output."""
+    model = noisy(VisionTransformer(tiny_cfg.replace(posemb="relative"))).double()
+    blk = model.blocks[0]
+    x = torch.randn(7, 65, 64, dtype=torch.float64)
+    bias = model.rel_pos[0](model.config.grid_size, "bilinear")
+    keep = x.clone()
+    with torch.inference_mode():
+        out = blk.forward_inference(x, bias, chunk_tokens=chunk)
+        ref, _ = blk(x.clone(), bias, need_weights=True)  # the explicit path, returning weights
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    assert torch.equal(x, keep)  # the residual stream is accumulated into a new tensor
+
+
+def test_bf16_inference_is_native_where_the_cpu_has_it_and_widened_elsewhere(tiny_cfg, monkeypatch):
+    model = noisy(VisionTransformer(tiny_cfg))
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        ref = model(x)
+    fast = prepare_inference(copy.deepcopy(model), "bf16")
+    out = fast(x)
+    assert out.dtype == torch.bfloat16 and fast.model.head.weight.dtype == torch.bfloat16
+    assert inference_summary(fast)["bf16_path"] == ("native" if precision.cpu_has_native_bf16() else "widened to fp32")
+    assert rel_err(out, ref) < 3e-2
+    # the widened path (CPUs without bf16 hardware): bf16 operands on the fp32 units, same numbers to bf16
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    widened = fast(x)
+    assert rel_err(widened, ref) < 3e-2 and rel_err(widened, out) < 3e-2
+    with torch.no_grad():  # and the training path of the same bf16 model, widened the same way
+        assert rel_err(widened, fast.model(x.bfloat16())) < 2e-2
+
+
+def test_int8_quantisation_and_argument_checks(tiny_cfg):
+    model = noisy(VisionTransformer(tiny_cfg), std=0.1)
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        ref = model(x)
+    q = prepare_inference(copy.deepcopy(model), "fp32", quantize="int8")
+    assert type(q.model.blocks[0].mlp.fc1) is not torch.nn.Linear  # swapped for the dynamic int8 layer
+    assert type(q.model.head) is torch.nn.Linear  # the head stays fp32
+    assert 0 < rel_err(q(x), ref) < 0.1  # int8 changes the numbers, a little
+    with pytest.raises(ValueError, match="fp32"):
+        prepare_inference(copy.deepcopy(model), "bf16", quantize="int8")
+    with pytest.raises(ValueError, match="quantize"):
+        prepare_inference(copy.deepcopy(model), quantize="int4")
+    with pytest.raises(ValueError, match="dtype"):
+        prepare_inference(model, "fp8")
+    with pytest.raises(ValueError, match="VisionTransformer"):
+        prepare_inference(torch.nn.Linear(2, 2))
+    p = prepare_inference(model)
+    assert isinstance(p, Prepared) and p.model is model  # a thin wrapper, not a second model
+    with pytest.raises(ValueError, match="not divisible"):
+        p(torch.randn(1, 3, 30, 32))
+
+
+def test_hybrid_model_inference_equals_training_path():
+    model = noisy(create_model("R26+S/32", depth=1, img_size=64, num_classes=7), std=0.05)
+    x = torch.randn(2, 3, 64, 64)
+    ref = model(x)
+    with torch.inference_mode():
+        assert rel_err(model(x), ref.detach()) < 1e-5
+
+
+# --- the GEMM kernel choice ----------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_both_gemm_kernels_compute_the_same_products(dtype):
+    if not kernels._onednn_ok(dtype):
+        pytest.skip(f"oneDNN's linear does not run {dtype} on this CPU")
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(*s, generator=g).to(dtype) for s in ((50, 24), (40, 24), (40,)))
+    out0 = torch.randn(50, 40, generator=g).to(dtype)
+    ref = (x.double() @ w.double().t() + b.double())
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    with torch.inference_mode():
+        for kern in kernels.KERNELS:
+            assert rel_err(kernels._gemm(kern, x, w, b), ref) < tol
+            assert rel_err(kernels._gemm(kern, x, w, None), ref - b.double()) < tol
+            acc = kernels._gemm_into(kern, out0.clone(), x, w)
+            assert rel_err(acc, out0.double() + ref - b.double()) < tol
+
+
+def test_calibration_chooses_onednn_only_beyond_the_noise_and_caches_per_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(kernels, "_CHOICE", {})
+    monkeypatch.setattr(kernels, "_onednn_ok", lambda dtype: True)
+    ratio = {"linear": 1.05, "accumulate": 0.5}
+    monkeypatch.setattr(kernels, "measure", lambda dtype, op, rounds=7: {"aten_s": ratio[op], "onednn_s": 1.0,
+                                                                         "ratio": ratio[op]})
+    cpu, f32 = torch.device("cpu"), torch.float32
+    assert kernels.gemm_kernel(f32, cpu, "linear") == "aten"  # a 5% win is within the noise
+    assert kernels.gemm_kernel(f32, cpu, "accumulate") == "aten"
+    entry = json.loads(kernels.cache_path().read_text())[kernels.cache_key(f32, "linear")]
+    assert entry["kernel"] == "aten" and entry["min_gain"] == kernels.MIN_GAIN
+    ratio["linear"] = 1.6
+    assert kernels.gemm_kernel(f32, cpu, "linear") == "aten"  # cached: no new measurement
+    kernels._CHOICE.clear()
+    assert kernels.gemm_kernel(f32, cpu, "linear") == "aten"  # read back from the file
+    assert kernels.calibrate(f32, "linear") == "onednn"  # re-measured on demand
+    assert kernels.gemm_kernel(f32, cpu, "linear") == "onednn"
+    assert kernels.gemm_kernel(f32, cpu, "accumulate") == "aten"  # each operation decided on its own
+    assert kernels.gemm_kernel(torch.bfloat16, cpu, "linear") == "onednn"  # another dtype: measured again
+    assert kernels.gemm_kernel(f32, torch.device("meta")) == "aten"  # not a CPU: aten (cuBLAS on CUDA)
+    key = kernels.cache_key(f32, "linear")
+    assert "threads" in key and "torch" in key and key != kernels.cache_key(f32, "accumulate")
+    assert kernels.summary(f32)["linear"]["kernel"] == "onednn"
+
+
+def test_measure_times_both_kernels():
+    if not kernels._onednn_ok(torch.float32):
+        pytest.skip("no oneDNN linear")
+    for op in kernels.OPS:
+        r = kernels.measure(torch.float32, op, rounds=1, shape=(32, 16, 24))
+        assert r["aten_s"] > 0 and r["onednn_s"] > 0 and r["ratio"] > 0
+    with pytest.raises(ValueError, match="operation"):
+        kernels.measure(torch.float32, "conv")
+
+
+@pytest.mark.parametrize("kern", kernels.KERNELS)
+def test_model_inference_with_either_kernel_equals_training_path(tiny_cfg, kern, monkeypatch):
+    if kern == "onednn" and not kernels._onednn_ok(torch.float32):
+        pytest.skip("no oneDNN linear")
+    monkeypatch.setattr(kernels, "gemm_kernel", lambda dtype, device, op="linear": kern)
+    model = noisy(VisionTransformer(tiny_cfg), std=0.1)
+    x = torch.randn(3, 3, 32, 32)
+    ref = model(x)
+    with torch.inference_mode():
+        assert rel_err(model(x), ref.detach()) < 1e-5
