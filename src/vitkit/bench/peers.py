@@ -163,14 +163,11 @@ class OrtModel(nn.Module):
         super().__init__()
         import onnxruntime as ort
 
-        cfg = model.config
-        x = torch.randn(2, cfg.in_chans, *cfg.img_size)
-        with tempfile.TemporaryDirectory(prefix="vitkit-onnx-") as tmp, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        from ..export import export_onnx
+
+        with tempfile.TemporaryDirectory(prefix="vitkit-onnx-") as tmp:
             path = str(Path(tmp) / "model.onnx")
-            torch.onnx.export(model.float().cpu().eval(), (x,), path, input_names=["images"],
-                              output_names=["logits"], dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}},
-                              opset_version=17, dynamo=False)
+            export_onnx(model.float().cpu().eval(), path, opset=17, validate=False)  # vitkit's own exporter
             so = ort.SessionOptions()
             so.intra_op_num_threads = torch.get_num_threads()
             so.inter_op_num_threads = 1
@@ -178,7 +175,7 @@ class OrtModel(nn.Module):
             self.session = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(self.session.run(None, {"images": x.float().contiguous().numpy()})[0])
+        return torch.from_numpy(self.session.run(None, {"pixels": x.float().contiguous().numpy()})[0])
 
 
 def _build_torchvision(cfg) -> nn.Module:
