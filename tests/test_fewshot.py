@@ -273,7 +273,7 @@ def test_fewshot_command(tmp_path, capsys, fmnist_available):
     assert n_cached == 4  # (pixels, model) x (train, test)
     assert main(args) == 0  # a second run reads the cache
     assert len(list((tmp_path / "cache").glob("*.npy"))) == n_cached
-    assert main(["fewshot", "--shots", "1"]) == 1
+    assert main(["fewshot", "--shots", "1"]) == 2  # a usage error
     assert "CHECKPOINT" in capsys.readouterr().err
 
 
