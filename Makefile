@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   - the main job (creates .venv, installs vitkit, runs it)
-#   make test   - the test suite (same environment)
+#   make test   - the test suite (same environment, plus the peers environment for the comparisons)
 # The CPU build of torch is pinned for the install (TORCH_PIN); the package itself accepts torch>=2.1.
 PY ?= python3
 VENV ?= .venv
@@ -28,14 +28,16 @@ $(VENV)/.installed-test: $(VENV)/.installed
 venv: $(VENV)/.installed
 venv-test: $(VENV)/.installed-test
 
-# Fashion-MNIST from Debian's package when it is missing and we are root; otherwise say how to get it.
+# Fashion-MNIST from Debian's package when it is missing and we are root; fails (with how to get it) when it
+# cannot provide the data, so the tests that need it never skip for want of it.
 data:
 	@if [ -f $(FMNIST)/train-images-idx3-ubyte.gz ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  (apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
 	   (apt-get update -qq >/dev/null && apt-get install -y -qq dataset-fashion-mnist >/dev/null)) && \
-	  echo "installed Fashion-MNIST into $(FMNIST)"; \
-	else echo "Fashion-MNIST is not in $(FMNIST): run 'sudo apt-get install dataset-fashion-mnist'"; fi
+	  [ -f $(FMNIST)/train-images-idx3-ubyte.gz ] && echo "installed Fashion-MNIST into $(FMNIST)" || \
+	  { echo "could not install Fashion-MNIST (apt-get install dataset-fashion-mnist failed)" >&2; exit 1; }; \
+	else echo "Fashion-MNIST is not in $(FMNIST): run 'sudo apt-get install dataset-fashion-mnist'" >&2; exit 1; fi
 
 # The main job: train a small ViT from scratch on Fashion-MNIST, evaluate it on the 10,000 test images,
 # save the model (runs/demo/model), the curves and a few predictions, print the test accuracy.
@@ -49,11 +51,15 @@ demo: venv data
 analysis-figures: venv-test data
 	PATH=$(abspath $(BIN)):$$PATH bash docs/figures/analysis/make_figures.sh $(DEMO_OUT)/model
 
-test: venv-test data
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+# The whole suite: the core tests in the main environment, then the comparisons with timm, torchvision and
+# Hugging Face (marked `peers`) in the peers environment. -rs prints every skip with its reason.
+test: venv-test peers data
+	$(BIN)/python -m pytest -q -rs -m "not peers" $(PYTEST_ARGS)
+	$(PEERS)/bin/python -m pytest -q -rs -m peers $(PYTEST_ARGS)
 
+# The core tests only (no peers environment to build), without those marked slow.
 test-fast: venv-test data
-	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs -m "not slow and not peers" $(PYTEST_ARGS)
 
 # timm and torchvision need a torch build that torchvision matches (large, CUDA; runs on the CPU).
 $(PEERS)/.installed: pyproject.toml
@@ -65,7 +71,7 @@ $(PEERS)/.installed: pyproject.toml
 peers: $(PEERS)/.installed
 
 test-peers: peers data
-	$(PEERS)/bin/python -m pytest -q -m peers $(PYTEST_ARGS)
+	$(PEERS)/bin/python -m pytest -q -rs -m peers $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(PEERS) build src/*.egg-info .pytest_cache

@@ -9,13 +9,13 @@ import torch
 from vitkit import ViTConfig, VisionTransformer
 from vitkit.analysis import (analyze, attention_distance, attention_rollout, cosine_similarity_grid,
                              embedding_filters, fuse_heads, mean_attention_distance, near_far_similarity,
-                             patch_distances, posemb_similarity, rollout_maps, rollout_to_grid,
+                             patch_distances, posemb_similarity, readout_of, rollout_maps, rollout_to_grid,
                              similarity_by_distance)
 from vitkit.models.posemb import resize_pos_embed, sincos_2d
 
 
 # --- constructed models ------------------------------------------------------------------------
-def _identity_attention_model(depth=3, heads=2, class_token=True):
+def _identity_attention_model(depth=3, heads=2, class_token=True, pool=None):
     """Every token attends only to itself in every layer and head.
 
     Tokens are one-hot per head (token t has a 1 at dimension t of every head's slice), q = k = 10 x the
@@ -24,7 +24,8 @@ def _identity_attention_model(depth=3, heads=2, class_token=True):
     """
     hd = 8
     cfg = ViTConfig(img_size=8, patch_size=4, in_chans=1, num_classes=3, width=heads * hd, depth=depth,
-                    num_heads=heads, mlp_dim=16, class_token=class_token, pool="token" if class_token else "gap")
+                    num_heads=heads, mlp_dim=16, class_token=class_token,
+                    pool=pool or ("token" if class_token else "gap"))
     model = VisionTransformer(cfg).eval()
     d, t = cfg.width, cfg.seq_len
     with torch.no_grad():
@@ -77,6 +78,30 @@ def test_rollout_of_identity_attention_is_one_hot_on_the_class_token():
     for a in gap.forward_intermediates(x, return_attention=True)["attention"]:
         assert torch.equal(a, torch.eye(4).expand(2, 2, 4, 4))
     assert torch.equal(rollout_maps(gap, x, upsample=False), torch.full((2, 2, 2), 0.25))
+
+
+def test_rollout_reads_out_what_the_head_reads():
+    # constructed rollout, 1 class token + 2x2 patches: the class token gathers patch 0 only, every patch
+    # token only itself
+    roll = torch.eye(5)[None].clone()
+    roll[0, 0] = torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0])
+    assert rollout_to_grid(roll, (2, 2), 1, "token").flatten().tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert rollout_to_grid(roll, (2, 2), 1, "gap").flatten().tolist() == [0.25] * 4  # patch rows, not the class row
+    # DeiT: class token -> patch 0, distillation token -> patch 3; the head reads their mean
+    roll = torch.eye(6)[None].clone()
+    roll[0, 0], roll[0, 1] = torch.eye(6)[2], torch.eye(6)[5]
+    assert rollout_to_grid(roll, (2, 2), 2, "distilled").flatten().tolist() == [0.5, 0.0, 0.0, 0.5]
+    assert rollout_to_grid(roll, (2, 2), 2, "token").flatten().tolist() == [1.0, 0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="needs 2 prefix"):
+        rollout_to_grid(torch.eye(5)[None], (2, 2), 1, "distilled")
+    # a model with a class token but GAP: identity attention, so each patch contributes 1/4 (the class
+    # token's row, which the head never reads, would give an all-zero map)
+    gap_cls = _identity_attention_model(depth=2, class_token=True, pool="gap")
+    assert readout_of(gap_cls.config) == "gap"
+    maps = rollout_maps(gap_cls, torch.randn(2, 1, 8, 8), upsample=False)
+    assert torch.equal(maps, torch.full((2, 2, 2), 0.25))
+    deit = ViTConfig(img_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=16, distill_token=True)
+    assert readout_of(deit) == "distilled" and readout_of(deit.replace(distill_head=False)) == "token"
 
 
 @pytest.mark.parametrize("class_token", [True, False])
@@ -301,6 +326,12 @@ def test_analyze_writes_figures_and_json(tmp_path):
     dist = json.loads((tmp_path / "attention_distance.json").read_text())
     assert len(dist["distance_px"]) == 3 and len(dist["distance_px"][0]) == 2
     torch.testing.assert_close(torch.tensor(dist["distance_px"]), mean_attention_distance(model, x))
+    table = dist["distance_px"]  # [layer][head]; the extremes are named 1-based, as layer / head numbers
+    flat = [(v, layer + 1, head + 1) for layer, row in enumerate(table) for head, v in enumerate(row)]
+    low, high = min(flat), max(flat)
+    assert dist["most_local_head"] == {"layer": low[1], "head": low[2], "distance_px": low[0]}
+    assert dist["least_local_head"] == {"layer": high[1], "head": high[2], "distance_px": high[0]}
+    assert summary["attention_distance"]["most_local_head"] == dist["most_local_head"]
     assert summary["rollout"]["images"] == ["p", "q", "r"] and len(summary["predictions"]) == 3
     assert summary["posemb_similarity"]["grid"] == [4, 4]
     assert len(summary["embedding_filters"]["explained_variance"]) == 28

@@ -319,8 +319,7 @@ def test_distillation_token(tiny_cfg, posemb):
     model.distilled_training = True
     cls_logits, dist_logits = model(x)
     torch.testing.assert_close((cls_logits + dist_logits) / 2, logits)
-    model.patch_drop_rate = 0.5  # patch dropout keeps both tokens
-    kept = model.forward_features(x)
+    kept = model.forward_features(x, patch_drop=0.5)  # patch dropout keeps both tokens
     assert kept.shape == (2, 2 + 32, 64)
     assert "dist_token" in model.no_weight_decay()
     assert vitkit.models.cost.param_count(cfg) == model.num_params()

@@ -44,7 +44,8 @@ def full_run(task):
 def test_training_learns_and_fills_the_run_folder(task, full_run):
     out, stdout = full_run
     results = json.loads((out / "results.json").read_text())
-    assert results["steps"] == 96 and results["test_top1_exported"] > 0.85  # chance is 0.25
+    assert results["steps"] == 96 and results["test_top1"] > 0.85  # chance is 0.25
+    assert results["train_images"] == 512 and results["val_images"] == 64 and results["test_images"] == 128
     assert "test accuracy:" in stdout
     for name in ("recipe.yaml", "metrics.jsonl", "curves.png", "predictions.png", "checkpoints/last.pt",
                  "model/model.safetensors", "model/vitkit.json"):
@@ -54,9 +55,18 @@ def test_training_learns_and_fills_the_run_folder(task, full_run):
     evals = [r for r in rows if r["kind"] == "eval"]
     assert train[-1]["loss"] < train[0]["loss"]
     assert [r["step"] for r in train] == list(range(4, 97, 4))
+    # five periodic evaluations and the final one, all on the validation split; one test line at the end
     assert len(evals) == 6 and evals[-1].get("final") and "top1_ema" in evals[-1]
+    assert {r["split"] for r in evals} == {"val"}
+    tests = [r for r in rows if r["kind"] == "test"]
+    assert len(tests) == 1 and tests[0]["top1"] == results["test_top1"]
+    assert tests[0]["weights"] == results["exported_weights"]
+    val = results["val"]
+    assert results["exported_weights"] == ("raw" if val["raw"]["top1"] > val["ema"]["top1"] else "ema")
     meta = json.loads((out / "model" / "vitkit.json").read_text())
     assert meta["labels"] == ["q0", "q1", "q2", "q3"]
+    assert meta["extra"]["weights"] == results["exported_weights"]
+    assert meta["extra"]["val_top1"] == results["val"][results["exported_weights"]]["top1"]
     assert meta["preprocessing"]["size"] == [16, 16] and meta["preprocessing"]["mean"] == [0.2] * 3
     # the resolved recipe reproduces the run's configuration
     assert load_recipe(out / "recipe.yaml").to_dict() == load_recipe(task[2]).to_dict()
@@ -92,7 +102,7 @@ def test_killed_run_resumes_to_identical_weights(task, full_run):
         assert torch.equal(a[k], b[k]), k
     ra = json.loads((full_run[0] / "results.json").read_text())
     rb = json.loads((out / "results.json").read_text())
-    assert ra["test_top1"] == rb["test_top1"] and ra["test_top1_ema"] == rb["test_top1_ema"]
+    assert ra["test_top1"] == rb["test_top1"] and ra["val"] == rb["val"]
     # the metrics of the resumed run continue without duplicates
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()
              if json.loads(x)["kind"] == "train"]
@@ -161,7 +171,7 @@ def test_eval_cli_matches_the_runs_own_test_accuracy(task, full_run):
     out = full_run[0]
     r = _vitkit("eval", out / "model", "--data", f"tensors:{data}", "--json")
     res = json.loads(r.stdout)
-    expected = json.loads((out / "results.json").read_text())["test_top1_exported"]
+    expected = json.loads((out / "results.json").read_text())["test_top1"]
     assert res["n"] == 128 and abs(res["top1"] - expected) < 1e-9
     r = _vitkit("eval", out / "model", "--data", f"tensors:{data}", "--split", "validation", check=False)
     assert r.returncode == 1 and "validation" in r.stderr
@@ -210,7 +220,7 @@ def test_distillation_teaches_the_student_what_the_teacher_predicts(task, full_r
                                            # and clean images makes 96-step runs vary from seed to seed
                                            "augment.crop": "none", "augment.erasing": 0.0})
         accs[name] = Trainer(recipe, tmp_path / name, progress=False).fit()
-    expected = json.loads((full_run[0] / "results.json").read_text())["test_top1_exported"]
+    expected = json.loads((full_run[0] / "results.json").read_text())["test_top1"]
     assert abs(accs["trained"]["teacher_test_top1"] - expected) < 1e-9  # the teacher, in its preprocessing
     assert accs["trained"]["test_top1"] > 0.8 and accs["trained"]["teacher"] == str(teacher)  # (0.97 here)
     assert accs["untrained"]["teacher_test_top1"] < 0.4 and accs["untrained"]["test_top1"] < 0.5  # chance: 0.25
@@ -267,9 +277,9 @@ def test_patch_dropout_schedule(task, tmp_path):
     seen = []
     real = trainer.step_fn
 
-    def spy(x, y):
-        seen.append(trainer.vit.patch_drop_rate)
-        return real(x, y)
+    def spy(x, y, **forward_kw):
+        seen.append(forward_kw["patch_drop"])
+        return real(x, y, **forward_kw)
 
     trainer.step_fn = spy
     trainer.fit()

@@ -150,8 +150,35 @@ def test_gradient_accumulation_equals_the_full_batch_step():
 def test_train_step_clips_and_runs_in_bf16():
     from vitkit.train import TrainStep
 
+    torch.manual_seed(0)
     m = _tiny_model()
-    opt = torch.optim.SGD(m.parameters(), lr=0.0)
-    stats = TrainStep(m, opt, clip_grad=1e-3, precision="bf16")(torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 0]))
-    assert torch.isfinite(stats["loss"]) and float(stats["grad_norm"]) > 1e-3  # the norm before clipping
-    assert 0.0 <= float(stats["acc"]) <= 1.0
+    with torch.no_grad():  # a non-zero head, so every parameter gets a gradient
+        m.head.weight.normal_(0, 0.5)
+    x, y = torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 0])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected_acc = (m.eval()(x).argmax(1) == y).float().mean()
+    dtypes = []
+    m.blocks[0].mlp.fc1.register_forward_hook(lambda mod, inp, out: dtypes.append(out.dtype))
+    before = [p.detach().clone() for p in m.parameters()]
+    opt = torch.optim.SGD(m.parameters(), lr=1.0)  # plain SGD: the update is minus the clipped gradient
+    stats = TrainStep(m, opt, clip_grad=1e-3, precision="bf16")(x, y)
+    assert dtypes == [torch.bfloat16]  # the forward ran under bf16 autocast
+    assert torch.isfinite(stats["loss"]) and float(stats["grad_norm"]) > 1e-2  # the norm before clipping
+    step = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(m.parameters(), before)))
+    assert abs(float(step) - 1e-3) < 1e-5  # clipped to the global norm 1e-3
+    assert float(stats["acc"]) == float(expected_acc)
+
+
+def test_user_facing_errors_name_the_key_or_form_that_fixes_them(tmp_path):
+    from vitkit.data.datasets import open_dataset
+    from vitkit.data.loader import EpochSampler, Loader, usable_cores
+    from vitkit.train.optim import Schedule
+    from vitkit.train.recipe import ScheduleConfig
+
+    with pytest.raises(ValueError, match=r"schedule.warmup_epochs=0.3 \(30 steps\).*--set schedule.warmup_steps=2"):
+        Schedule.from_config(ScheduleConfig(steps=20, warmup_epochs=0.3), 1e-3, 100)
+    with pytest.raises(ValueError, match=r"schedule.warmup_steps=40"):
+        Schedule.from_config(ScheduleConfig(steps=20, warmup_steps=40), 1e-3, 100)
+    with pytest.raises(FileNotFoundError, match="--data fashion-mnist:DIR"):  # the spec that works
+        open_dataset(f"fashion-mnist:{tmp_path}", "train")
+    assert Loader([], EpochSampler(10, 2), workers=64).workers == usable_cores() <= 64

@@ -135,9 +135,14 @@ def analyze(model: torch.nn.Module, inputs: torch.Tensor, out_dir: PathLike, *,
                  "definition": "attention-weighted mean pixel distance between query and key patch centres "
                                "(class token left out, weights renormalised over patches), averaged over query "
                                "patches and images; [layer][head]"}
+    heads = dist.shape[1]
+    lo, hi = int(dist.argmin()), int(dist.argmax())  # the most and least local heads, 1-based like the paper's plots
+    extremes = {"most_local_head": {"layer": lo // heads + 1, "head": lo % heads + 1, "distance_px": float(dist.min())},
+                "least_local_head": {"layer": hi // heads + 1, "head": hi % heads + 1, "distance_px": float(dist.max())}}
+    dist_json.update(extremes)
     write_json_atomic(out / "attention_distance.json", dist_json)
     summary["attention_distance"] = {"mean_per_layer": per_layer.tolist(), "uniform_attention_px": uniform,
-                                     "num_images": int(len(dist_x)), "file": "attention_distance.json"}
+                                     "num_images": int(len(dist_x)), "file": "attention_distance.json", **extremes}
     if plots:
         P.plot_attention_distance(dist, out / "attention_distance.png", uniform=uniform,
                                   title=f"mean attention distance, {label} ({len(dist_x)} images)")

@@ -3,9 +3,12 @@
 The attention of every layer, fused over heads, gets the residual
 connection's identity added and its rows renormalised, (A + I) / 2 for
 row-stochastic A; the layers are multiplied from the first to the last.
-Row 0 of the product says how much each input token contributes to the
-class token's final state. Models without a class token (GAP) read out the
-mean of the patch tokens, so their map is the mean of the patch rows.
+Row i of the product says how much each input token contributes to token
+i's final state; the map of an image is the row of what the head reads:
+the class token's row (``pool="token"``), the mean of the patch tokens'
+rows (``pool="gap"``, with or without a class token), or the mean of the
+class and distillation tokens' rows (DeiT's distilled models, whose logits
+are the mean of the two heads).
 """
 from __future__ import annotations
 
@@ -50,20 +53,42 @@ def attention_rollout(attentions: Sequence[torch.Tensor], head_fusion: str = "me
     return result.float()
 
 
-def rollout_to_grid(rollout: torch.Tensor, grid: Sequence[int], num_prefix_tokens: int = 1) -> torch.Tensor:
+READOUTS = ("token", "gap", "distilled")
+
+
+def readout_of(config) -> str:
+    """What a model's head reads (a :class:`vitkit.ViTConfig`): ``token`` (the class token), ``gap`` (the
+    mean of the patch tokens) or ``distilled`` (the mean of the class and distillation tokens)."""
+    if config.distill_token and config.distill_head:
+        return "distilled"
+    return "token" if config.pool == "token" else "gap"
+
+
+def rollout_to_grid(rollout: torch.Tensor, grid: Sequence[int], num_prefix_tokens: int = 1,
+                    readout: Optional[str] = None) -> torch.Tensor:
     """The read-out's contribution map over the patch grid: [B, rows, cols].
 
-    With a class token (``num_prefix_tokens`` >= 1) the read-out is token 0;
-    without one, the mean of the patch tokens.
+    ``readout`` (see :func:`readout_of`): ``token``, the row of token 0; ``gap``, the mean of the patch
+    tokens' rows; ``distilled``, the mean of rows 0 and 1. Default: ``token`` with prefix tokens, else
+    ``gap``.
     """
     gh, gw = int(grid[0]), int(grid[1])
     if rollout.shape[-1] != num_prefix_tokens + gh * gw:
         raise ValueError(f"rollout over {rollout.shape[-1]} tokens does not match a {gh}x{gw} grid with "
                          f"{num_prefix_tokens} prefix token(s)")
-    if num_prefix_tokens:
-        row = rollout[:, 0, num_prefix_tokens:]
+    readout = readout or ("token" if num_prefix_tokens else "gap")
+    if readout not in READOUTS:
+        raise ValueError(f"unknown read-out {readout!r}: use one of {', '.join(READOUTS)}")
+    need = {"token": 1, "distilled": 2, "gap": 0}[readout]
+    if num_prefix_tokens < need:
+        raise ValueError(f"read-out {readout!r} needs {need} prefix token(s), the rollout has {num_prefix_tokens}")
+    cols = rollout[..., num_prefix_tokens:]
+    if readout == "token":
+        row = cols[:, 0]
+    elif readout == "distilled":
+        row = cols[:, :2].mean(dim=1)
     else:
-        row = rollout.mean(dim=1)
+        row = cols[:, num_prefix_tokens:].mean(dim=1)
     return row.reshape(-1, gh, gw)
 
 
@@ -80,7 +105,7 @@ def rollout_maps(model: torch.nn.Module, x: torch.Tensor, head_fusion: str = "me
     model.eval()
     out = model.forward_intermediates(x, return_attention=True)
     roll = attention_rollout(out["attention"], head_fusion)
-    maps = rollout_to_grid(roll, out["grid"], model.config.num_prefix_tokens)
+    maps = rollout_to_grid(roll, out["grid"], model.config.num_prefix_tokens, readout_of(model.config))
     if not upsample:
         return maps
     (gh, gw), (ph, pw) = out["grid"], model.config.pixel_patch_size  # pixels per token (hybrids: x stride)

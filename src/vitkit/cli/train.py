@@ -35,7 +35,7 @@ def _common(p, default_recipe: str) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a ViT from a recipe (from scratch, or fine-tune with init.checkpoint)")
-    _common(p, "fmnist-fast")
+    _common(p, "fmnist-demo")
     p.set_defaults(func=_train)
 
     p = sub.add_parser("finetune", help="fine-tune a checkpoint (any format vitkit loads) the paper's way: "
@@ -100,12 +100,20 @@ def _report(res: dict, out: Path) -> None:
     import os
     if int(os.environ.get("RANK", "0")) != 0:
         return
-    top1 = res.get("test_top1_exported", res.get("test_top1"))
-    if top1 is not None:
-        ema = " (EMA weights)" if "test_top1_ema" in res and res.get("test_top1_exported") == res.get("test_top1_ema") else ""
-        print(f"test accuracy: {100 * top1:.2f}% top-1{ema}, {100 * res.get('test_top5_ema', res.get('test_top5', 0)):.2f}% "
-              f"top-5 after {res['epochs']} epochs ({res['steps']} steps, {res['train_wall_s']:.0f} s)")
-    print(f"run folder: {out}  (model/, curves.png, predictions.png, metrics.jsonl, results.json)")
+    kind = res.get("exported_weights", "raw")
+    val = (res.get("val") or {}).get(kind)
+    time_part = f"after {res['epochs']} epochs ({res['steps']} steps, {res['trained_s']:.0f} s of training)"
+    if val is not None:
+        print(f"validation: {100 * val['top1']:.2f}% top-1 with the {kind} weights, exported "
+              f"({res.get('selected_by', '')})")
+    if res.get("test_top1") is not None:
+        print(f"test accuracy: {100 * res['test_top1']:.2f}% top-1, {100 * res['test_top5']:.2f}% top-5 "
+              f"({res.get('test_images', '?')} test images, {kind} weights) {time_part}")
+    elif val is None:
+        print(f"trained {time_part}; no validation or test split to evaluate on")
+    made = [name for name in ("model/", "curves.png", "predictions.png", "metrics.jsonl", "results.json")
+            if (out / name).exists()]
+    print(f"run folder: {out}  ({', '.join(made)})")
 
 
 def _train(args) -> int:

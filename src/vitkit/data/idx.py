@@ -61,7 +61,8 @@ def find_idx_dataset(root: Optional[PathLike] = None, defaults: Sequence[str] = 
         f"{name} IDX files (train-images-idx3-ubyte[.gz] and the other three) not found in {where}. "
         f"Get them with `sudo apt-get install dataset-fashion-mnist` (Debian/Ubuntu; installs to "
         f"/usr/share/datasets/fashion-mnist) or download them from "
-        f"https://github.com/zalandoresearch/fashion-mnist and pass the folder (e.g. --data DIR)")
+        f"https://github.com/zalandoresearch/fashion-mnist and pass the folder (e.g. --data "
+        f"{name.lower()}:DIR)")
 
 
 def load_idx_split(split: str = "train", root: Optional[PathLike] = None,

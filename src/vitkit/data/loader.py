@@ -6,6 +6,8 @@ takes every N-th sample of the global batch).
 """
 from __future__ import annotations
 
+import os
+
 from typing import Iterator, Optional, Tuple
 
 import torch
@@ -27,11 +29,20 @@ def split_indices(n: int, fraction: float, seed: int = 0, labels: Optional[torch
         perm = torch.randperm(n, generator=g)
         k = max(1, int(round(n * fraction)))
         return perm[k:].sort().values, perm[:k].sort().values
+    # each class gives its share, rounded so that the shares add up to round(n * fraction) exactly
+    # (largest remainders first)
+    classes = torch.unique(labels)
+    counts = torch.stack([(labels == c).sum() for c in classes]).double()
+    exact = counts * fraction
+    quota = exact.floor().long()
+    short = int(round(n * fraction)) - int(quota.sum())
+    if short > 0:
+        quota[(exact - quota).argsort(descending=True, stable=True)[:short]] += 1
     held = []
-    for c in torch.unique(labels):
+    for c, k in zip(classes, quota.tolist()):
         idx = (labels == c).nonzero().flatten()
         idx = idx[torch.randperm(len(idx), generator=g)]
-        held.append(idx[:int(round(len(idx) * fraction))])
+        held.append(idx[:k])
     held_idx = torch.cat(held).sort().values
     mask = torch.ones(n, dtype=torch.bool)
     mask[held_idx] = False
@@ -72,6 +83,14 @@ class EpochSampler:
             yield glob[self.rank::self.world]
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 class Loader:
     """Yields (uint8 images, labels) batches of an epoch, from batch ``start`` on.
 
@@ -79,7 +98,8 @@ class Loader:
     (torch DataLoader) with the same index lists, so the order does not depend on the worker count."""
 
     def __init__(self, data: Dataset, sampler: EpochSampler, workers: int = 0):
-        self.data, self.sampler, self.workers = data, sampler, workers
+        # more decoding processes than usable cores only adds contention (and a warning from torch)
+        self.data, self.sampler, self.workers = data, sampler, min(int(workers), usable_cores())
 
     def __len__(self) -> int:
         return len(self.sampler)

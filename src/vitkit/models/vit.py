@@ -74,9 +74,6 @@ class VisionTransformer(nn.Module):
                           if cfg.distill_token and cfg.distill_head and cfg.num_classes > 0 else None)
         self.distilled_training = False
         self.grad_checkpointing = False
-        # the patch-dropout rate used in training; starts at config.patch_drop, and a training schedule may
-        # change it (vitkit.train: schedule.patch_drop_end) - evaluation never drops patches
-        self.patch_drop_rate = float(cfg.patch_drop)
         self.reset_parameters()
 
     # --- initialisation (the authors' Flax initialisers) ---------------------
@@ -206,7 +203,7 @@ class VisionTransformer(nn.Module):
         return torch.cat(prefix + [patches], dim=1) if prefix else patches
 
     def _run_blocks(self, x: torch.Tensor, grid: Grid, keep: Sequence[int] = (), need_weights: bool = False,
-                    stop_after: Optional[int] = None, drop_patches: bool = False
+                    stop_after: Optional[int] = None, patch_drop: float = 0.0
                     ) -> Tuple[torch.Tensor, Dict[int, torch.Tensor], Dict[int, torch.Tensor]]:
         cfg = self.config
         pe = self.position_embedding(grid)
@@ -216,8 +213,8 @@ class VisionTransformer(nn.Module):
         if pe is not None and not every:
             x = x + pe
         x = self.pos_drop(x)
-        if drop_patches and self.patch_drop_rate and self.training:
-            x = self._drop_patches(x, self.patch_drop_rate)
+        if patch_drop and self.training:
+            x = self._drop_patches(x, patch_drop)
         biases = None
         if self.rel_pos is not None:
             biases = [rel(grid, cfg.posemb_resize) for rel in self.rel_pos]
@@ -252,10 +249,13 @@ class VisionTransformer(nn.Module):
         patches = x[:, prefix:].gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
         return torch.cat([x[:, :prefix], patches], dim=1) if prefix else patches
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """All tokens after the final LayerNorm: [B, prefix + N, D]."""
+    def forward_features(self, x: torch.Tensor, patch_drop: Optional[float] = None) -> torch.Tensor:
+        """All tokens after the final LayerNorm: [B, prefix + N, D] (in training with patch dropout, the
+        prefix tokens and the kept patch tokens). ``patch_drop``: the patch-dropout rate of this call in
+        training (a schedule passes it step by step); None: ``config.patch_drop``. Evaluation never drops."""
         x, grid = self.embed(x)
-        x, _, _ = self._run_blocks(x, grid, drop_patches=True)
+        rate = self.config.patch_drop if patch_drop is None else float(patch_drop)
+        x, _, _ = self._run_blocks(x, grid, patch_drop=rate)
         return self.norm(x)
 
     def forward_tokens(self, tokens: torch.Tensor, grid: Grid) -> torch.Tensor:
@@ -287,13 +287,14 @@ class VisionTransformer(nn.Module):
         feats = self.pre_logits(self.pool(tokens))
         return feats if pre_logits else self.head(feats)
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False):
+    def forward(self, x: torch.Tensor, return_attention: bool = False, *, patch_drop: Optional[float] = None):
         """Logits [B, classes]; with ``return_attention=True`` also the list of L attention maps
-        [B, heads, T, T], computed by the explicit path for this call only."""
+        [B, heads, T, T], computed by the explicit path for this call only. ``patch_drop``: as in
+        :meth:`forward_features`."""
         if return_attention:
             out = self.forward_intermediates(x, return_attention=True)
             return self.forward_head(out["features"]), out["attention"]
-        return self.forward_head(self.forward_features(x))
+        return self.forward_head(self.forward_features(x, patch_drop))
 
     def _resolve_indices(self, indices: Union[None, int, Sequence[int]]) -> List[int]:
         depth = len(self.blocks)

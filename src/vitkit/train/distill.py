@@ -68,11 +68,11 @@ class DistillStep(TrainStep):
         if getattr(core, "head_dist", None) is not None:  # a distillation token: train both heads apart
             core.distilled_training = True
 
-    def loss(self, x: torch.Tensor, t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def loss(self, x: torch.Tensor, t: torch.Tensor, **forward_kw) -> Tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad(), self.autocast():
             teacher_logits = self.teacher(self.teacher_input(x)).float()
         with self.autocast():
-            out = self.model(x)
+            out = self.model(x, **forward_kw)
         logits, dist_logits = out if isinstance(out, tuple) else (out, None)
         loss = distillation_loss(logits, t, teacher_logits, kind=self.kind, alpha=self.alpha, tau=self.tau,
                                  label_smoothing=self.label_smoothing, dist_logits=dist_logits)

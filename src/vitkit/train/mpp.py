@@ -45,7 +45,9 @@ class MPPStep(TrainStep):
     """The engine's step with the MPP loss; 'acc' is the share of corrupted patches whose target class is
     predicted (0 for the pixel-regression target)."""
 
-    def loss(self, x: torch.Tensor, t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def loss(self, x: torch.Tensor, t: torch.Tensor, **forward_kw) -> Tuple[torch.Tensor, torch.Tensor]:
+        if forward_kw:  # MPP sees every patch (the corrupted ones are its targets): no patch dropout
+            raise ValueError(f"masked patch prediction takes no forward options, got {sorted(forward_kw)}")
         with self.autocast():
             out = self.model(x)
         correct = out["correct"] if out["correct"] is not None else torch.zeros((), device=x.device)
@@ -58,9 +60,13 @@ class MPPTrainer(Trainer):
     is the bare ViT."""
 
     step_class = MPPStep
+    uses_labels = False
 
     def __init__(self, recipe: Recipe, out: PathLike, **kwargs: Any):
         check_mpp(recipe.mpp)
+        if recipe.model.get("patch_drop"):
+            raise ValueError("masked patch prediction must see every patch (the corrupted ones are its targets): "
+                             "set model.patch_drop=0 for MPP")
         if recipe.augment.mixes:
             raise ValueError("Mixup/CutMix blend images, so the patch targets would be blends too: turn "
                              "augment.mixup and augment.cutmix off for MPP")
@@ -93,21 +99,25 @@ class MPPTrainer(Trainer):
         return {"mpp_loss": float(sums[0] / sums[2]), "mpp_acc": float(sums[1] / sums[2]), "n": n}
 
     def _periodic_eval(self) -> Dict[str, Any]:
-        if self.periodic is None:
+        if self.val_data is None:
             return {}
-        rec: Dict[str, Any] = {"kind": "eval", "split": "val" if self.val_data is not None else "test",
-                               "step": self.step, "epoch": round(self.step / self.steps_per_epoch, 4)}
-        for suffix, model in self._eval_models():
-            for k, v in self.mpp_eval(model, self.periodic).items():
+        rec: Dict[str, Any] = {"kind": "eval", "split": "val", "step": self.step,
+                               "epoch": round(self.step / self.steps_per_epoch, 4)}
+        for kind, model in self.candidates():
+            for k, v in self.mpp_eval(model, self.val_data).items():
                 if k != "n":
-                    rec[k + suffix] = v
+                    rec[k + ("" if kind == "raw" else "_" + kind)] = v
         self.log.write(rec)
         return rec
 
-    def export_model(self) -> Optional[VisionTransformer]:
-        """The pre-trained ViT alone (EMA weights if on, unless train.export=raw)."""
-        m = super().export_model()
+    def export_model(self, kind: str = "raw") -> Optional[VisionTransformer]:
+        """The pre-trained ViT alone."""
+        m = super().export_model(kind)
         return None if m is None else unwrap(m).vit
+
+    def _export_kind(self) -> str:
+        """MPP has no accuracy to choose on: the EMA weights if on (unless train.export=raw)."""
+        return "ema" if self.ema is not None and self.recipe.train.export in ("auto", "ema") else "raw"
 
     def finish(self, wall: float) -> Dict[str, Any]:
         from .runlog import plot_curves
@@ -117,20 +127,18 @@ class MPPTrainer(Trainer):
                                    "epochs": round(self.step / self.steps_per_epoch, 3),
                                    "train_wall_s": round(wall, 1), "device": str(self.device),
                                    "params": unwrap(self.model).vit.num_params()}
-        final = self.test_data if self.test_data is not None else self.periodic
-        rec = {"kind": "eval", "split": "test" if self.test_data is not None else "val", "step": self.step,
-               "epoch": results["epochs"], "final": True}
-        shown = None  # the model drawn in mpp.png: the exported one (EMA if on)
-        for suffix, model in self._eval_models():
-            if final is None:
-                break
-            res = self.mpp_eval(model, final)
-            for k in ("mpp_loss", "mpp_acc"):
-                rec[k + suffix] = res[k]
-                results[f"test_{k}{suffix}"] = res[k]
-            shown = model
-        self.log.write(rec)
-        vit = self.export_model()  # collective under FSDP
+        # the exported weights' MPP loss on the held-out images: the validation split if any, else the test split
+        final = self.val_data if self.val_data is not None else self.test_data
+        split = "val" if self.val_data is not None else "test"
+        kind = self._export_kind()
+        results["exported_weights"] = kind
+        shown = dict(self.candidates())[kind]  # the model drawn in mpp.png: the exported one
+        if final is not None:
+            res = self.mpp_eval(shown, final)
+            self.log.write({"kind": "eval", "split": split, "step": self.step, "epoch": results["epochs"],
+                            "final": True, "weights": kind, "mpp_loss": res["mpp_loss"], "mpp_acc": res["mpp_acc"]})
+            results.update({f"{split}_mpp_loss": res["mpp_loss"], f"{split}_mpp_acc": res["mpp_acc"]})
+        vit = self.export_model(kind)  # collective under FSDP
         if d.main:
             save_model(vit, self.out / "model", preprocessing=self.preprocessing(),
                        extra={"recipe": r.name, "steps": self.step, "objective": "masked patch prediction",

@@ -80,6 +80,11 @@ class Schedule:
     def from_config(cls, cfg: ScheduleConfig, peak: float, steps_per_epoch: int) -> "Schedule":
         total = cfg.steps if cfg.steps is not None else int(round(cfg.epochs * steps_per_epoch))
         warm = cfg.warmup_steps if cfg.warmup_steps is not None else int(round(cfg.warmup_epochs * steps_per_epoch))
+        if warm >= total > 1:
+            given = (f"schedule.warmup_steps={cfg.warmup_steps}" if cfg.warmup_steps is not None
+                     else f"schedule.warmup_epochs={cfg.warmup_epochs:g} ({warm} steps)")
+            raise ValueError(f"the warm-up, {given}, is not shorter than the run ({total} steps): shorten it, e.g. "
+                             f"--set schedule.warmup_steps={max(1, total // 10)}")
         return cls(peak, total, warm, cfg.decay, cfg.min_lr)
 
 

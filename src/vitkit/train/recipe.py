@@ -32,12 +32,16 @@ class DataConfig:
     dataset: Optional[str] = "fashion-mnist"  # fashion-mnist | mnist | cifar10:DIR | cifar100:DIR | folder:DIR | shards:PATTERN | tensors:FILE
     root: Optional[str] = None  # folder for specs without a path (e.g. Fashion-MNIST elsewhere)
     train_split: str = "train"
-    eval_split: Optional[str] = "test"  # null: no test split (periodic evaluation on val_fraction only)
-    val_fraction: float = 0.0  # held out of the training split for periodic evaluation (0: evaluate on eval_split)
+    eval_split: Optional[str] = "test"  # null: no test split
+    # The validation split: a seeded, class-stratified hold-out of the training split on which the run
+    # evaluates periodically and chooses the exported weights (the test split is read once, at the end).
+    val_size: Optional[int] = None  # images held out (wins over val_fraction)
+    val_fraction: float = 0.0  # or this share of the training split (0 and no val_size: no validation split)
+    val_seed: int = 0  # the hold-out's seed (kept apart from train.seed, so every seed sees the same split)
     mean: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     std: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     load_size: Optional[int] = None  # file datasets: decode to this square (default img_size / 0.875)
-    workers: int = 0  # decoding processes for file datasets
+    workers: int = 0  # decoding processes for file datasets (at most the usable cores)
     cache: bool = False  # decode a file dataset once into memory (small datasets)
     train_subset: Optional[int] = None  # train on a seeded, class-stratified subset of this many images
     eval_batch_size: int = 500
@@ -92,7 +96,7 @@ class TrainConfig:
     distributed: str = "ddp"  # ddp | fsdp (used when launched with torchrun)
     grad_checkpointing: bool = False
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    export: str = "auto"  # weights exported as the model: auto (EMA if on) | ema | raw
+    export: str = "auto"  # exported weights: auto (raw or EMA, the better on the validation split) | ema | raw
     predictions: int = 16  # test images shown in predictions.png
 
 
@@ -214,6 +218,11 @@ class Recipe:
         if not 0 <= s.patch_drop_from < 1:
             raise ConfigError(f"schedule.patch_drop_from must be in [0, 1) (a fraction of the run), got "
                              f"{s.patch_drop_from}")
+        dc = self.data
+        if not 0 <= dc.val_fraction < 1:
+            raise ConfigError(f"data.val_fraction must be in [0, 1), got {dc.val_fraction}")
+        if dc.val_size is not None and dc.val_size < 0:
+            raise ConfigError(f"data.val_size must be a number of images >= 0, got {dc.val_size}")
         if t.precision not in ("fp32", "bf16"):
             raise ConfigError(f"train.precision={t.precision!r}: use fp32 or bf16")
         if t.distributed not in ("ddp", "fsdp"):

@@ -36,9 +36,10 @@ class TrainStep:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def __call__(self, images: torch.Tensor, targets: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def __call__(self, images: torch.Tensor, targets: torch.Tensor, **forward_kw) -> Dict[str, torch.Tensor]:
         """Returns loss, accuracy (against the arg-max target) and the gradient norm before clipping, as
-        0-dim tensors (no host sync)."""
+        0-dim tensors (no host sync). ``forward_kw`` go to the model's forward (e.g. ``patch_drop``, the
+        schedule's patch-dropout rate of this step)."""
         self.model.train()
         n = self.accum_steps
         chunks = zip(images.chunk(n), targets.chunk(n)) if n > 1 else [(images, targets)]
@@ -47,7 +48,7 @@ class TrainStep:
         for i, (x, t) in enumerate(chunks):
             sync = _no_sync(self.model) if i < n - 1 else contextlib.nullcontext()
             with sync:
-                loss, right = self.loss(x, t)
+                loss, right = self.loss(x, t, **forward_kw)
                 (loss * (x.shape[0] / images.shape[0])).backward()
             total_loss += loss.detach() * (x.shape[0] / images.shape[0])
             correct += right
@@ -63,11 +64,11 @@ class TrainStep:
         return {"loss": total_loss, "acc": correct / images.shape[0], "grad_norm": norm}
 
 
-    def loss(self, x: torch.Tensor, t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def loss(self, x: torch.Tensor, t: torch.Tensor, **forward_kw) -> Tuple[torch.Tensor, torch.Tensor]:
         """(mean loss, number of correct predictions) of one micro-batch. Other objectives override this
         (masked patch prediction: ``vitkit.train.mpp``)."""
         with self.autocast():
-            logits = self.model(x)
+            logits = self.model(x, **forward_kw)
         loss = classification_loss(logits, t, self.label_smoothing)
         hard = t if t.ndim == 1 else t.argmax(1)
         return loss, (logits.detach().argmax(1) == hard).sum()

@@ -3,11 +3,18 @@
 Run folder (``out``)::
 
     recipe.yaml          the resolved recipe (after inheritance and overrides)
-    metrics.jsonl        train lines every log_every steps, eval lines at every evaluation
+    metrics.jsonl        train lines every log_every steps, eval lines (validation split) at every
+                         evaluation, one test line at the end
     checkpoints/last.pt  model, optimiser, EMA, step/epoch/position, RNG states (atomic, resumable)
-    model/               the trained model in vitkit's format (labels + preprocessing included)
-    results.json         final test accuracy (raw and EMA weights), time, throughput
+    model/               the exported model in vitkit's format (labels + preprocessing included)
+    results.json         validation scores of the raw and EMA weights, which were exported and why,
+                         the exported weights' test accuracy, time, throughput
     curves.png           loss / accuracy / lr; predictions.png: a few test images with predictions
+
+The protocol: periodic evaluations and the choice of the exported weights use the validation split held
+out of the training data (``data.val_size`` / ``data.val_fraction``, seeded by ``data.val_seed``); the test
+split is read once, at the end, by the exported weights (:mod:`vitkit.train.selection`,
+:mod:`vitkit.train.report`). This module holds the set-up, the checkpoints and the loop.
 
 Time budget (``schedule.minutes``): the schedule then advances by whichever is further along, the step
 count or the training time (evaluations and checkpoints excluded) over the budget, and the run ends when
@@ -20,27 +27,23 @@ GPU with ``train.deterministic``).
 """
 from __future__ import annotations
 
-import json
-import math
-import os
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
 import torch
 
-from ..checkpoints import save_model
 from ..data.augment import BatchAugment, EvalTransform, Normalize
 from ..data.datasets import Dataset, open_dataset
 from ..data.loader import EpochSampler, Loader, split_indices
 from ..models import VisionTransformer
-from ..utils import PathLike, remove_stale_temps, write_json_atomic
+from ..utils import PathLike, remove_stale_temps
 from . import distributed as D
 from .checkpoint import find_last, load_state, rng_state, save_state, set_rng_state
-from .evaluate import evaluate
 from .optim import EMA, Schedule, build_optimizer, set_lr, unwrap
 from .recipe import Recipe
-from .runlog import MetricsLog, plot_curves, plot_predictions
+from .runlog import MetricsLog
+from .selection import Evaluator, eval_record
 from .step import TrainStep
 
 
@@ -116,8 +119,13 @@ class Trainer:
             train_full = train_full.to_memory()
             test = test.to_memory() if test is not None and not test.in_memory else test
         self.classes = list(train_full.classes)
-        if dc.val_fraction > 0:
-            tr, va = split_indices(len(train_full), dc.val_fraction, r.train.seed, train_full.labels)
+        n_full = len(train_full)
+        if dc.val_size and not 0 < dc.val_size < n_full:
+            raise ValueError(f"data.val_size={dc.val_size} but the training split has {n_full} images: hold out "
+                             f"fewer (e.g. --set data.val_size={max(1, n_full // 12)})")
+        fraction = dc.val_size / n_full if dc.val_size else dc.val_fraction
+        if fraction > 0:  # a seeded, class-stratified hold-out: the same images whatever train.seed is
+            tr, va = split_indices(n_full, fraction, dc.val_seed, train_full.labels if self.uses_labels else None)
             self.train_data, self.val_data = train_full.subset(tr, "train"), train_full.subset(va, "val")
         else:
             self.train_data, self.val_data = train_full, None
@@ -129,7 +137,6 @@ class Trainer:
                 _, keep = split_indices(n, dc.train_subset / n, r.train.seed + 1, self.train_data.labels)
                 self.train_data = self.train_data.subset(keep, "train")
         self.test_data = test
-        self.periodic = self.val_data if self.val_data is not None else self.test_data
         self.load_size = load_size
 
     def _build_model(self) -> None:
@@ -161,6 +168,10 @@ class Trainer:
         self.augment = BatchAugment(r.augment, self.config.img_size, len(self.classes), norm)
         self.eval_tf = EvalTransform(self.config.img_size, norm,
                                      center_crop_files=not getattr(self.train_data, "in_memory", True))
+        self.evaluator = Evaluator(self.eval_tf, self.device, self.dist, r.train.precision, dc.eval_batch_size,
+                                   dc.workers)
+
+    uses_labels = True  # False for objectives that never read labels (the validation split is then not stratified)
 
     clock = staticmethod(time.perf_counter)  # the training-time clock (the budget's); tests replace it
 
@@ -184,7 +195,7 @@ class Trainer:
         s = r.schedule
         self.budget_s = 60.0 * s.minutes if s.minutes else None
         self.vit = next(m for m in unwrap(self.model).modules() if isinstance(m, VisionTransformer))
-        self.patch_drop_start = self.vit.patch_drop_rate
+        self.patch_drop_start = float(self.vit.config.patch_drop)
         if s.patch_drop_end and not self.patch_drop_start:  # (an end of 0 without patch dropout: nothing to do)
             raise ValueError(f"schedule.patch_drop_end={s.patch_drop_end} schedules patch dropout, but the model has "
                              f"none: set model.patch_drop to the starting rate (e.g. --set model.patch_drop=0.5)")
@@ -198,6 +209,10 @@ class Trainer:
             self.step_fn = self.step_class(self.forward_model, self.optimizer, **step_kw)
         ev = r.train.eval_every
         self.eval_interval = max(1, int(round(ev * self.steps_per_epoch))) if ev > 0 else 0
+        if self.eval_interval and self.val_data is None and d.main:
+            print(f"note: recipe {r.name!r} has no validation split (data.val_size / data.val_fraction), so it "
+                  f"evaluates only at the end: the test split is never used during training")
+            self.eval_interval = 0
 
     def _distill_step(self, step_kw: Dict[str, Any]):
         """The step with a teacher (recipe section ``distill``): loaded here, frozen, fed the augmented batch
@@ -291,12 +306,13 @@ class Trainer:
                 where = self.progress_step()
                 lr = self.schedule(where)
                 set_lr(self.optimizer, lr)
-                self.vit.patch_drop_rate = self.patch_drop_at(where)
+                # the schedule's patch-dropout rate goes to the forward call (no state written into the model)
+                forward_kw = {"patch_drop": self.patch_drop_at(where)} if self.patch_drop_start else {}
                 g = torch.Generator().manual_seed(_seed_for(r.train.seed, step, d.rank))
                 x, y = self.augment(images, labels, g)
                 torch.manual_seed(_seed_for(r.train.seed, step, d.rank, salt=1))  # dropout / stochastic depth
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-                stats = self.step_fn(x, y)
+                stats = self.step_fn(x, y, **forward_kw)
                 bad = not bool(torch.isfinite(stats["grad_norm"])) or not bool(torch.isfinite(stats["loss"]))
                 now = self.clock()
                 self.trained_s += now - clock
@@ -362,44 +378,34 @@ class Trainer:
             self.log.write({"kind": "diverged", "step": step + 1, "loss": float(stats["loss"]), "lr": lr})
         raise TrainingDiverged(msg)
 
-    def _eval_models(self):
-        yield "", self.forward_model
+    def candidates(self):
+        """(kind, model) of the weights a run may export: ``raw`` (the trained module) and, with EMA on,
+        ``ema`` (a plain copy holding the averaged weights; collective under FSDP)."""
+        yield "raw", self.forward_model
         if self.ema is not None:
             if not hasattr(self, "_ema_model"):  # a plain (unsharded) copy that holds the averaged weights
                 self._ema_model = self.wrap_model(VisionTransformer(self.config)).to(self.device)
             shadow = {k: _full(v) for k, v in self.ema.shadow.items()}  # collective under FSDP
             self._ema_model.load_state_dict(shadow)
-            yield "_ema", self._ema_model
+            yield "ema", self._ema_model
 
     def _periodic_eval(self) -> Dict[str, Any]:
-        if self.periodic is None:
+        """Both kinds of weights on the validation split (never the test split)."""
+        if self.val_data is None:
             return {}
-        split = "val" if self.val_data is not None else "test"
-        start = time.perf_counter()
-        rec: Dict[str, Any] = {"kind": "eval", "split": split, "step": self.step,
-                               "epoch": round(self.step / self.steps_per_epoch, 4)}
-        for suffix, model in self._eval_models():
-            res = evaluate(model, self.periodic, self.eval_tf, batch_size=self.recipe.data.eval_batch_size,
-                           device=self.device, dist=self.dist, precision=self.recipe.train.precision,
-                           workers=self.recipe.data.workers)
-            for k in ("top1", "top5", "loss"):
-                rec[k + suffix] = res[k]
-        rec["time"] = round(start - self._t0, 2)  # wall time of this process (restarts on --resume)
+        scores = {kind: self.evaluator(model, self.val_data) for kind, model in self.candidates()}
         # training time of the whole run (evaluations and checkpoints excluded; resumed parts included)
-        rec["train_time"] = round(self.trained_s, 2)
+        rec = eval_record(self.step, round(self.step / self.steps_per_epoch, 4), "val", scores,
+                          time=round(time.perf_counter() - self._t0, 2), train_time=round(self.trained_s, 2))
         self.log.write(rec)
         return rec
 
     # --- the end ------------------------------------------------------------------------------
-    def export_model(self) -> VisionTransformer:
-        """The weights to publish as a plain model (EMA if on, unless train.export=raw). Collective under
-        FSDP: every rank calls it."""
-        kind = self.recipe.train.export
-        if kind == "ema" and self.ema is None:
-            raise ValueError("train.export=ema but train.ema is 0: turn EMA on or export raw weights")
-        if self.ema is not None and kind in ("auto", "ema"):
-            _ = list(self._eval_models())
-            return self._ema_model
+    def export_model(self, kind: str = "raw") -> Optional[torch.nn.Module]:
+        """The ``kind`` weights (raw / ema) as a plain module to publish. Collective under FSDP: every rank
+        calls it (None on the other ranks)."""
+        if kind == "ema":
+            return dict(self.candidates())["ema"]
         if self.recipe.train.distributed == "fsdp" and self.dist.enabled:
             state = D.full_state(self.wrapped)[0]  # gathered on rank 0 only
             if not self.dist.main:
@@ -408,9 +414,6 @@ class Trainer:
             plain.load_state_dict(state)
             return plain
         return self.model
-
-    def _exports_ema(self) -> bool:
-        return self.ema is not None and self.recipe.train.export in ("auto", "ema")
 
     def preprocessing(self) -> Dict[str, Any]:
         dc, cfg = self.recipe.data, self.config
@@ -424,58 +427,11 @@ class Trainer:
                 "description": f"as trained by vitkit ({'resize to the model size' if in_mem else 'shorter side ' + str(self.load_size) + ', centre crop'})"}
 
     def finish(self, wall: float) -> Dict[str, Any]:
-        d = self.dist
-        results: Dict[str, Any] = {"recipe": self.recipe.name, "steps": self.step,
-                                   "planned_steps": self.total_steps, "trained_s": round(self.trained_s, 1),
-                                   "stopped_by": "steps" if self.step >= self.total_steps else "time budget",
-                                   "epochs": round(self.step / self.steps_per_epoch, 3),
-                                   "train_wall_s": round(wall, 1), "params": unwrap(self.model).num_params(),
-                                   "processes": d.world, "device": str(self.device)}
-        final = self.test_data if self.test_data is not None else self.periodic
-        rec = {"kind": "eval", "split": "test" if self.test_data is not None else "val", "step": self.step,
-               "epoch": results["epochs"], "final": True, "time": round(wall, 2),
-               "train_time": round(self.trained_s, 2)}
-        results["train_s_excluding_eval"] = rec["train_time"]
-        probs = None
-        for suffix, model in self._eval_models():
-            if final is None:
-                break
-            res = evaluate(model, final, self.eval_tf, batch_size=self.recipe.data.eval_batch_size,
-                           device=self.device, dist=d, precision=self.recipe.train.precision,
-                           workers=self.recipe.data.workers, keep_probs=not d.enabled)
-            for k in ("top1", "top5", "loss"):
-                rec[k + suffix] = res[k]
-            results[f"test_top1{suffix}"], results[f"test_top5{suffix}"] = res["top1"], res["top5"]
-            if "probs" in res and (suffix == "_ema") == self._exports_ema():
-                probs = res["probs"]
-        if self.teacher is not None:
-            results["teacher"] = str(self.recipe.distill.teacher)
-            if final is not None:  # how the student compares with its teacher, on the same images
-                tf = EvalTransform(self.teacher_size, self.teacher_norm,
-                                   center_crop_files=not getattr(final, "in_memory", True))
-                res = evaluate(self.teacher, final, tf, batch_size=self.recipe.data.eval_batch_size,
-                               device=self.device, dist=d, precision=self.recipe.train.precision,
-                               workers=self.recipe.data.workers)
-                rec["teacher_top1"] = results["teacher_test_top1"] = res["top1"]
-        self.log.write(rec)
-        exported = self.export_model()
-        if d.main:
-            save_model(unwrap(exported), self.out / "model", labels=self.classes, preprocessing=self.preprocessing(),
-                       extra={"recipe": self.recipe.name, "steps": self.step,
-                              "test_top1": results.get("test_top1_ema" if self._exports_ema() else "test_top1"),
-                              "weights": "ema" if self._exports_ema() else "raw"})
-            results["model"] = str(self.out / "model")
-            results["test_top1_exported"] = results.get("test_top1_ema" if self._exports_ema() else "test_top1")
-            write_json_atomic(self.out / "results.json", results)
-            plot_curves(self.out, title=f"{self.recipe.name}: test top-1 "
-                        f"{100 * (results.get('test_top1_exported') or 0):.2f}%")
-            if probs is not None and final is not None and self.recipe.train.predictions:
-                n = min(self.recipe.train.predictions, len(final))
-                idx = torch.linspace(0, len(final) - 1, n).long()
-                imgs, lbls = final.gather(idx)
-                plot_predictions(imgs, lbls, probs[idx], self.classes, self.out / "predictions.png")
-        D.barrier(d)
-        return results
+        """Choose the weights on the validation split, test them once, export, report
+        (:func:`vitkit.train.report.finish_classification`)."""
+        from .report import finish_classification
+
+        return finish_classification(self, wall)
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

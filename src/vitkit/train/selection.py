@@ -1,0 +1,72 @@
+"""Evaluation during training and the choice of the exported weights, both on the validation split.
+
+The protocol of every run: the periodic evaluations and the choice between the raw and the EMA weights
+read only the validation split, a seeded hold-out of the training data (``data.val_size`` or
+``data.val_fraction``); the test split is read once, at the end, by the exported weights alone
+(:mod:`vitkit.train.report`). A run without a validation split evaluates only at the end.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import nn
+
+from ..data.augment import EvalTransform
+from ..data.datasets import Dataset
+from .distributed import Dist
+from .evaluate import evaluate
+
+WEIGHT_KINDS = ("raw", "ema")
+
+
+@dataclass
+class Evaluator:
+    """Accuracy of a model on a split, in the run's evaluation preprocessing and precision."""
+
+    transform: EvalTransform
+    device: torch.device
+    dist: Dist
+    precision: str = "fp32"
+    batch_size: int = 500
+    workers: int = 0
+
+    def __call__(self, model: nn.Module, data: Dataset, keep_probs: bool = False) -> Dict[str, Any]:
+        return evaluate(model, data, self.transform, batch_size=self.batch_size, device=self.device,
+                        dist=self.dist, precision=self.precision, workers=self.workers,
+                        keep_probs=keep_probs and not self.dist.enabled)
+
+
+def eval_record(step: int, epoch: float, split: str, scores: Dict[str, Dict[str, Any]], **extra: Any
+                ) -> Dict[str, Any]:
+    """One ``kind: eval`` line of metrics.jsonl: top1/top5/loss of the raw weights, ``*_ema`` of the EMA."""
+    rec: Dict[str, Any] = {"kind": "eval", "split": split, "step": step, "epoch": epoch}
+    for kind, res in scores.items():
+        suffix = "" if kind == "raw" else "_" + kind
+        for k in ("top1", "top5", "loss"):
+            rec[k + suffix] = res[k]
+    rec.update(extra)
+    return rec
+
+
+def choose_weights(export: str, has_ema: bool, val: Optional[Dict[str, Dict[str, Any]]]) -> Tuple[str, str]:
+    """Which weights a run exports (``"raw"`` or ``"ema"``) and why.
+
+    ``export``: the recipe's ``train.export``; ``val``: validation scores per kind (None without a
+    validation split). ``auto`` takes the better validation top-1 (the EMA weights on a tie), or the EMA
+    weights when there is nothing to choose on; ``raw`` / ``ema`` are taken as asked."""
+    if export not in ("auto", "raw", "ema"):
+        raise ValueError(f"train.export={export!r}: use auto, ema or raw")
+    if export == "ema" and not has_ema:
+        raise ValueError("train.export=ema but train.ema is 0: turn EMA on or export raw weights")
+    if not has_ema:
+        return "raw", "no EMA of the weights"
+    if export != "auto":
+        return export, f"train.export={export}"
+    if not val:
+        return "ema", "no validation split to choose on: the EMA weights"
+    raw, ema = val["raw"]["top1"], val["ema"]["top1"]
+    if raw > ema:
+        return "raw", f"validation top-1 {100 * raw:.2f}% (raw) > {100 * ema:.2f}% (EMA)"
+    return "ema", f"validation top-1 {100 * ema:.2f}% (EMA) >= {100 * raw:.2f}% (raw)"

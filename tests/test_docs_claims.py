@@ -1,0 +1,99 @@
+"""Every measured number quoted in README.md and docs/ is an artefact: it is followed by a marker naming the
+JSON a committed script wrote and the value's key there, and this test checks that they still agree.
+
+A marker is an HTML comment right after the number (invisible in the rendered page)::
+
+    reached **88.62%**<!-- claim docs/figures/training/fmnist-demo.json test_top1 pct2 -->
+
+``KEY`` is a dotted path into the JSON (list items by index, e.g. ``runs.0.test_top1``; it may contain spaces);
+``FORMAT`` says how
+the value is written: ``pct1`` / ``pct2`` (a fraction as a percentage with 1 / 2 decimals), ``f0`` ...
+``f4`` (fixed decimals), ``e1`` / ``e2`` (scientific), ``int`` (an integer, thousands separated by commas
+or not), ``min1`` (seconds as minutes, 1 decimal), ``x2`` (a ratio with 2 decimals, written 1.23x).
+"""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = re.compile(r"<!--\s*claim\s+(\S+)\s+(.+?)\s+(\S+)\s*-->")  # path, key (may hold spaces), format
+NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def _docs():
+    return [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
+
+
+def _value(data, key):
+    for part in key.split("."):
+        data = data[int(part)] if isinstance(data, list) else data[part]
+    return data
+
+
+def _format(value, fmt):
+    if fmt in ("pct1", "pct2"):
+        return f"{100 * value:.{fmt[-1]}f}"
+    if re.fullmatch(r"f\d", fmt):
+        return f"{value:.{fmt[1]}f}"
+    if re.fullmatch(r"e\d", fmt):
+        return f"{value:.{fmt[1]}e}"
+    if fmt == "int":
+        return str(int(round(value)))
+    if fmt == "min1":
+        return f"{value / 60:.1f}"
+    if fmt == "x2":
+        return f"{value:.2f}"
+    raise ValueError(f"unknown claim format {fmt!r}")
+
+
+def _claims():
+    for doc in _docs():
+        for lineno, line in enumerate(doc.read_text().splitlines(), 1):
+            for m in MARKER.finditer(line):
+                before = MARKER.sub("", line[:m.start()])
+                numbers = NUMBER.findall(before)
+                yield doc.relative_to(ROOT), lineno, numbers[-1] if numbers else None, m.groups()
+
+
+CLAIMS = list(_claims())
+
+
+def test_the_docs_quote_measured_numbers():
+    assert len(CLAIMS) >= 20, "the docs should quote their measured numbers with claim markers"
+
+
+@pytest.mark.parametrize("doc,lineno,number,marker", CLAIMS,
+                         ids=[f"{c[0]}:{c[1]}" for c in CLAIMS])
+def test_quoted_number_matches_its_artefact(doc, lineno, number, marker):
+    path, key, fmt = marker
+    artefact = ROOT / path
+    assert artefact.is_file(), f"{doc}:{lineno}: {path} does not exist"
+    value = _value(json.loads(artefact.read_text()), key)
+    assert number is not None, f"{doc}:{lineno}: no number before the marker for {path} {key}"
+    assert number.replace(",", "") == _format(value, fmt), \
+        f"{doc}:{lineno}: the docs say {number}, {path} {key} is {value} ({_format(value, fmt)})"
+
+
+def test_markers_are_read_as_intended():
+    line = ("took **8 min 33 s**, 1,234 steps<!-- claim a.json steps int --> and 88.40%<!-- claim a.json "
+            "runs.seed 0.t pct2 -->")
+    found = [(NUMBER.findall(MARKER.sub("", line[:m.start()]))[-1], m.groups()) for m in MARKER.finditer(line)]
+    assert found == [("1,234", ("a.json", "steps", "int")), ("88.40", ("a.json", "runs.seed 0.t", "pct2"))]
+    assert _format(0.884, "pct2") == "88.40" and _format(512.0, "min1") == "8.5" and _format(1234, "int") == "1234"
+    assert _value({"runs": [{"a": 1}]}, "runs.0.a") == 1
+
+
+def test_hybrid_cost_table_is_what_the_cost_model_computes():
+    """docs/hybrid_mpp.md's table of hybrids (parameters, GMACs, the ResNet's share) is `vitkit info` output."""
+    from vitkit.config import config_from_name
+    from vitkit.models.cost import cost
+
+    rows = re.findall(r"^\| `(R[^`]+)` \|.*\| ([\d,]+) \| ([\d.]+) \(([\d.]+)\) \|$",
+                      (ROOT / "docs" / "hybrid_mpp.md").read_text(), flags=re.M)
+    assert len(rows) >= 5
+    for name, params, gmacs, resnet in rows:
+        c = cost(config_from_name(name))
+        assert (params, gmacs, resnet) == (f"{c.params:,}", f"{c.macs / 1e9:.2f}",
+                                           f"{c.macs_breakdown['backbone'] / 1e9:.2f}"), name
