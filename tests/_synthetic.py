@@ -26,7 +26,7 @@ def write_npz(path, n_train=576, n_test=128, size=16, classes=4):
 TINY_RECIPE = """
 name: tiny-test
 model: {{img_size: 16, patch_size: 4, width: 32, depth: 2, num_heads: 2, mlp_dim: 64, pool: gap, class_token: false}}
-data: {{dataset: "tensors:{data}", mean: [0.2], std: [0.3], eval_batch_size: 64, val_size: 64}}
+data: {{dataset: "tensors:{data}", mean: [0.2], std: [0.3], eval_batch_size: 64, val_size: {val_size}}}
 augment: {{crop: pad, pad: 2, flip: false, label_smoothing: 0.1, erasing: 0.2}}
 optim: {{name: adamw, lr: 5.0e-3, batch_size: 32, weight_decay: 0.05}}
 schedule: {{epochs: 6, warmup_steps: 4, decay: cosine}}
@@ -34,7 +34,8 @@ train: {{ema: 0.9, eval_every: 1, ckpt_every: 4, log_every: 4, threads: 1, predi
 """
 
 
-def write_recipe(folder, data, **fmt):
+def write_recipe(folder, data, val_size=64, **fmt):
+    """The tiny recipe on ``data``, holding out ``val_size`` training images for validation (null: none)."""
     p = folder / "tiny.yaml"
-    p.write_text(TINY_RECIPE.format(data=data, **fmt))
+    p.write_text(TINY_RECIPE.format(data=data, val_size="null" if val_size is None else val_size, **fmt))
     return p

@@ -163,8 +163,22 @@ def test_rollout_any_resolution_and_patch_shape():
         maps = rollout_maps(model, x)
         assert maps.shape == (2, h, w)
         grid = rollout_maps(model, x, upsample=False)
-        assert grid.shape == (2, math.ceil(h / 4), math.ceil(w / 8))
+        gh, gw = math.ceil(h / 4), math.ceil(w / 8)
+        assert grid.shape == (2, gh, gw)
         assert (grid > 0).all() and (grid.flatten(1).sum(1) < 1).all()  # a share of the class token's inputs
+        # rolled out again in float64 numpy from the model's attention: ((A + I) / 2) per layer, last layer
+        # first in the product, the class token's row over the patches, row-major on the (rows, cols) grid
+        with torch.no_grad():
+            att = [a.double().mean(1).numpy() for a in model.forward_intermediates(x, return_attention=True)["attention"]]
+        roll = np.broadcast_to(np.eye(1 + gh * gw), att[0].shape)
+        for a in att:
+            roll = ((a + np.eye(a.shape[-1])) / 2) @ roll
+        want = torch.from_numpy(roll[:, 0, 1:].reshape(2, gh, gw)).float()
+        assert want.std() > 1e-3  # the positions make the map vary: a transposed grid would not match
+        torch.testing.assert_close(grid, want, rtol=1e-5, atol=1e-7)
+        # upsampled over (rows x 4, cols x 8) pixels, the padded border (bottom, right) cropped away
+        full = torch.nn.functional.interpolate(want[:, None], size=(gh * 4, gw * 8), mode="bilinear")[:, 0]
+        torch.testing.assert_close(maps, full[:, :h, :w], rtol=1e-5, atol=1e-7)
 
 
 # --- attention distance ----------------------------------------------------------------------------

@@ -117,6 +117,13 @@ def test_equalize_spreads_a_narrow_histogram():
     a, b = x.flatten(), out.flatten()
     i, j = a.argsort()[:10], a.argsort()[-10:]
     assert b[i].max() <= b[j].min()
+    # by hand: levels 100, 130, 200 (counts 2, 1, 1): cdf 2, 3, 4, so (cdf - 2) / (4 - 2) -> 0, 1/2, 1
+    img = torch.tensor([100, 100, 130, 200], dtype=torch.float32).view(1, 1, 2, 2) / 255
+    torch.testing.assert_close(equalize(img), torch.tensor([0.0, 0.0, 127.5 / 255, 1.0]).view(1, 1, 2, 2))
+    # channels and images are equalised separately: a second channel with other levels does not move the first
+    two = torch.cat([img, torch.tensor([10, 20, 20, 250], dtype=torch.float32).view(1, 1, 2, 2) / 255], 1)
+    torch.testing.assert_close(equalize(torch.cat([two, two.flip(1)]))[0, 0], equalize(img)[0, 0])
+    torch.testing.assert_close(equalize(two)[0, 1], torch.tensor([[0.0, 2 / 3], [2 / 3, 1.0]]))  # cdf 1, 3, 4
 
 
 def test_label_smoothing_and_soft_targets_in_the_loss():
@@ -142,6 +149,16 @@ def test_normalize_channels_and_eval_transform():
     gray = torch.full((2, 1, 4, 4), 255, dtype=torch.uint8)
     out = EvalTransform((8, 8), n)(gray)
     assert out.shape == (2, 3, 8, 8) and torch.allclose(out, torch.full_like(out, 2.0))
+    # per-channel statistics, each on its own channel (a constant grey image cannot show a mix-up)
+    rgb = torch.randint(0, 256, (2, 3, 5, 6), dtype=torch.uint8)
+    mean, std = [0.1, 0.5, 0.8], [0.2, 0.4, 0.1]
+    out = EvalTransform((5, 6), Normalize(mean, std, channels=3))(rgb)
+    want = (rgb.double() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+    torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=1e-5)
+    # RGB for a one-channel model: ITU-R 601 luma, then the one mean/std
+    gray = Normalize([0.4], [0.2], channels=1)(rgb.float() / 255)
+    luma = (0.299 * rgb[:, 0] + 0.587 * rgb[:, 1] + 0.114 * rgb[:, 2]).double() / 255
+    torch.testing.assert_close(gray[:, 0], ((luma - 0.4) / 0.2).float(), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="2 means"):
         Normalize([0.1, 0.2], [0.1, 0.2])(torch.rand(1, 3, 2, 2))
     with pytest.raises(ValueError, match="augment.crop"):

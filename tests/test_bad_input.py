@@ -130,8 +130,8 @@ def c(tmp_path_factory):
     ns.dir_named_png.mkdir()
 
     # data
-    ns.npz = write_npz(d / "quadrants.npz", n_train=160, n_test=32)  # 64 of them held out for validation
-    ns.recipe = write_recipe(d, ns.npz)
+    ns.npz = write_npz(d / "quadrants.npz", n_train=64, n_test=32)
+    ns.recipe = write_recipe(d, ns.npz, val_size=None)  # small data sets: no validation split
     raw = ns.npz.read_bytes()
     ns.trunc_npz = d / "trunc.npz"
     ns.trunc_npz.write_bytes(raw[: len(raw) // 2])
@@ -201,7 +201,7 @@ CASES = {
     "folder-without-images": (lambda c: ["train", "--data", f"folder:{c.no_images}", "-r", c.recipe, "--out",
                                          c.d / "run-x"], 1, ["no_images", "no images"]),
     "train-folder-bad-image-in-a-worker": (lambda c: ["train", "-r", c.recipe, "--data", f"folder:{c.fold}", "--set",
-                                                      "data.workers=2", "--set", "data.eval_split=null", "--set", "data.val_size=0", "--steps",
+                                                      "data.workers=2", "--set", "data.eval_split=null", "--steps",
                                                       "6", "--set", "optim.batch_size=9", "--out", c.d / "run-w"],
                                            1, ["zz.png", "not a readable image"]),
     "unknown-dataset": (lambda c: ["train", "--data", "imagenet-99:/x", "-r", c.recipe, "--out", c.d / "run-x"], 1,

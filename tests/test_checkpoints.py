@@ -48,9 +48,15 @@ def test_return_state_for_training_and_load_into_model(trained):
     assert cfg.num_classes == 10 and state["head.weight"].shape == (10, 192)
     target = vitkit.VisionTransformer(cfg)
     target.load_state_dict(state)  # strict: nothing missing, nothing extra
+    for k, v in model.state_dict().items():  # the backbone is the checkpoint's; head and pre-logits are not
+        if not k.startswith(("head.", "pre_logits.")):
+            assert torch.equal(state[k], v), k
     into = vitkit.VisionTransformer(cfg.replace(img_size=64))
     out = load_weights(folder, model=into, representation_size=None)
     assert out is into and out.pos_embed.shape == (1, 1 + 16 * 16, 192)
+    # loaded into a 64 px model: the 8x8 table resized to 16x16 (the authors' bilinear), blocks as saved
+    torch.testing.assert_close(out.pos_embed, resize_pos_embed(model.pos_embed, (8, 8), (16, 16), 1, "bilinear"))
+    assert torch.equal(out.blocks[1].attn.qkv.weight, model.blocks[1].attn.qkv.weight)
 
 
 def test_known_names_say_what_to_fetch(tmp_path):

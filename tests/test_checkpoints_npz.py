@@ -178,6 +178,9 @@ def test_optimizer_prefix_and_state_ignored(tmp_path):
     ck = read_checkpoint(write(tmp_path / "train.npz", a))
     assert ck.layout["prefix"] == "opt/target/" and "ignored 2 arrays" in ck.notes[0]
     assert ck.config.depth == 2 and ck.config.num_heads == 4
+    plain = read_checkpoint(write(tmp_path / "plain.npz", released_arrays(**SMALL)))  # same arrays, no prefix
+    assert ck.config == plain.config and ck.state.keys() == plain.state.keys()
+    assert all(torch.equal(ck.state[k], v) for k, v in plain.state.items())
 
 
 def test_foreign_npz_is_refused_with_names(tmp_path):

@@ -105,6 +105,12 @@ def test_timm_gap_without_class_token(tmp_path):
     save_weights(model, tmp_path / "gap.pth", "timm")
     loaded = load_weights(tmp_path / "gap.pth", num_heads=HEADS)
     assert loaded.config.pool == "gap" and not loaded.config.class_token
+    assert loaded.state_dict().keys() == model.state_dict().keys()
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+    x = torch.randn(2, 3, IMG, IMG)
+    with torch.no_grad():  # a read-out of token 0 instead of the patch mean would give other logits
+        assert torch.equal(loaded.eval()(x), model(x))
+        assert not torch.allclose(model.forward_features(x)[:, 0], model.forward_features(x).mean(1))
     with pytest.raises(ValueError, match="class token read-out"):
         save_weights(model, tmp_path / "gap_tv.pth", "torchvision")
 

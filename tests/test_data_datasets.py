@@ -22,12 +22,20 @@ def _idx(path, arr):
 
 def test_idx_folder_as_fashion_mnist(tmp_path):
     rng = np.random.default_rng(0)
+    written = {}
     for split, n in (("train", 20), ("t10k", 5)):
-        _idx(tmp_path / f"{split}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
-        _idx(tmp_path / f"{split}-labels-idx1-ubyte.gz", rng.integers(0, 10, n).astype(np.uint8))
+        images, labels = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), rng.integers(0, 10, n).astype(np.uint8)
+        _idx(tmp_path / f"{split}-images-idx3-ubyte.gz", images)
+        _idx(tmp_path / f"{split}-labels-idx1-ubyte.gz", labels)
+        written[split] = images, labels
     d = open_dataset(f"fashion-mnist:{tmp_path}", "test")
     assert len(d) == 5 and d.images.shape == (5, 1, 28, 28) and d.classes[0] == "T-shirt/top"
-    assert open_dataset("fashion-mnist", "train", root=tmp_path).images.dtype == torch.uint8
+    # the pixels and labels of the t10k files, in file order (not the train files, not transposed)
+    assert torch.equal(d.images[:, 0], torch.from_numpy(written["t10k"][0]))
+    assert d.labels.tolist() == written["t10k"][1].tolist()
+    train = open_dataset("fashion-mnist", "train", root=tmp_path)
+    assert train.images.dtype == torch.uint8 and torch.equal(train.images[:, 0], torch.from_numpy(written["train"][0]))
+    assert train.labels.tolist() == written["train"][1].tolist()
 
 
 def test_missing_fashion_mnist_says_how_to_get_it(tmp_path):
@@ -94,6 +102,12 @@ def test_image_folder_layouts(tmp_path):
     assert len(d) == 6 and d.classes == ["cat", "dog"] and d.labels.tolist() == [0, 0, 0, 1, 1, 1]
     x, y = d.gather(torch.tensor([0, 5]))
     assert x.shape == (2, 3, 16, 16) and x.dtype == torch.uint8 and y.tolist() == [0, 1]
+    # at the shorter side's own size (14 of 20 x 14) nothing is resampled: the centre crop is rows 3..16,
+    # channels first, of the file's pixels
+    files = image_folder(tmp_path / "flat", load_size=14).gather(torch.tensor([1, 4]))[0]
+    for got, path in zip(files, (tmp_path / "flat" / "cat" / "1.png", tmp_path / "flat" / "dog" / "1.png")):
+        with Image.open(path) as im:
+            assert torch.equal(got, torch.from_numpy(np.array(im)[3:17]).permute(2, 0, 1)), path
     # the authors' {train,test}/class layout; the test split keeps the training label order
     _write_images(tmp_path / "split" / "train", ["a", "b", "c"], 2)
     _write_images(tmp_path / "split" / "test", ["b", "c"], 1)
@@ -130,13 +144,20 @@ def test_tar_shards_round_trip(tmp_path):
 
 
 def test_tensor_files(tmp_path):
-    x = np.random.default_rng(4).integers(0, 256, (6, 8, 8, 3), dtype=np.uint8)  # NHWC
+    # NHWC, not square: a reshape instead of a permute, or swapped H and W, gives other pixels
+    x = np.random.default_rng(4).integers(0, 256, (6, 8, 10, 3), dtype=np.uint8)
     np.savez(tmp_path / "d.npz", images=x, labels=np.arange(6) % 2, classes=np.array(["no", "yes"]))
     d = tensor_file(tmp_path / "d.npz")
-    assert d.images.shape == (6, 3, 8, 8) and d.classes == ["no", "yes"]
-    torch.save({"train_images": torch.zeros(4, 1, 5, 5, dtype=torch.uint8), "train_labels": torch.tensor([0, 1, 2, 0])},
-               tmp_path / "d.pt")
-    assert len(open_dataset(f"tensors:{tmp_path / 'd.pt'}")) == 4
+    assert d.images.shape == (6, 3, 8, 10) and d.classes == ["no", "yes"]
+    for c in range(3):
+        assert torch.equal(d.images[:, c], torch.from_numpy(x[..., c])), c
+    assert d.labels.tolist() == [0, 1, 0, 1, 0, 1]
+    pt = torch.randint(0, 256, (4, 1, 5, 7), dtype=torch.uint8)
+    torch.save({"train_images": pt, "train_labels": torch.tensor([0, 1, 2, 0]), "test_images": pt[:1],
+                "test_labels": torch.tensor([2])}, tmp_path / "d.pt")
+    from_pt = open_dataset(f"tensors:{tmp_path / 'd.pt'}")
+    assert len(from_pt) == 4 and torch.equal(from_pt.images, pt) and from_pt.labels.tolist() == [0, 1, 2, 0]
+    assert open_dataset(f"tensors:{tmp_path / 'd.pt'}", "test").labels.tolist() == [2]  # the split's own arrays
     with pytest.raises(ValueError, match="uint8"):
         TensorImages(torch.rand(2, 1, 4, 4), torch.tensor([0, 1]), ["a", "b"])
     with pytest.raises(ValueError, match="labels must be in"):
@@ -171,9 +192,15 @@ def test_epoch_order_ranks_and_resume_position():
 
 
 def test_eval_batches_cover_every_sample_once_across_ranks():
-    d = TensorImages(torch.zeros(23, 1, 2, 2, dtype=torch.uint8), torch.arange(23) % 2, ["a", "b"])
+    # each sample's label is its index, and its pixels carry it too: a repeated or skipped sample shows
+    d = TensorImages(torch.arange(23, dtype=torch.uint8).view(23, 1, 1, 1).expand(23, 1, 2, 2).contiguous(),
+                     torch.arange(23), [str(i) for i in range(23)])
     seen = []
     for rank in range(3):
-        for _, y in eval_batches(d, 4, rank, 3):
-            seen.append(len(y))
-    assert sum(seen) == 23
+        mine = []
+        for x, y in eval_batches(d, 4, rank, 3):
+            assert len(y) <= 4 and torch.equal(x[:, 0, 0, 0].long(), y)
+            mine += y.tolist()
+        assert mine == sorted(mine) and mine == list(range(mine[0], mine[-1] + 1))  # in order, contiguous
+        seen += mine
+    assert sorted(seen) == list(range(23))  # every sample exactly once

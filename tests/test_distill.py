@@ -57,17 +57,34 @@ def _vit(num_classes=4, **kw):
 
 
 def test_distill_step_trains_the_student_only():
+    """One SGD step on the hard-distillation loss written out by hand; the teacher runs in eval mode (its
+    dropout would change its logits otherwise) and stays as it was."""
+    import copy
+
     torch.manual_seed(0)
-    student, teacher = _vit(), _vit()
-    torch.nn.init.normal_(teacher.head.weight, std=0.5)
+    student, teacher = _vit(), _vit(dropout=0.5)
+    for m in (student, teacher):  # random heads: the paper's zero head gives every student log(4) losses
+        torch.nn.init.normal_(m.head.weight, std=0.5)
     before = [p.detach().clone() for p in teacher.parameters()]
-    opt = torch.optim.SGD(student.parameters(), lr=0.1)
-    step = DistillStep(student, opt, teacher=teacher, kind="hard", alpha=0.5)
-    x, y = torch.randn(6, 1, 16, 16), torch.randint(0, 4, (6,))
+    x = torch.randn(6, 1, 16, 16)
     with torch.no_grad():
-        expected = distillation_loss(student.train()(x), y, teacher.eval()(x), alpha=0.5)
+        t_arg = teacher.eval()(x).argmax(1)
+    y = (t_arg + 1) % 4  # labels that disagree with the teacher everywhere: the two terms pull apart
+    reference = copy.deepcopy(student)
+    expected = 0.5 * F.cross_entropy(reference.train()(x), y) + 0.5 * F.cross_entropy(reference(x), t_arg)
+    expected.backward()
+    torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)  # TrainStep's default clipping
+    with torch.no_grad():
+        want = [p - 0.1 * p.grad for p in reference.parameters()]
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    step = DistillStep(student, opt, teacher=teacher.train(), kind="hard", alpha=0.5)
     stats = step(x, y)
-    assert torch.allclose(stats["loss"], expected, atol=1e-6)
+    assert torch.allclose(stats["loss"], expected.detach(), atol=1e-6)
+    with torch.no_grad():  # the teacher term counts: the labels alone give another loss
+        assert abs(float(expected.detach()) - float(F.cross_entropy(reference(x), y))) > 0.05
+    for p, w in zip(student.parameters(), want):  # the student took the step of that loss
+        torch.testing.assert_close(p.detach(), w, rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(p, w) for p, w in zip(reference.parameters(), student.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(before, teacher.parameters()))
     assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
     assert isinstance(step, TrainStep)

@@ -26,8 +26,17 @@ def test_onnx_matches_eager_with_dynamic_batch(model, tmp_path):
     assert report["validated"].startswith("onnxruntime") and report["batch"] == 3  # traced at 2, run at 3
     assert report["max_abs_diff"] < 1e-4
     import onnx
+    import onnxruntime as ort
     graph = onnx.load(str(tmp_path / "m.onnx")).graph
     assert [i.name for i in graph.input] == ["pixels"] and [o.name for o in graph.output] == ["logits"]
+    # run here, not only by the exporter's own check: another batch size, other images
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    x = torch.randn(5, 3, 32, 32)
+    with torch.no_grad():
+        want = model(x)
+    got = torch.from_numpy(sess.run(["logits"], {"pixels": x.numpy()})[0])
+    assert want.std() > 0.1  # logits that vary with the image (the zero head was replaced)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_torch_export_matches_eager(model, tmp_path):
@@ -47,4 +56,11 @@ def test_cli_export(model, tmp_path, capsys):
     assert report["format"] == "onnx" and report["max_abs_diff"] < 1e-4
     import onnxruntime as ort
     sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
-    assert sess.run(None, {"pixels": torch.randn(2, 3, 48, 48).numpy()})[0].shape == (2, 10)
+    x = torch.randn(2, 3, 48, 48)
+    got = torch.from_numpy(sess.run(None, {"pixels": x.numpy()})[0])
+    # the checkpoint loaded at 48 px (position table resized 8x8 -> 12x12), computed by eager PyTorch
+    from vitkit.checkpoints import load_weights
+    with torch.no_grad():
+        want = load_weights(folder, img_size=48).eval()(x)
+    assert got.shape == (2, 10)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

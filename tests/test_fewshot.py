@@ -147,6 +147,12 @@ def test_fewshot_picks_l2_on_validation_not_test():
     chosen = [p for p in res.per_l2 if p["l2"] == res.l2][0]
     assert chosen["val"] == best_val and res.val_accuracy == best_val
     assert res.mean == pytest.approx(chosen["test"])
+    assert len({p["val"] for p in res.per_l2}) > 1 and len({p["test"] for p in res.per_l2}) > 1  # a real choice
+    # the test labels scrambled: the validation numbers and the choice stay, only the test numbers move
+    scrambled = fewshot_evaluate(x, y, xt, np.random.default_rng(7).permutation(yt), shots=[5], seeds=[0, 1],
+                                 val_per_class=10)[0]
+    assert [p["val"] for p in scrambled.per_l2] == [p["val"] for p in res.per_l2] and scrambled.l2 == res.l2
+    assert [p["test"] for p in scrambled.per_l2] != [p["test"] for p in res.per_l2]
     with pytest.raises(ValueError, match="validation"):
         fewshot_evaluate(x, y, xt, yt, shots=[5], seeds=[0], val_per_class=0)
     single = fewshot_evaluate(x, y, xt, yt, shots=[5], seeds=[0], val_per_class=0, l2_grid=[1.0])[0]
@@ -160,6 +166,14 @@ def test_linear_probe_on_all_data():
     assert out["train_size"] == 800 and out["l2"] in DEFAULT_L2_GRID and out["accuracy"] > 0.9
     best = RidgeSolver(x, y, 4).accuracy(xt, yt, [out["l2"]])[0]
     assert out["accuracy"] == pytest.approx(best)
+    # the strength is the best on the held-out part of the training set, whatever the test labels say
+    # (ties go to the strongest regularisation)
+    assert out["val_accuracy"] == max(p["val"] for p in out["per_l2"])
+    assert out["l2"] == max(p["l2"] for p in out["per_l2"] if p["val"] == out["val_accuracy"])
+    assert len({p["val"] for p in out["per_l2"]}) > 1  # the choice is not trivial on this grid
+    scrambled = linear_probe(x, y, xt, np.random.default_rng(5).permutation(yt))
+    assert scrambled["per_l2"] == out["per_l2"] and scrambled["l2"] == out["l2"]
+    assert scrambled["accuracy"] < 0.5  # the test labels were read, for the score only
 
 
 # --- features -----------------------------------------------------------------------------
@@ -181,6 +195,16 @@ def test_prepare_images():
     rgb = prepare_images(imgs, (16, 12), 3)
     assert rgb.shape == (2, 3, 16, 12) and torch.equal(rgb[:, 0], rgb[:, 2])
     assert -1.0 <= rgb.min() and rgb.max() <= 1.0
+    # the resize is bilinear with half-pixel centres: on a horizontal ramp each output column is the ramp
+    # at its centre's source position, clamped at the borders (the default 0.5 / 0.5 maps [0, 1] to [-1, 1])
+    ramp = np.tile((np.arange(8) * 30).astype(np.uint8), (1, 8, 1))  # [1, 8, 8], 0..210 along the width
+    out = prepare_images(ramp, (8, 16), 1)[0, 0]
+    src = np.clip((np.arange(16) + 0.5) / 2 - 0.5, 0, 7)
+    np.testing.assert_allclose(out.numpy(), np.tile((src * 30 / 255 - 0.5) / 0.5, (8, 1)), rtol=1e-5, atol=1e-5)
+    # RGB to a grey model: the mean of the three channels
+    colour = np.random.default_rng(0).integers(0, 256, (2, 3, 8, 8), dtype=np.uint8)
+    np.testing.assert_allclose(prepare_images(colour, (8, 8), 1)[:, 0].numpy(),
+                               (colour.mean(1) / 255.0 - 0.5) / 0.5, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="2-channel"):
         prepare_images(np.zeros((1, 2, 4, 4), np.uint8), (4, 4), 3)
 

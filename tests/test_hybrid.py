@@ -156,12 +156,27 @@ def test_root_only_and_larger_feature_patches(tiny_cfg):
 
 
 def test_other_resolutions(tiny_hybrid):
+    from vitkit.models.posemb import resize_pos_embed
+
     model = vitkit.VisionTransformer(tiny_hybrid.replace(dynamic_img_size=True)).eval()
-    out = model.forward_intermediates(torch.randn(1, 3, 64, 48))
+    with torch.no_grad():  # random weights everywhere (zero head and zero gn3 would hide differences)
+        for p in model.parameters():
+            p.normal_(std=0.1)
+    x = torch.randn(2, 3, 64, 48)
+    out = model.forward_intermediates(x)
     assert out["grid"] == (8, 6)
     fixed = vitkit.VisionTransformer(tiny_hybrid).eval()
-    fixed.set_img_size(64)
-    assert fixed.pos_embed.shape[1] == 65 and fixed(torch.randn(1, 3, 64, 64)).shape == (1, 10)
+    fixed.load_state_dict(model.state_dict())
+    table = fixed.pos_embed.detach().clone()
+    fixed.set_img_size((64, 48))
+    # the 4x4 table resized to the 8x6 grid of the stride-8 map (bilinear, class slot kept), and the same
+    # function as the dynamic model's on-the-fly resize
+    assert fixed.pos_embed.shape[1] == 49
+    torch.testing.assert_close(fixed.pos_embed.detach(), resize_pos_embed(table, (4, 4), (8, 6), 1, "bilinear"))
+    with torch.no_grad():
+        want = model(x)
+        assert want.std() > 1e-3
+        torch.testing.assert_close(fixed(x), want, rtol=1e-5, atol=1e-6)
 
 
 def test_cost_matches_flop_counter_and_parameters(tiny_hybrid):
@@ -181,12 +196,19 @@ def test_config_and_native_round_trip(tiny_hybrid, tmp_path):
 
     cfg = tiny_hybrid.replace(std_conv_style="var", gn_eps=1e-5)
     assert ViTConfig.from_dict(cfg.to_dict()) == cfg and cfg.to_dict()["backbone_layers"] == [1, 1]
-    model = randomize_head(vitkit.VisionTransformer(cfg)).eval()
+    model = vitkit.VisionTransformer(cfg).eval()
+    with torch.no_grad():  # every weight random: the zero-initialised gn3 of each unit and the zero head
+        for p in model.parameters():  # would hide the units' convolutions and everything before the head
+            p.normal_(std=0.1)
     save_model(model, tmp_path / "m")
     again = load_model(tmp_path / "m").eval()
     x = torch.randn(2, 3, 32, 32)
     assert again.config == cfg
-    assert torch.equal(model(x), again(x))
+    assert model.state_dict().keys() == again.state_dict().keys()
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in model.state_dict().items())
+    with torch.no_grad():
+        want = model(x)
+        assert want.std() > 1e-3 and torch.equal(want, again(x))
 
 
 def test_hybrid_embed_rejects_indivisible_feature_maps():
@@ -329,13 +351,25 @@ def test_analysis_measures_hybrids_in_pixels(tiny_hybrid):
     from vitkit.analysis.distance import mean_attention_distance
     from vitkit.analysis.rollout import rollout_maps
 
-    model = vitkit.VisionTransformer(tiny_hybrid)
+    from vitkit.analysis import patch_distances
+
+    model = vitkit.VisionTransformer(tiny_hybrid).eval()
+    d_model = tiny_hybrid.width
+    with torch.no_grad():  # q = k = 0: every token attends uniformly to all 17, whatever the backbone gives
+        for blk in model.blocks:
+            blk.attn.qkv.weight[:2 * d_model] = 0
+            blk.attn.qkv.bias[:2 * d_model] = 0
     x = torch.rand(2, 3, 32, 32)
-    assert rollout_maps(model, x).shape == (2, 32, 32)  # the 4x4 token grid covers the whole image
+    maps = rollout_maps(model, x)
+    assert maps.shape == (2, 32, 32)  # the 4x4 token grid covers the whole image
+    # ((U + I) / 2)^2 = (3/4) U + I / 4: the class token owes 3/4 / 17 to each patch, every pixel alike
+    torch.testing.assert_close(maps, torch.full((2, 32, 32), 0.75 / 17), rtol=1e-5, atol=1e-7)
     d = mean_attention_distance(model, x)
-    # a token is 8 px wide: near-uniform attention at init averages ~16 px; in units of feature-map
-    # patches (1x1) no distance could exceed the grid diagonal, 3 * sqrt(2)
-    assert d.shape == (2, 4) and d.mean() > 3 * 2 ** 0.5 * 2
+    # a token of the stride-8 feature map is 8 px wide: the mean distance of a 4x4 grid of 8 px patches,
+    # twice that of 4 px patches and eight times that of the 1x1 feature-map patches
+    want = float(patch_distances((4, 4), (8, 8)).mean())
+    assert d.shape == (2, 4) and want == pytest.approx(8 * float(patch_distances((4, 4), 1).mean()))
+    torch.testing.assert_close(d, torch.full((2, 4), want), rtol=1e-5, atol=1e-5)
 
 
 def test_hybrid_trains_with_the_engine_and_reloads_at_another_resolution(tmp_path):

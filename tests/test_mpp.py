@@ -120,17 +120,28 @@ def test_heads_and_targets_fit(tiny_cfg, target, outputs):
     assert out["prediction"].shape == (2, 16, outputs) and torch.isfinite(out["loss"])
     if target != "pixels":
         assert math.isclose(out["loss"].item(), math.log(512), rel_tol=0.1)  # near chance at init
-    colors = mpp.predict_colors(torch.rand(2, 3, 32, 32))
+    x = torch.rand(2, 3, 32, 32) * 2 - 1
+    colors = mpp.predict_colors(x)
     assert colors["true"].shape == colors["predicted"].shape == (2, 16, 3)
     assert 0 <= colors["predicted"].min() and colors["predicted"].max() <= 1
+    # the true colours: each 8x8 patch's mean of the de-normalised input (x * 0.5 + 0.5), tokens row-major
+    true = (x * 0.5 + 0.5).reshape(2, 3, 4, 8, 4, 8).mean(dim=(3, 5)).permute(0, 2, 3, 1).reshape(2, 16, 3)
+    torch.testing.assert_close(colors["true"], true)
 
 
 def test_mpp_on_a_hybrid(tiny_cfg):
     cfg = tiny_cfg.replace(backbone="resnet", backbone_layers=(1,), backbone_width=32, patch_size=1)
     mpp = MaskedPatchPrediction(vitkit.VisionTransformer(cfg), "color4x4")
     assert mpp.patch == (4, 4)  # a token covers the backbone's stride in pixels
-    out = mpp(torch.rand(2, 3, 32, 32))
+    x = torch.rand(2, 3, 32, 32) * 2 - 1
+    out = mpp(x)
     assert out["target"].shape == (2, 64, 16) and torch.isfinite(out["loss"])
+    # by hand: a 4x4 token has 16 cells of one pixel each; a cell's class is its de-normalised pixel's
+    # colour, 3 bits per channel (R * 64 + G * 8 + B); tokens row-major on the 8x8 grid, cells row-major
+    bins = ((x * 0.5 + 0.5) * 8).floor().clamp(0, 7).long()
+    cls = bins[:, 0] * 64 + bins[:, 1] * 8 + bins[:, 2]  # [2, 32, 32]
+    want = cls.reshape(2, 8, 4, 8, 4).permute(0, 1, 3, 2, 4).reshape(2, 64, 16)
+    assert torch.equal(out["target"], want)
 
 
 def test_bad_settings_are_explained(gray_cfg, tiny_cfg):
@@ -217,7 +228,7 @@ def test_pretrain_mpp_fills_the_run_folder_and_learns(mpp_run):
     assert "mpp:" in (out / "recipe.yaml").read_text()
 
 
-def test_pretrain_mpp_resumes_exactly(quadrants, mpp_run):
+def test_pretrain_mpp_resumes_exactly(quadrants, mpp_run, monkeypatch):
     from safetensors.torch import load_file
 
     from vitkit.train.mpp import MPPTrainer
@@ -225,7 +236,15 @@ def test_pretrain_mpp_resumes_exactly(quadrants, mpp_run):
     d, data = quadrants
     out = d / "resumed"
     assert MPPTrainer(_recipe(data), out, progress=False, stop_after=20).fit() == {"stopped_at": 20}
+    # count the training forward passes of the resumed part: a run started over from step 0 would end
+    # with the same weights too (same seed), so equal weights alone do not show a resume
+    steps = []
+    forward = MaskedPatchPrediction.forward
+    monkeypatch.setattr(MaskedPatchPrediction, "forward",
+                        lambda self, *a, **k: (steps.append(1) if self.training and torch.is_grad_enabled() else None,
+                                               forward(self, *a, **k))[1])
     MPPTrainer(_recipe(data), out, progress=False, resume=True).fit()
+    assert len(steps) == 48 - 16  # from the last checkpoint (every 8 steps) before the stop at 20
     a, b = load_file(str(mpp_run[0] / "model/model.safetensors")), load_file(str(out / "model/model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 

@@ -56,11 +56,17 @@ def test_resize_errors():
 
 
 def test_bf16_tables_are_resized_in_float32_and_keep_dtype():
-    table = torch.randn(1, 17, 8).bfloat16()
-    out = resize_pos_embed(table, (4, 4), (6, 6))
+    # 14x14 -> 37x37: a size where interpolating in bf16 itself rounds differently (at 4x4 -> 6x6 it does
+    # not, and the comparison could not fail)
+    table = torch.randn(1, 1 + 14 * 14, 8).bfloat16()
+    out = resize_pos_embed(table, (14, 14), (37, 37))
     assert out.dtype == torch.bfloat16
-    ref = resize_pos_embed(table.float(), (4, 4), (6, 6)).bfloat16()
-    torch.testing.assert_close(out, ref)
+    ref = resize_pos_embed(table.float(), (14, 14), (37, 37)).bfloat16()
+    assert torch.equal(out, ref)
+    grid = table[:, 1:].reshape(1, 14, 14, 8).permute(0, 3, 1, 2)
+    in_bf16 = torch.nn.functional.interpolate(grid, size=(37, 37), mode="bilinear", align_corners=True)
+    assert in_bf16.dtype == torch.bfloat16 and not torch.equal(in_bf16.permute(0, 2, 3, 1).reshape(1, -1, 8),
+                                                               out[:, 1:])
 
 
 def test_sincos_similarity_decays_with_grid_distance():
@@ -75,6 +81,16 @@ def test_sincos_similarity_decays_with_grid_distance():
     assert torch.allclose(pe.reshape(10, 10, 64)[0, :, :16], pe.reshape(10, 10, 64)[7, :, :16])
 
 
+def test_sincos_values_are_big_visions_formula():
+    """posemb_sincos_2d of big_vision, written out in numpy, on a non-square grid (3 rows, 5 columns)."""
+    gh, gw, width = 3, 5, 16
+    y, x = np.mgrid[:gh, :gw]
+    omega = 1.0 / 10000.0 ** (np.arange(width // 4) / (width // 4 - 1))
+    y, x = y.reshape(-1, 1) * omega, x.reshape(-1, 1) * omega
+    want = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
+    np.testing.assert_allclose(sincos_2d((gh, gw), width).numpy(), want, rtol=0, atol=1e-6)
+
+
 def test_relative_bias_depends_only_on_offset():
     rel = RelativePositionBias((3, 4), num_heads=2, class_token=True)
     torch.nn.init.normal_(rel.table)
@@ -87,6 +103,15 @@ def test_relative_bias_depends_only_on_offset():
     torch.testing.assert_close(bias[:, 0, 5], rel.cls[:, 0])
     torch.testing.assert_close(bias[:, 5, 0], rel.cls[:, 1])
     torch.testing.assert_close(bias[:, 0, 0], rel.cls[:, 2])
+    # over all pairs: equal biases exactly where the 2D offsets are equal (the table's values are distinct),
+    # so no pair reads another offset's entry (rows and columns swapped, |offset|, a flattened index)
+    ys, xs = torch.arange(12) // 4, torch.arange(12) % 4
+    offset = torch.stack([ys[:, None] - ys[None, :], xs[:, None] - xs[None, :]], -1).reshape(144, 2)
+    same_offset = (offset[:, None] == offset[None, :]).all(-1)
+    for h in range(2):
+        b = bias[h, 1:, 1:].reshape(144)
+        assert torch.equal(b[:, None] == b[None, :], same_offset)
+    assert len(torch.unique(bias[0, 1:, 1:])) == 5 * 7  # every offset of a 3x4 grid is used
     # zero offset everywhere on the diagonal
     torch.testing.assert_close(torch.diagonal(bias[:, 1:, 1:], dim1=1, dim2=2),
                                rel.table[:, 2, 3][:, None].expand(2, 12))

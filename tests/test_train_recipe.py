@@ -96,11 +96,13 @@ def test_no_weight_decay_groups_follow_the_model():
 
 def test_schedules():
     s = Schedule(1.0, 100, 10, "cosine", min_lr=0.1)
-    assert s(0) == pytest.approx(0.1) and s(9) == pytest.approx(1.0)
+    assert s(0) == pytest.approx(0.1) and s(4) == pytest.approx(0.5) and s(9) == pytest.approx(1.0)  # linear ramp
     assert s(10) == pytest.approx(1.0) and s(55) == pytest.approx(0.1 + 0.9 * 0.5)
+    # off the midpoint (where cosine and linear decay agree): a third of the way, cos(pi / 3) = 0.5
+    assert s(40) == pytest.approx(0.1 + 0.9 * 0.75) and s(85) == pytest.approx(0.1 + 0.9 * 0.5 * (1 - 3 ** 0.5 / 2))
     assert s(100) == pytest.approx(0.1)
     lin = Schedule(2.0, 20, 0, "linear")
-    assert lin(0) == 2.0 and lin(10) == pytest.approx(1.0) and lin(20) == 0.0
+    assert lin(0) == 2.0 and lin(5) == pytest.approx(1.5) and lin(10) == pytest.approx(1.0) and lin(20) == 0.0
     assert Schedule(1.0, 5, 0, "constant")(4) == 1.0
     with pytest.raises(ValueError, match="warm-up"):
         Schedule(1.0, 10, 10)
@@ -116,6 +118,21 @@ def test_ema_is_an_exponential_average_and_warms_up():
     assert torch.allclose(ema.shadow["weight"], start + 0.1)
     ema2 = EMA(lin, 0.9999, warmup=True)
     assert ema2.rate() == pytest.approx(0.1)  # (1 + 0) / (10 + 0)
+    # the warm-up follows the number of updates: (1 + t) / (10 + t) after t updates, each applied at its rate
+    shadow = ema2.shadow["weight"].clone()
+    for t in range(5):
+        assert ema2.rate() == pytest.approx((1 + t) / (10 + t))
+        with torch.no_grad():
+            lin.weight.mul_(-1.5).add_(0.25)
+        d = (1 + t) / (10 + t)
+        shadow = d * shadow + (1 - d) * lin.weight.detach()
+        ema2.update(lin)
+        torch.testing.assert_close(ema2.shadow["weight"], shadow)
+    assert EMA(lin, 0.6, warmup=True).rate() == pytest.approx(0.1) and ema2.updates == 5
+    ema3 = EMA(lin, 0.6, warmup=True)
+    for _ in range(20):
+        ema3.update(lin)
+    assert ema3.rate() == pytest.approx(0.6)  # (1 + 20) / 30 = 0.7 is capped at the decay
     target = torch.nn.Linear(2, 1)
     ema.copy_to(target)
     assert torch.equal(target.weight, ema.shadow["weight"])
@@ -134,7 +151,10 @@ def _tiny_model():
 def test_gradient_accumulation_equals_the_full_batch_step():
     from vitkit.train import TrainStep
 
-    x, y = torch.randn(8, 1, 8, 8), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    # 10 images in 4 micro-batches of 3, 3, 3 and 1: each must count by its size (with equal micro-batches
+    # a plain average of the micro-batch losses gives the same step)
+    x, y = torch.randn(10, 1, 8, 8), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2, 2])
+    assert [len(c) for c in x.chunk(4)] == [3, 3, 3, 1]
     out = []
     for accum in (1, 4):
         m = _tiny_model()

@@ -24,6 +24,19 @@ def _inputs(model, batch: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(batch, cfg.in_chans, *cfg.img_size, generator=g)
 
 
+class _PixelsToLogits(torch.nn.Module):
+    """The model's forward with the pixels as its only argument: torch.onnx's TorchScript exporter appends
+    the defaults of every further forward argument (keyword-only ones too) to the traced inputs, which the
+    model's forward would then receive positionally."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.model(pixels)
+
+
 def _compare(ref: torch.Tensor, out: torch.Tensor, atol: float, what: str) -> Dict[str, float]:
     diff = (ref - out).abs().max().item()
     rel = diff / max(ref.abs().max().item(), 1e-12)
@@ -50,8 +63,9 @@ def export_onnx(model, path: PathLike, *, opset: int = 17, dynamic_batch: bool =
     axes = {"pixels": {0: "batch"}, "logits": {0: "batch"}} if dynamic_batch else None
     with atomic_path(path) as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about python-level shape checks
-        torch.onnx.export(model, (example,), str(tmp), input_names=["pixels"], output_names=["logits"],
-                          dynamic_axes=axes, opset_version=opset, dynamo=False, do_constant_folding=True)
+        torch.onnx.export(_PixelsToLogits(model), (example,), str(tmp), input_names=["pixels"],
+                          output_names=["logits"], dynamic_axes=axes, opset_version=opset, dynamo=False,
+                          do_constant_folding=True)
     report: Dict[str, Any] = {"format": "onnx", "path": str(path), "opset": opset, "bytes": path.stat().st_size}
     if not validate:
         return report

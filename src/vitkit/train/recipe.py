@@ -32,7 +32,7 @@ class DataConfig:
     dataset: Optional[str] = "fashion-mnist"  # fashion-mnist | mnist | cifar10:DIR | cifar100:DIR | folder:DIR | shards:PATTERN | tensors:FILE
     root: Optional[str] = None  # folder for specs without a path (e.g. Fashion-MNIST elsewhere)
     train_split: str = "train"
-    eval_split: Optional[str] = "test"  # null: no test split
+    eval_split: Optional[str] = "test"  # the test split, read once at the end (null: none)
     # The validation split: a seeded, class-stratified hold-out of the training split on which the run
     # evaluates periodically and chooses the exported weights (the test split is read once, at the end).
     val_size: Optional[int] = None  # images held out (wins over val_fraction)

@@ -70,6 +70,10 @@ class Trainer:
         self.dist = D.setup(t.device)
         self.device = self.dist.device
         torch.manual_seed(t.seed)
+        last = find_last(self.out)  # the run folder's state is checked first: it needs no data
+        if resume and last is None:
+            raise FileNotFoundError(f"--resume: no checkpoint in {self.out / 'checkpoints'}; start the run "
+                                    f"without --resume")
         self._build_data(data)
         self._build_model()
         self._build_optim()
@@ -79,11 +83,7 @@ class Trainer:
         self.resume_rows = None  # metrics.jsonl lines the resumed checkpoint had seen (issue 22)
         if self.dist.main:
             self.out.mkdir(parents=True, exist_ok=True)
-        last = find_last(self.out)
         if resume:
-            if last is None:
-                raise FileNotFoundError(f"--resume: no checkpoint in {self.out / 'checkpoints'}; start the run "
-                                        f"without --resume")
             self._restore(load_state(last))
             if self.dist.main:
                 remove_stale_temps(self.out)  # temp files of writes a kill interrupted (issue 22)
