@@ -56,7 +56,7 @@ def main() -> None:
     line = machine_line()
     print(line)
     model = trained_model(Path(args.checkpoint))
-    pre = getattr(model, "preprocessing", None) or {}
+    pre = model.meta.preprocessing or {}
     mean, std = pre.get("mean", [0.2860]), pre.get("std", [0.3530])
     x, y = load_fashion_mnist("test")
     images = (torch.from_numpy(x).float().div(255).unsqueeze(1) - mean[0]) / std[0]

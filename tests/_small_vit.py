@@ -54,6 +54,6 @@ def train_small_vit(seed: int = 0):
         opt.step()
         sched.step()
     model.eval()
-    model.preprocessing = {"mean": [MEAN], "std": [STD]}
+    model.meta.preprocessing = {"mean": [MEAN], "std": [STD]}
     model.train_seconds = time.perf_counter() - t0
     return model, (train_x, np.asarray(train_y)), (test_x[:TEST_IMAGES], np.asarray(test_y[:TEST_IMAGES]))

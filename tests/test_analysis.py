@@ -330,7 +330,7 @@ def test_analyze_writes_figures_and_json(tmp_path):
     cfg = ViTConfig(img_size=16, patch_size=4, in_chans=3, num_classes=3, width=32, depth=3, num_heads=2,
                     mlp_dim=32)
     model = VisionTransformer(cfg).eval()
-    model.labels = ["a", "b", "c"]
+    model.meta.labels = ["a", "b", "c"]
     x = torch.randn(3, 3, 16, 16)
     s = analyze(model, x, tmp_path, names=["p", "q", "r"], progress=False)
     for name in ("rollout.png", "attention_distance.png", "posemb_similarity.png", "embedding_filters.png"):
@@ -401,7 +401,7 @@ def test_analyze_command_on_real_photos(tmp_path, capsys):
 def test_trained_attention_distance_grows_with_depth(small_trained_vit):
     model, _, (test_x, _) = small_trained_vit
     from vitkit.eval import prepare_images
-    x = prepare_images(test_x[:128], model.config.img_size, 1, model.preprocessing)
+    x = prepare_images(test_x[:128], model.config.img_size, 1, model.meta.preprocessing)
     d = mean_attention_distance(model, [x[:64], x[64:]])
     per_layer = d.mean(dim=1)
     depth = torch.arange(len(per_layer), dtype=torch.float32)

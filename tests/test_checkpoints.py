@@ -6,7 +6,8 @@ import torch
 
 import vitkit
 from vitkit.checkpoints import KNOWN, convert, get_known, load_weights, read_checkpoint, save_model, save_weights
-from vitkit.checkpoints.registry import locate, verify
+from vitkit.checkpoints.download import check_sha256
+from vitkit.checkpoints.sources import resolve_weights
 from vitkit.cli import main
 from vitkit.config import config_from_name
 from vitkit.data.preprocess import PRESETS, get_preset
@@ -26,17 +27,17 @@ def trained(tmp_path):
 def test_adaptation_resolution_classes_pre_logits(trained):
     model, folder = trained
     same = load_weights(folder)
-    assert same.labels == ["a", "b", "c", "d"] and same.preprocessing["size"] == [32, 32]
+    assert same.meta.labels == ["a", "b", "c", "d"] and same.meta.preprocessing["size"] == [32, 32]
     big = load_weights(folder, img_size=48)  # grid 8x8 -> 12x12, authors' bilinear
     torch.testing.assert_close(big.pos_embed, resize_pos_embed(model.pos_embed, (8, 8), (12, 12), 1, "bilinear"))
-    assert big.preprocessing["size"] == [48, 48] and big.labels == same.labels
+    assert big.meta.preprocessing["size"] == [48, 48] and big.meta.labels == same.meta.labels
     assert big(torch.randn(1, 3, 48, 48)).shape == (1, 4)
     new = load_weights(folder, num_classes=7, representation_size=None, labels=list("abcdefg"))
     assert new.config.representation_size is None and not hasattr(new.pre_logits, "fc")
-    assert torch.count_nonzero(new.head.weight) == 0 and new.labels == list("abcdefg")
-    assert any("head re-initialised" in n for n in new.checkpoint["notes"])
+    assert torch.count_nonzero(new.head.weight) == 0 and new.meta.labels == list("abcdefg")
+    assert any("head re-initialised" in n for n in new.meta.notes)
     kept = load_weights(folder, num_classes=7)  # pre-logits kept: the head is replaced on top of it
-    assert kept.config.representation_size == 96 and kept.labels is None
+    assert kept.config.representation_size == 96 and kept.meta.labels is None
     torch.testing.assert_close(kept.pre_logits.fc.weight, model.pre_logits.fc.weight)
     tuned = load_weights(folder, drop_path=0.1, dropout=0.1)  # training-time fields pass through
     assert tuned.config.drop_path == 0.1
@@ -63,7 +64,7 @@ def test_known_names_say_what_to_fetch(tmp_path):
     entry = get_known("torchvision/vit_b_16")
     assert entry.top1 == 81.072 and entry.params == 86567656 and entry.sha256 == "c867db91"
     with pytest.raises(FileNotFoundError) as err:
-        load_weights("torchvision/vit_b_16", cache_dir=tmp_path)
+        load_weights("torchvision/vit_b_16", cache_dir=tmp_path, offline=True)
     msg = str(err.value)
     assert "https://download.pytorch.org/models/vit_b_16-c867db91.pth" in msg
     assert str(tmp_path / "vit_b_16-c867db91.pth") in msg
@@ -82,11 +83,13 @@ def test_known_name_with_local_file_and_hash(tmp_path):
     tv = vitkit.create_model("B/16", img_size=32, patch_size=16, depth=1, num_classes=1000)
     path = save_weights(tv, tmp_path / "vit_b_16-c867db91.pth", "torchvision")
     entry = get_known("torchvision/vit_b_16")
-    assert locate(entry, cache_dir=tmp_path) == path
+    assert resolve_weights("ViT_B_16_Weights.IMAGENET1K_V1", cache_dir=tmp_path, offline=True).path == path
     m = load_weights("torchvision/vit_b_16", cache_dir=tmp_path)
-    assert m.preprocessing["name"] == "torchvision" and m.labels[0] == "tench"
+    assert m.meta.preprocessing["name"] == "torchvision" and m.meta.labels[0] == "tench"
     with pytest.raises(ValueError, match="SHA-256"):  # our stand-in is not the published file
-        verify(entry, path)
+        check_sha256(path, entry.sha256, str(path))
+    with pytest.raises(ValueError, match="SHA-256"):
+        load_weights("torchvision/vit_b_16", cache_dir=tmp_path, check_hash=True)
 
 
 def test_cli_convert_and_inspect(trained, tmp_path, capsys):
@@ -126,10 +129,13 @@ def test_known_timm_name_finds_the_downloaded_repository_folder(tmp_path):
     """A known timm checkpoint is found as its file or as its whole Hub repository folder (config.json +
     model.safetensors, as a download of timm/... gives); the error names both."""
     name = "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k"
-    with pytest.raises(FileNotFoundError, match="or its whole repository"):
-        load_weights(name, cache_dir=tmp_path)
+    with pytest.raises(FileNotFoundError) as err:
+        load_weights(name, cache_dir=tmp_path, offline=True)
+    msg = str(err.value)  # the address of the file and the folder to save the repository in
+    assert "/timm/vit_base_patch16_224.augreg2_in21k_ft_in1k/resolve/main/config.json" in msg and "offline" in msg
+    assert str(tmp_path / "vit_base_patch16_224.augreg2_in21k_ft_in1k") in msg
     small = vitkit.create_model("B/16", img_size=32, depth=1, num_classes=1000)
     repo = save_weights(small, tmp_path / "vit_base_patch16_224.augreg2_in21k_ft_in1k", "timm")
-    assert locate(get_known(name), cache_dir=tmp_path) == repo
+    assert resolve_weights("hf-hub:" + name, cache_dir=tmp_path, offline=True).path == repo
     m = load_weights(name, cache_dir=tmp_path)
-    assert m.preprocessing["name"] == "timm" and m.config.depth == 1 and m.labels[0] == "tench"
+    assert m.meta.preprocessing["name"] == "timm" and m.config.depth == 1 and m.meta.labels[0] == "tench"

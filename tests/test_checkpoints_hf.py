@@ -46,7 +46,7 @@ def test_folder_logits_config_and_labels(saved):
     c = ours.config
     assert (c.width, c.depth, c.num_heads, c.mlp_dim, c.img_size, c.patch_size) == (64, 2, 4, 128, (224, 224), (16, 16))
     assert c.ln_eps == 1e-12 and c.gelu == "exact" and c.num_classes == 7
-    assert ours.labels == LABELS and ours.preprocessing["name"] == "hf"
+    assert ours.meta.labels == LABELS and ours.meta.preprocessing["name"] == "hf"
     x = torch.randn(2, 3, 224, 224)
     with torch.no_grad():
         assert rel_err(ours(x), hf(pixel_values=x).logits) < 1e-5
@@ -105,7 +105,7 @@ def test_vit_model_pooler_is_pre_logits(tmp_path):
     dropped = load_weights(tmp_path / "base", representation_size=None, num_classes=3)
     assert "pre_logits.fc.weight" not in dropped.state_dict()
     assert torch.count_nonzero(dropped.head.weight) == 0  # fine-tuning head, zero-initialised
-    assert any("pre-logits layer dropped" in n for n in dropped.checkpoint["notes"])
+    assert any("pre-logits layer dropped" in n for n in dropped.meta.notes)
 
 
 def test_raw_state_dict_sharded_and_in_memory_names(tmp_path):
@@ -144,12 +144,12 @@ def test_written_preprocessor_config_is_what_hf_runs(preset, tmp_path):
     shift; reading the folder back gives HF's own placement, which matches HF there too."""
     from vitkit.data.preprocess import get_preset
     model = vitkit.create_model("Ti/16", depth=1, num_classes=3)
-    model.preprocessing = get_preset(preset, 224).to_dict()
+    model.meta.preprocessing = get_preset(preset, 224).to_dict()
     out = save_weights(model, tmp_path / "f", "hf")
     processor = transformers.AutoImageProcessor.from_pretrained(out)
     expected = {"hf": "ViTImageProcessor", "timm-imagenet": "BitImageProcessor", "torchvision": "BitImageProcessor"}
     assert type(processor).__name__.startswith(expected[preset])
-    back = load_weights(out).preprocessing
+    back = load_weights(out).meta.preprocessing
     assert (tuple(back["size"]), back["interpolation"], back["resize_mode"], back["resize"]) == (
         (224, 224), get_preset(preset).interpolation, get_preset(preset).resize_mode, get_preset(preset).resize)
     shifted = []
@@ -175,7 +175,7 @@ def test_hub_deit_preprocessor_config_read_exactly(side, tmp_path):
         "crop_size": {"height": 224, "width": 224}, "resample": 3, "do_rescale": True, "rescale_factor": 1 / 255,
         "do_normalize": True, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}))
     processor = transformers.AutoImageProcessor.from_pretrained(out)
-    pre = load_weights(out).preprocessing
+    pre = load_weights(out).meta.preprocessing
     assert (pre["resize_mode"], pre["resize"], pre["crop_rounding"], pre["interpolation"]) == (
         "square", side, "floor", "bicubic")
     for name, img in _photos().items():

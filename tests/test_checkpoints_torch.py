@@ -196,7 +196,7 @@ def test_torchvision_vit_b_16_logits(tmp_path):
     ref = randomize(tvm.vit_b_16(), std=0.02)
     torch.save(ref.state_dict(), tmp_path / "vit_b_16.pth")
     ours = load_weights(tmp_path / "vit_b_16.pth")
-    assert ours.config.num_heads == 12 and ours.labels[281] == "tabby"
+    assert ours.config.num_heads == 12 and ours.meta.labels[281] == "tabby"
     x = torch.randn(2, 3, 224, 224)
     with torch.no_grad():
         err = rel_err(ours(x), ref(x))
@@ -320,23 +320,23 @@ def test_timm_folder_round_trip(tmp_path, kind):
     from vitkit.data.preprocess import get_preset
     kw = {"gap": dict(class_token=False, pool="gap"), "distilled": dict(distill_token=True)}.get(kind, {})
     model = tiny(**kw)
-    model.labels = [f"class {i}" for i in range(C)]
-    model.preprocessing = get_preset("timm", IMG).to_dict()
+    model.meta.labels = [f"class {i}" for i in range(C)]
+    model.meta.preprocessing = get_preset("timm", IMG).to_dict()
     out = save_weights(model, tmp_path / "folder", "timm")
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     config = json.loads((out / "config.json").read_text())
-    assert config["model_args"]["num_heads"] == HEADS and config["label_names"] == model.labels
+    assert config["model_args"]["num_heads"] == HEADS and config["label_names"] == model.meta.labels
     assert config["architecture"] == ("deit_base_distilled_patch16_224" if kind == "distilled" else
                                       "vit_base_patch16_224")  # model_args carry the real sizes
     assert config["global_pool"] == ("avg" if kind == "gap" else "token")
     assert config["pretrained_cfg"]["crop_pct"] == 0.9 and config["pretrained_cfg"]["crop_mode"] == "center"
     back = load_weights(out)
     assert back.config.replace(name=None) == model.config.replace(name=None)
-    assert back.labels == model.labels and back.checkpoint["format"] == "timm"
+    assert back.meta.labels == model.meta.labels and back.meta.format == "timm"
     for k, v in model.state_dict().items():
         assert torch.equal(back.state_dict()[k], v), k
     for img in _photos():
-        assert torch.equal(get_preset(back.preprocessing)(img), get_preset("timm", IMG)(img))
+        assert torch.equal(get_preset(back.meta.preprocessing)(img), get_preset("timm", IMG)(img))
     # a weights-file name still writes a file
     assert save_weights(model, tmp_path / "w.safetensors", "timm", safetensors=True).is_file()
 
@@ -354,20 +354,20 @@ def test_timm_folder_config_variants_and_refusals(tmp_path):
               "mean": [0.5] * 3, "std": [0.5] * 3, "labels": [f"n{i:08d}" for i in range(C)]}
     cfg_file.write_text(json.dumps(legacy))
     m = load_weights(out, num_heads=HEADS)
-    pre = get_preset(m.preprocessing)
+    pre = get_preset(m.meta.preprocessing)
     assert (pre.resize_mode, pre.resize, pre.crop_rounding) == ("square", 40, "round")  # floor(32 / 0.8)
-    assert m.labels == legacy["labels"]
+    assert m.meta.labels == legacy["labels"]
     for extra, match in (({"reg_tokens": 4}, "not the paper's ViT"), ({"init_values": 1e-5}, "not the paper's"),
                          ({"global_pool": "map"}, "global_pool='map'"), ({"pos_embed": "rope"}, "not the paper")):
         cfg_file.write_text(json.dumps({**config, "model_args": {**config["model_args"], **extra}}))
         with pytest.raises(ValueError, match=match):
             load_weights(out)
     gray = tiny(in_chans=1)
-    gray.preprocessing = get_preset({"name": "fmnist", "size": [IMG, IMG], "mean": [0.286], "std": [0.353]}).to_dict()
+    gray.meta.preprocessing = get_preset({"name": "fmnist", "size": [IMG, IMG], "mean": [0.286], "std": [0.353]}).to_dict()
     out = save_weights(gray, tmp_path / "gray", "timm")
     pc = json.loads((out / "config.json").read_text())["pretrained_cfg"]
     assert pc["input_size"] == [1, IMG, IMG] and pc["mean"] == [0.286] and pc["crop_mode"] == "squash"
-    assert get_preset(load_weights(out).preprocessing).mean == (0.286,) * 3
+    assert get_preset(load_weights(out).meta.preprocessing).mean == (0.286,) * 3
     with pytest.raises(ValueError, match="pre-logits"):
         save_weights(tiny(representation_size=D), tmp_path / "pl", "timm")
     hybrid = vitkit.create_model("R50+ViT-B/16", img_size=IMG, width=D, depth=1, num_heads=HEADS, mlp_dim=M,
@@ -404,14 +404,14 @@ def test_timm_folder_both_ways(tmp_path, case):
         return max((transform(img) - get_preset(preset)(img)).abs().max().item() for img in _photos())
 
     ours = load_weights(tmp_path / "theirs")
-    assert ours.labels == names and not ours.checkpoint["notes"]
+    assert ours.meta.labels == names and not ours.meta.notes
     x = torch.randn(2, 3, *ours.config.img_size)
     theirs_cfg = timm.create_model(f"local-dir:{tmp_path / 'theirs'}", pretrained=False)
     out = save_weights(ours, tmp_path / "ours", "timm")
     back = timm.create_model(f"local-dir:{out}", pretrained=True).eval()
     with torch.no_grad():
         err_in, err_out = rel_err(ours(x), ref(x)), rel_err(back(x), ref(x))
-    pix_in, pix_out = pixels_err(theirs_cfg, ours.preprocessing), pixels_err(back, ours.preprocessing)
+    pix_in, pix_out = pixels_err(theirs_cfg, ours.meta.preprocessing), pixels_err(back, ours.meta.preprocessing)
     print(f"timm folder {case}: logits rel err in {err_in:.2e}, out {err_out:.2e}; pixels {pix_in}, {pix_out}")
     assert max(err_in, err_out) < 1e-5 and pix_in == pix_out == 0.0
 
@@ -425,7 +425,7 @@ def test_timm_folder_presets_are_what_timm_runs(tmp_path, preset):
     from timm.data import create_transform, resolve_data_config
     from vitkit.data.preprocess import get_preset
     model = vitkit.create_model("Ti/16", depth=1, num_classes=3)
-    model.preprocessing = get_preset(preset, 224).to_dict()
+    model.meta.preprocessing = get_preset(preset, 224).to_dict()
     out = save_weights(model, tmp_path / "f", "timm")
     transform = create_transform(**resolve_data_config(model=timm.create_model(f"local-dir:{out}")))
     for img in _photos():

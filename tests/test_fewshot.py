@@ -184,7 +184,7 @@ def gray_model():
     model = VisionTransformer(cfg).eval()
     with torch.no_grad():
         model.pos_embed.normal_(std=0.5)
-    model.preprocessing = {"mean": [0.25], "std": [0.5]}
+    model.meta.preprocessing = {"mean": [0.25], "std": [0.5]}
     return model
 
 
@@ -211,7 +211,7 @@ def test_prepare_images():
 
 def test_representations(gray_model):
     imgs = np.random.default_rng(0).integers(0, 256, size=(7, 16, 16), dtype=np.uint8)
-    x = prepare_images(imgs, (16, 16), 1, gray_model.preprocessing)
+    x = prepare_images(imgs, (16, 16), 1, gray_model.meta.preprocessing)
     with torch.no_grad():
         tokens = gray_model.forward_features(x)
         want = {"pre_logits": gray_model.forward_head(tokens, pre_logits=True), "token": tokens[:, 0],

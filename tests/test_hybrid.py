@@ -192,7 +192,7 @@ def test_cost_matches_flop_counter_and_parameters(tiny_hybrid):
 
 
 def test_config_and_native_round_trip(tiny_hybrid, tmp_path):
-    from vitkit.checkpoints.native import load_model, save_model
+    from vitkit.checkpoints import load_model, save_model
 
     cfg = tiny_hybrid.replace(std_conv_style="var", gn_eps=1e-5)
     assert ViTConfig.from_dict(cfg.to_dict()) == cfg and cfg.to_dict()["backbone_layers"] == [1, 1]

@@ -71,7 +71,7 @@ def test_native_roundtrip(tmp_path):
             p.normal_(std=0.1)
     save_model(model, tmp_path / "m", labels=["a", "b", "c"], preprocessing={"mean": [0.5], "std": [0.5]})
     loaded = load_model(tmp_path / "m")
-    assert loaded.config == model.config and loaded.labels == ["a", "b", "c"]
+    assert loaded.config == model.config and loaded.meta.labels == ["a", "b", "c"]
     for k, v in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v)
     x = torch.randn(2, 3, 32, 32)
@@ -101,6 +101,6 @@ def test_native_with_bare_mean_std_record_loads_through_load_weights(tmp_path):
     model = vitkit.create_model("Ti/16", img_size=28, patch_size=7, in_chans=1, depth=1, num_classes=3)
     save_model(model, tmp_path / "m", preprocessing={"mean": [0.286], "std": [0.353]})
     loaded = vitkit.load_weights(tmp_path / "m")
-    pre = loaded.preprocessing
+    pre = loaded.meta.preprocessing
     assert pre["resize_mode"] == "squash" and pre["size"] == [28, 28]
     assert pre["mean"] == [0.286] * 3 and pre["std"] == [0.353] * 3

@@ -146,7 +146,7 @@ def test_predict_errors(checkpoint, photos, tmp_path):
     model = load_weights(checkpoint)
     with pytest.raises(ValueError, match="topk"):
         list(classify(model, [photos / "chelsea.png"], topk=0))
-    model.preprocessing = None
+    model.meta.preprocessing = None
     with pytest.raises(ValueError, match="pass a preset"):
         list(classify(model, [photos / "chelsea.png"]))
     with pytest.raises(FileNotFoundError):

@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 from .config import ConfigError, ViTConfig, list_models, parse_model_name, register_model
-from .models import VisionTransformer, adapt_state_dict, create_model, resize_pos_embed
+from .models import VisionTransformer, adapt_state_dict, resize_pos_embed
 from .models.cost import cost
-from .checkpoints import convert, load_weights, read_checkpoint, save_weights
+from .models.meta import ModelMeta
+from .checkpoints import WeightsUnavailable, convert, load_weights, read_checkpoint, save_weights
 from .data.preprocess import get_preset
+from .api import create_model
+from .predict import classify, create_transform
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConfigError", "ViTConfig", "VisionTransformer", "adapt_state_dict", "cost", "create_model",
-    "list_models", "parse_model_name", "register_model", "resize_pos_embed", "__version__",
-    "convert", "get_preset", "load_weights", "read_checkpoint", "save_weights",
+    "ConfigError", "ModelMeta", "ViTConfig", "VisionTransformer", "WeightsUnavailable", "adapt_state_dict",
+    "classify", "cost", "create_model", "create_transform", "list_models", "parse_model_name", "register_model",
+    "resize_pos_embed", "__version__", "convert", "get_preset", "load_weights", "read_checkpoint", "save_weights",
 ]

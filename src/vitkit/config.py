@@ -311,7 +311,7 @@ def _coerce(value: Any, tp: Any, scalar_pairs: bool = False) -> Any:
     if tp is str:
         if isinstance(value, str):
             return value
-        if value is None:  # --set augment.crop=none reads "none" as null; a key that takes names means the name
+        if value is None:  # a field that is always a string: `--set augment.crop=none` means the word
             return "none"
         if isinstance(value, numbers.Real) and not isinstance(value, bool):  # --set data.dataset=123
             return str(value)
@@ -377,9 +377,14 @@ def register_model(name: str, **config: Any) -> None:
     _REGISTRY[name] = dict(config)
 
 
-def list_models() -> list:
-    """Canonical names: the paper's models, the hybrids, then registered ones."""
-    return list(PAPER_MODELS) + list(HYBRID_MODELS) + sorted(_REGISTRY)
+def list_models(pattern: Optional[str] = None) -> list:
+    """Canonical names: the paper's models, the hybrids, then registered ones; ``pattern`` keeps those
+    matching a shell-style wildcard, case-insensitive (``"B/*"``, ``"*16"``, ``"R50*"``)."""
+    names = list(PAPER_MODELS) + list(HYBRID_MODELS) + sorted(_REGISTRY)
+    if pattern is None:
+        return names
+    import fnmatch
+    return [n for n in names if fnmatch.fnmatch(n.lower(), pattern.lower())]
 
 
 _NAME_RE = re.compile(

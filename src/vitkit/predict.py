@@ -2,13 +2,15 @@
 
 Images are decoded with :func:`vitkit.data.preprocess.load_image` (grayscale,
 palette, RGBA, CMYK and 16-bit files converted), preprocessed with the model's
-own preset (``model.preprocessing``, else the one named), batched, and
+own preset (``model.meta.preprocessing``, else the one named), batched, and
 classified. A file that cannot be read is reported in its result and
 skipped; the others are still classified. ``save_crop`` writes the exact
 pixels that reached the model (after resize and crop, before normalising).
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +30,7 @@ class Prediction:
     top: List[Dict[str, Any]] = field(default_factory=list)  # [{"rank", "index", "label", "prob"}]
     crop: Optional[str] = None  # where the model's input crop was saved
     error: Optional[str] = None
+    geometry: Optional[str] = None  # how the image became the model's input (see :func:`geometry`)
 
     @property
     def ok(self) -> bool:
@@ -39,38 +42,61 @@ class Prediction:
             d["error"] = self.error
         else:
             d["top"] = self.top
+            if self.geometry:
+                d["geometry"] = self.geometry
             if self.crop:
                 d["crop"] = self.crop
         return d
 
 
-def resolve_preset(model, preset: Union[None, str, Preset, Dict[str, Any]] = None) -> Preset:
-    """The preset given, else the model's own (from its checkpoint), else an error asking for one."""
+def create_transform(model, preset: Union[None, str, Preset, Dict[str, Any]] = None) -> Preset:
+    """The model's own preprocessing as a callable (image or path -> normalised tensor [C, H, W]) at the
+    model's resolution: ``preset`` when given, else what its checkpoint says (``model.meta.preprocessing``)."""
     size = model.config.img_size
     if preset is not None:
         return get_preset(preset, size)
-    own = getattr(model, "preprocessing", None)
-    if own:
-        return get_preset(own, size)
+    if model.meta.preprocessing:
+        return get_preset(model.meta.preprocessing, size)
     raise ValueError("the model carries no preprocessing (its checkpoint did not say): pass a preset, e.g. "
                      "--preset torchvision, hf, authors or timm")
 
 
-def classify(model, images: Sequence[Union[PathLike, Image.Image]], *, topk: int = 5, batch_size: int = 32,
+def classify(weights, images: Sequence[Union[PathLike, Image.Image]], *, topk: int = 5, batch_size: int = 32,
              preset: Union[None, str, Preset, Dict[str, Any]] = None, save_crop: Optional[PathLike] = None,
-             progress: bool = True, device: Union[str, torch.device, None] = None) -> Iterator[Prediction]:
-    """Yield one :class:`Prediction` per image, in input order (errors included, as results)."""
+             progress: bool = True, device: Union[str, torch.device, None] = None,
+             offline: Optional[bool] = None) -> List[Prediction]:
+    """Top-``topk`` classes of each image, in input order (unreadable images as results with ``error``).
+
+    ``weights``: a model, or anything :func:`vitkit.load_weights` takes (path, known name, Hub id, URL).
+
+    >>> preds = vitkit.classify("torchvision/vit_b_16", ["chelsea.png"])      # doctest: +SKIP
+    >>> preds[0].top[0]["label"], preds[0].top[0]["prob"]                      # doctest: +SKIP
+    ('Egyptian cat', 0.660...)
+    """
+    if not isinstance(weights, torch.nn.Module):
+        from .checkpoints import load_weights
+        weights = load_weights(weights, offline=offline, progress=progress)
+    if device is not None:
+        weights = weights.to(device)
+    return list(iter_classify(weights, images, topk=topk, batch_size=batch_size, preset=preset,
+                              save_crop=save_crop, progress=progress))
+
+
+def iter_classify(model, images: Sequence[Union[PathLike, Image.Image]], *, topk: int = 5, batch_size: int = 32,
+                  preset: Union[None, str, Preset, Dict[str, Any]] = None, save_crop: Optional[PathLike] = None,
+                  progress: bool = True) -> Iterator[Prediction]:
+    """Yield one :class:`Prediction` per image, in input order, as each batch is done (on the model's device)."""
     if topk < 1:
         raise ValueError(f"topk must be at least 1, got {topk}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    pre = resolve_preset(model, preset)
-    labels = getattr(model, "labels", None)
+    pre = create_transform(model, preset)
+    labels = model.meta.labels
     n_classes = model.config.num_classes
     if n_classes == 0:
         raise ValueError("the model has no classification head (num_classes=0): load a checkpoint with a head")
     k = min(topk, n_classes)
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    device = next(model.parameters()).device
     gray = model.config.in_chans == 1
     if model.config.in_chans not in (1, 3):
         raise ValueError(f"images have 3 (RGB) or 1 (gray) channels; the model takes {model.config.in_chans}")
@@ -93,10 +119,12 @@ def classify(model, images: Sequence[Union[PathLike, Image.Image]], *, topk: int
                 name = _name(item, start + len(results))
                 res = Prediction(name)
                 try:
-                    crop = pre.crop(load_image(item) if not isinstance(item, Image.Image) else item)
+                    img = load_image(item) if not isinstance(item, Image.Image) else item
+                    crop = pre.crop(img)
                 except (ImageError, FileNotFoundError) as err:
                     res.error = str(err)
                 else:
+                    res.geometry = geometry(pre, img.width, img.height)
                     if crop_dir is not None:
                         res.crop = str(_save_crop(crop, crop_dir, name, used_names))
                     pixels.append(pre.normalize(to_gray(crop) if gray else crop))
@@ -141,10 +169,20 @@ def _save_crop(crop: torch.Tensor, folder: Path, name: str, used: Dict[str, int]
     return out
 
 
+def geometry(pre: Preset, w: int, h: int) -> str:
+    """How a w x h image becomes the model's input under ``pre``: "451x300 -> 384x256 -> centre crop 224x224"."""
+    ch, cw = pre.size
+    if pre.resize_mode == "squash":
+        return f"{w}x{h} -> {cw}x{ch} (resized, aspect ratio not kept)"
+    nw, nh = pre._resized(w, h)
+    return f"{w}x{h} -> {nw}x{nh} -> centre crop {cw}x{ch}"
+
+
 def format_table(pred: Prediction) -> str:
     if not pred.ok:
         return f"{pred.source}\n  skipped: {pred.error}"
-    lines = [pred.source + (f"  (model input saved as {pred.crop})" if pred.crop else "")]
+    lines = [pred.source + (f"  ({pred.geometry})" if pred.geometry else "")
+             + (f"  (model input saved as {pred.crop})" if pred.crop else "")]
     for t in pred.top:
         lines.append(f"  {t['rank']:>2}. {t['prob'] * 100:6.2f}%  {t['label']}  [{t['index']}]")
     return "\n".join(lines)
@@ -152,3 +190,23 @@ def format_table(pred: Prediction) -> str:
 
 def format_json(pred: Prediction) -> str:
     return json.dumps(pred.to_dict())
+
+
+CSV_FIELDS = ("path", "rank", "index", "label", "prob", "error")
+
+
+def write_csv(preds: Sequence[Prediction], path: PathLike) -> Path:
+    """One row per image and rank (``path, rank, index, label, prob``); a skipped image gets one row with
+    its ``error``. Written atomically."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w.writeheader()
+    for pred in preds:
+        if not pred.ok:
+            w.writerow({"path": pred.source, "error": pred.error})
+        for t in pred.top:
+            w.writerow({"path": pred.source, **{k: t[k] for k in ("rank", "index", "label", "prob")}})
+    out = Path(path)
+    with atomic_path(out) as tmp:
+        tmp.write_text(buf.getvalue(), encoding="utf-8")
+    return out

@@ -30,6 +30,7 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
         from .errors import OutputError, os_error_hint
         raise OutputError("could not be written", path=path, hint=os_error_hint(err.errno)) from err
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; a written file gets what any tool gives it
     tmp_path = Path(tmp)
     try:
         yield tmp_path
@@ -42,6 +43,20 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where the system says (Linux), else set and restored."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _write_failure(err: Exception, path: Path, tmp: Path) -> Any:

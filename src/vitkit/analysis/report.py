@@ -29,7 +29,7 @@ def load_images(sources: Sequence[Union[PathLike, Any]], model: torch.nn.Module
     from ..data.preprocess import Preset, get_preset, load_image
 
     cfg = model.config
-    pre = getattr(model, "preprocessing", None) or {}
+    pre = model.meta.preprocessing or {}
     preset: Optional[Preset] = None
     if "resize_mode" in pre:
         preset = get_preset(pre, cfg.img_size)
@@ -101,7 +101,7 @@ def analyze(model: torch.nn.Module, inputs: torch.Tensor, out_dir: PathLike, *,
     # attention rollout (Figure 6)
     maps = torch.cat([rollout_maps(model, b.to(dev), head_fusion).cpu() for b in _batches(inputs, batch_size)])
     tensors["rollout"] = maps
-    labels = getattr(model, "labels", None)
+    labels = model.meta.labels
     titles = list(names)
     if cfg.num_classes and labels:
         logits = torch.cat([model(b.to(dev)).cpu() for b in _batches(inputs, batch_size)])

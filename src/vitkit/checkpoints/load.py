@@ -16,13 +16,15 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 from ..config import ViTConfig
 from ..models import VisionTransformer
 from ..models.adapt import adapt_state_dict, check_state_dict
+from ..models.meta import ModelMeta
 from ..utils import PathLike
 from . import native
 from .base import Checkpoint
 from .detect import detect_layout
 from .files import NPZ, read_json, read_tensors
 from .formats import FORMATS, timm_folder
-from .registry import get_known, locate, verify
+from .download import check_sha256
+from .sources import resolve_weights
 from .validate import validate_checkpoint
 
 TARGETS = ("vitkit", "npz", "torchvision", "timm", "hf")
@@ -55,7 +57,7 @@ def read_checkpoint(path: PathLike, *, num_heads: Optional[int] = None) -> Check
 
 
 def _read_folder(p: Path, num_heads: Optional[int]) -> Checkpoint:
-    if native.is_native(p):
+    if (p / native.META).is_file():  # a vitkit folder (read_native names what is wrong with a broken one)
         return native.read_native(p)
     if (p / "config.json").is_file():
         config = read_json(p / "config.json")
@@ -144,9 +146,14 @@ def load_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike]
                  num_classes: Optional[int] = None, labels: Optional[List[str]] = None,
                  representation_size: Any = _KEEP, head: str = "auto", resize: Optional[str] = None,
                  num_heads: Optional[int] = None, strict: bool = True, return_state: bool = False,
-                 cache_dir: Optional[PathLike] = None, check_hash: bool = False, **overrides: Any):
-    """Load weights from a path (any format) or a known name, adapted to the model you want.
+                 cache_dir: Optional[PathLike] = None, check_hash: bool = False, offline: Optional[bool] = None,
+                 progress: bool = True, **overrides: Any):
+    """Load weights from a path (any format), a known name, a Hub id or a URL, adapted to the model you want.
 
+    - ``name_or_path``: see :func:`vitkit.checkpoints.sources.resolve_weights`; what is not on disk
+      is downloaded into the standard caches (``offline=True`` or ``HF_HUB_OFFLINE=1``: caches only).
+      ``file`` gives the local file for a known name; ``check_hash`` re-checks a cached file against
+      its published SHA-256 (downloads are always checked).
     - ``img_size``: build at another resolution; position tables are resized on
       the 2D grid with ``resize`` ("bilinear" = the authors' aligned-corners
       resize, the default; "bicubic" = timm / HF ``interpolate_pos_encoding``).
@@ -158,22 +165,40 @@ def load_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike]
     - other keyword arguments override config fields (``drop_path=0.1``, ...).
     - ``strict``: missing, unexpected or mis-shaped keys raise, listed by name.
 
-    Returns the model in eval mode with ``.labels``, ``.preprocessing`` (a preset
-    dict for its resolution) and ``.checkpoint`` (format, source, notes); with
-    ``return_state=True`` returns ``(state_dict, config)`` instead.
+    Returns the model in eval mode, its :class:`~vitkit.models.meta.ModelMeta` (``model.meta``: labels,
+    preprocessing for its resolution, format, source, notes) filled; with ``return_state=True`` returns
+    ``(state_dict, config)`` instead.
     """
-    path, entry = _resolve(name_or_path, file, cache_dir)
-    if entry is not None and check_hash:
-        verify(entry, path)
-    ckpt = read_checkpoint(path, num_heads=num_heads)
+    ckpt = read_weights(name_or_path, file=file, num_heads=num_heads, cache_dir=cache_dir, check_hash=check_hash,
+                        offline=offline, progress=progress)
+    return build(ckpt, model=model, img_size=img_size, num_classes=num_classes, labels=labels,
+                 representation_size=representation_size, head=head, resize=resize, strict=strict,
+                 return_state=return_state, **overrides)
+
+
+def read_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike] = None,
+                 num_heads: Optional[int] = None, cache_dir: Optional[PathLike] = None, check_hash: bool = False,
+                 offline: Optional[bool] = None, progress: bool = True) -> Checkpoint:
+    """:func:`read_checkpoint` for anything :func:`load_weights` takes (fetched first when needed), with a
+    known checkpoint's published preprocessing and labels."""
+    where = resolve_weights(name_or_path, file=file, cache_dir=cache_dir, offline=offline, progress=progress)
+    entry = where.entry
+    if entry is not None and check_hash and entry.sha256 and where.path.is_file():
+        check_sha256(where.path, entry.sha256, str(where.path))
+    ckpt = read_checkpoint(where.path, num_heads=num_heads)
     if entry is not None:
         from ..data.preprocess import get_preset, imagenet_classes
         ckpt.preprocessing = get_preset(entry.preset, ckpt.config.img_size).to_dict()
         if entry.labels == "imagenet1k" and ckpt.config.num_classes == 1000 and ckpt.labels is None:
             ckpt.labels = imagenet_classes()
-    return build(ckpt, model=model, img_size=img_size, num_classes=num_classes, labels=labels,
-                 representation_size=representation_size, head=head, resize=resize, strict=strict,
-                 return_state=return_state, **overrides)
+    if where.origin != str(where.path):
+        ckpt.notes.insert(0, f"{where.origin} read from {where.path}")
+    return ckpt
+
+
+def load_model(path: PathLike, map_location: str = "cpu") -> VisionTransformer:
+    """A saved model back (any format, usually a vitkit folder), on ``map_location``: :func:`load_weights`."""
+    return load_weights(path).to(map_location)
 
 
 def build(ckpt: Checkpoint, *, model: Optional[VisionTransformer] = None, img_size=None, num_classes=None,
@@ -206,9 +231,8 @@ def build(ckpt: Checkpoint, *, model: Optional[VisionTransformer] = None, img_si
     if return_state:
         return state, target
     m.load_state_dict(state, strict=strict)
-    m.labels = out_labels
-    m.preprocessing = pre
-    m.checkpoint = {"format": ckpt.format, "source": ckpt.source, "layout": ckpt.layout, "notes": notes}
+    m.meta = ModelMeta(labels=out_labels, preprocessing=pre, format=ckpt.format, source=ckpt.source,
+                       layout=dict(ckpt.layout), notes=notes)
     return m.eval()
 
 
@@ -219,29 +243,13 @@ def _preprocessing_for(pre: Optional[Dict[str, Any]], cfg: ViTConfig) -> Optiona
     return get_preset(pre, cfg.img_size).to_dict()
 
 
-def _resolve(name_or_path, file, cache_dir) -> Tuple[Path, Any]:
-    p = Path(str(name_or_path)).expanduser()
-    entry = get_known(str(name_or_path))
-    if entry is not None and (file is not None or not p.exists()):
-        return locate(entry, file, cache_dir), entry
-    if p.exists():
-        return p, None
-    from .registry import KNOWN
-    import difflib
-    hint = difflib.get_close_matches(str(name_or_path), list(KNOWN), n=3, cutoff=0.5)
-    raise FileNotFoundError(
-        f"{name_or_path!r} is neither a file or folder nor a known checkpoint name"
-        + (f" (did you mean {', '.join(hint)}?)" if hint else "") + ": run 'vitkit weights' to list the known ones")
-
-
 # --- write -----------------------------------------------------------------------
 def checkpoint_of(model: VisionTransformer) -> Checkpoint:
     """A model as a Checkpoint (its labels, preprocessing and source layout kept)."""
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    info = getattr(model, "checkpoint", None) or {}
-    return Checkpoint(state, model.config, "vitkit", labels=getattr(model, "labels", None),
-                      preprocessing=getattr(model, "preprocessing", None), layout=dict(info.get("layout") or {}),
-                      source=info.get("source"))
+    meta = model.meta
+    return Checkpoint(state, model.config, "vitkit", labels=meta.labels, preprocessing=meta.preprocessing,
+                      layout=dict(meta.layout), source=meta.source)
 
 
 def save_weights(obj: Union[VisionTransformer, Checkpoint], dst: PathLike, to: str = "vitkit", *,
@@ -254,6 +262,7 @@ def save_weights(obj: Union[VisionTransformer, Checkpoint], dst: PathLike, to: s
     if to not in TARGETS:
         raise ValueError(f"--to {to!r}: use one of {', '.join(TARGETS)}")
     dst = Path(dst).expanduser()
+    safetensors = _check_name(dst, to, safetensors)
     if to == "vitkit":
         m = VisionTransformer(ckpt.config)
         check_state_dict(ckpt.state, m.state_dict(), ckpt.source or "weights")
@@ -271,10 +280,40 @@ def save_weights(obj: Union[VisionTransformer, Checkpoint], dst: PathLike, to: s
     return writer(ckpt, dst, **kwargs)
 
 
+_TORCH_SUFFIXES = (".pth", ".pt", ".bin")
+_FILE_SUFFIXES = _TORCH_SUFFIXES + (".safetensors", ".npz")
+
+
+def _check_name(dst: Path, to: str, safetensors: bool) -> bool:
+    """Whether to write safetensors: the file name's extension decides (``.safetensors``), and a name
+    whose extension says another format than the one written is refused. Returns the safetensors flag."""
+    suffix = dst.suffix.lower()
+    if to in ("torchvision", "timm") and suffix == ".safetensors":
+        return True
+    if to in ("torchvision", "timm") and suffix in _TORCH_SUFFIXES and safetensors:
+        raise ValueError(f"{dst}: safetensors asked for, but {suffix} names a PyTorch pickle file; "
+                         f"name the file {dst.with_suffix('.safetensors').name}")
+    if (to == "npz") != (suffix == ".npz") and suffix in _FILE_SUFFIXES:
+        raise ValueError(f"{dst}: a {suffix} name for the {to} format; name it "
+                         f"{dst.with_suffix('.npz' if to == 'npz' else '').name} or choose --to by the name")
+    if to in ("vitkit", "hf") and suffix in _FILE_SUFFIXES:
+        raise ValueError(f"{dst}: the {to} format writes a folder (config and model.safetensors), not a "
+                         f"{suffix} file; give a folder name such as {dst.with_suffix('').name}")
+    return safetensors
+
+
 def convert(src: PathLike, dst: PathLike, to: str = "vitkit", *, num_heads: Optional[int] = None,
-            **kwargs: Any) -> Path:
-    """Read ``src`` in any format and write it to ``dst`` in format ``to`` (no adaptation, exact tensors)."""
-    return save_weights(read_checkpoint(src, num_heads=num_heads), dst, to, **kwargs)
+            overwrite: bool = False, **kwargs: Any) -> Path:
+    """Read ``src`` in any format and write it to ``dst`` in format ``to`` (no adaptation, exact tensors).
+    An existing ``dst`` is refused unless ``overwrite``."""
+    out = Path(dst).expanduser()
+    if out.exists() and not overwrite:
+        raise ValueError(f"{out} already exists: choose another name, or pass --force (overwrite=True) "
+                         f"to replace it")
+    if out.exists() and Path(src).expanduser().resolve() == out.resolve():
+        raise ValueError(f"{out} is both the source and the destination: write to another name")
+    return save_weights(read_checkpoint(src, num_heads=num_heads), out, to, **kwargs)
 
 
-__all__ = ["TARGETS", "build", "checkpoint_of", "convert", "load_weights", "read_checkpoint", "save_weights"]
+__all__ = ["TARGETS", "build", "checkpoint_of", "convert", "load_model", "load_weights", "read_checkpoint",
+           "read_weights", "save_weights"]

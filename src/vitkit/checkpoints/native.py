@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-import torch
 from safetensors.torch import save_file
 
 from ..config import ViTConfig
@@ -27,8 +26,11 @@ META = "vitkit.json"
 
 def save_model(model: VisionTransformer, path: PathLike, *, labels: Optional[List[str]] = None,
                preprocessing: Optional[Dict[str, Any]] = None, extra: Optional[Dict[str, Any]] = None) -> Path:
-    """Write ``model`` to the folder ``path`` (created if needed); files are replaced atomically."""
+    """Write ``model`` to the folder ``path`` (created if needed); files are replaced atomically.
+    ``labels`` and ``preprocessing`` default to the model's own (``model.meta``)."""
     folder = Path(path)
+    labels = labels if labels is not None else model.meta.labels
+    preprocessing = preprocessing if preprocessing is not None else model.meta.preprocessing
     folder.mkdir(parents=True, exist_ok=True)
     if labels is not None and model.config.num_classes and len(labels) != model.config.num_classes:
         raise ValueError(f"{len(labels)} labels given for a {model.config.num_classes}-class model")
@@ -113,15 +115,3 @@ def read_native(path: PathLike):
     extra = meta.get("extra") or {}
     return Checkpoint(state, config, FORMAT, labels=meta.get("labels"), preprocessing=meta.get("preprocessing"),
                       layout=dict(extra.get("source_layout") or {}), source=str(folder))
-
-
-def load_model(path: PathLike, map_location: str = "cpu") -> VisionTransformer:
-    """Rebuild a model saved with :func:`save_model`. Sets ``model.labels`` and ``model.preprocessing``."""
-    from .validate import validate_checkpoint
-
-    ckpt = validate_checkpoint(read_native(path))
-    model = VisionTransformer(ckpt.config)
-    model.load_state_dict(ckpt.state)
-    model.labels = ckpt.labels
-    model.preprocessing = ckpt.preprocessing
-    return model.to(map_location).eval()

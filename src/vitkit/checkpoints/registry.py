@@ -1,21 +1,18 @@
 """Known pretrained checkpoints: where each file comes from and how it must be used.
 
 Like torchvision's weight metadata, each entry carries the resolution, the
-preprocessing preset, the label set and the accuracy its publishers report.
-vitkit never needs the network: :func:`locate` finds the file on disk (given
-explicitly, or in the cache folder) and otherwise says exactly which address
-to fetch and where to put the file. ``sha256`` holds what the publisher
-states: torchvision file names carry the first 8 hex digits of the file's
-SHA-256, which :func:`verify` checks; the others publish none.
+preprocessing preset, the label set and the accuracy its publishers report;
+:mod:`vitkit.checkpoints.sources` fetches it (or finds it in a cache).
+``sha256`` holds what the publisher states: torchvision file names carry the
+first 8 hex digits of the file's SHA-256, checked after every download; the
+others publish none. ``aliases`` are other names people use for the same
+weights (torchvision's enum names, ``ViT_B_16_Weights.IMAGENET1K_V1``).
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
-
-from ..utils import PathLike
+from typing import Any, Dict, List, Optional, Tuple
 
 DEFAULT_CACHE = Path("~/.cache/vitkit/checkpoints")
 
@@ -37,6 +34,16 @@ class KnownCheckpoint:
     sha256: Optional[str] = None  # full digest or published prefix
     representation_size: Optional[int] = None
     reference: str = ""
+    aliases: Tuple[str, ...] = ()
+
+    @property
+    def hub_repo(self) -> Optional[str]:
+        """The Hugging Face Hub repository the weights live in (hf and timm entries), else None."""
+        if self.source == "hf":
+            return self.name[len("hf/"):]
+        if self.source == "timm":
+            return self.name
+        return None
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -48,9 +55,11 @@ HF = "https://huggingface.co/"
 _TV_DOC = "torchvision.models.ViT_*_Weights"
 
 
-def _tv(name, file, model, size, preset, params, top1, top5):
+def _tv(name, file, model, size, preset, params, top1, top5, enum, default=False):
+    cls = f"ViT_{model.replace('/', '_')}_Weights"  # torchvision's enum: ViT_B_16_Weights.IMAGENET1K_V1
+    aliases = (f"{cls}.{enum}",) + ((f"{cls}.DEFAULT",) if default else ())
     return KnownCheckpoint(name, "torchvision", file, TV + file, model, size, preset, "imagenet1k", 1000, params,
-                           top1, top5, file.rsplit("-", 1)[1].split(".")[0], None, _TV_DOC)
+                           top1, top5, file.rsplit("-", 1)[1].split(".")[0], None, _TV_DOC, aliases)
 
 
 def _deit(size, short, params, top1):
@@ -63,22 +72,26 @@ def _deit(size, short, params, top1):
 
 
 KNOWN: Dict[str, KnownCheckpoint] = {k.name: k for k in (
-    _tv("torchvision/vit_b_16", "vit_b_16-c867db91.pth", "B/16", 224, "torchvision", 86567656, 81.072, 95.318),
+    _tv("torchvision/vit_b_16", "vit_b_16-c867db91.pth", "B/16", 224, "torchvision", 86567656, 81.072, 95.318,
+        "IMAGENET1K_V1", True),
     _tv("torchvision/vit_b_16-swag-e2e", "vit_b_16_swag-9ac1b537.pth", "B/16", 384, "torchvision-swag", 86859496,
-        85.304, 97.650),
+        85.304, 97.650, "IMAGENET1K_SWAG_E2E_V1"),
     _tv("torchvision/vit_b_16-swag-linear", "vit_b_16_lc_swag-4e70ced5.pth", "B/16", 224, "torchvision-swag",
-        86567656, 81.886, 96.180),
-    _tv("torchvision/vit_b_32", "vit_b_32-d86f8d99.pth", "B/32", 224, "torchvision", 88224232, 75.912, 92.466),
-    _tv("torchvision/vit_l_16", "vit_l_16-852ce7e3.pth", "L/16", 224, "torchvision", 304326632, 79.662, 94.638),
+        86567656, 81.886, 96.180, "IMAGENET1K_SWAG_LINEAR_V1"),
+    _tv("torchvision/vit_b_32", "vit_b_32-d86f8d99.pth", "B/32", 224, "torchvision", 88224232, 75.912, 92.466,
+        "IMAGENET1K_V1", True),
+    _tv("torchvision/vit_l_16", "vit_l_16-852ce7e3.pth", "L/16", 224, "torchvision", 304326632, 79.662, 94.638,
+        "IMAGENET1K_V1", True),
     _tv("torchvision/vit_l_16-swag-e2e", "vit_l_16_swag-4f3808c9.pth", "L/16", 512, "torchvision-swag", 305174504,
-        88.064, 98.512),
+        88.064, 98.512, "IMAGENET1K_SWAG_E2E_V1"),
     _tv("torchvision/vit_l_16-swag-linear", "vit_l_16_lc_swag-4d563306.pth", "L/16", 224, "torchvision-swag",
-        304326632, 85.146, 97.422),
-    _tv("torchvision/vit_l_32", "vit_l_32-c7638314.pth", "L/32", 224, "torchvision", 306535400, 76.972, 93.07),
+        304326632, 85.146, 97.422, "IMAGENET1K_SWAG_LINEAR_V1"),
+    _tv("torchvision/vit_l_32", "vit_l_32-c7638314.pth", "L/32", 224, "torchvision", 306535400, 76.972, 93.07,
+        "IMAGENET1K_V1", True),
     _tv("torchvision/vit_h_14-swag-e2e", "vit_h_14_swag-80465313.pth", "H/14", 518, "torchvision-swag", 633470440,
-        88.552, 98.694),
+        88.552, 98.694, "IMAGENET1K_SWAG_E2E_V1", True),
     _tv("torchvision/vit_h_14-swag-linear", "vit_h_14_lc_swag-c1eb923e.pth", "H/14", 224, "torchvision-swag",
-        632045800, 85.708, 97.730),
+        632045800, 85.708, 97.730, "IMAGENET1K_SWAG_LINEAR_V1"),
     # The paper's released checkpoints (google-research/vision_transformer): ImageNet-21k pre-training
     # (with the pre-logits layer, 21843 classes) and its ImageNet fine-tuning at 384 px (paper Table 5).
     KnownCheckpoint("vit_jax/ViT-B_16-i21k", "vit_jax", "ViT-B_16.npz", JAX + "imagenet21k/ViT-B_16.npz", "B/16",
@@ -122,48 +135,14 @@ def list_known() -> List[KnownCheckpoint]:
 
 
 def get_known(name: str) -> Optional[KnownCheckpoint]:
+    """The entry for a name, an alias, or a name without its source prefix (``google/vit-base-patch16-224``,
+    ``vit_base_patch16_224.augreg2_in21k_ft_in1k``, ``hf-hub:timm/...``); None if unknown."""
+    name = name[len("hf-hub:"):] if name.startswith("hf-hub:") else name
     if name in KNOWN:
         return KNOWN[name]
     low = {k.lower(): v for k, v in KNOWN.items()}
+    low.update({a.lower(): v for v in KNOWN.values() for a in v.aliases})
     for prefix in ("", "hf/", "timm/", "torchvision/", "vit_jax/"):  # "google/vit-base-patch16-224" works too
         if (prefix + name).lower() in low:
             return low[(prefix + name).lower()]
     return None
-
-
-def locate(entry: KnownCheckpoint, file: Optional[PathLike] = None, cache_dir: Optional[PathLike] = None) -> Path:
-    """The local file for a known checkpoint, or a FileNotFoundError saying what to fetch and where."""
-    if file is not None:
-        p = Path(file).expanduser()
-        if not p.exists():
-            raise FileNotFoundError(f"{p} (given for {entry.name}) does not exist")
-        return p
-    folder = Path(cache_dir or DEFAULT_CACHE).expanduser()
-    p = folder / entry.file
-    if p.exists():
-        return p
-    repo = folder / entry.file.replace(".safetensors", "")
-    if entry.source == "timm" and (repo / "config.json").is_file():  # the whole timm Hub repository, downloaded
-        return repo
-    what = "the files config.json and model.safetensors of" if entry.source == "hf" else "the file"
-    also = (f" (or its whole repository, config.json + model.safetensors, as the folder {repo}/)"
-            if entry.source == "timm" else "")
-    raise FileNotFoundError(
-        f"checkpoint {entry.name!r} is not on this machine and vitkit does not download: fetch {what} {entry.url} "
-        f"and save it as {p}{'/' if entry.source == 'hf' else ''}{also} (or pass its path with file= / "
-        f"--weights-file)")
-
-
-def verify(entry: KnownCheckpoint, path: PathLike) -> Optional[bool]:
-    """Check the file against the published SHA-256 (or its prefix); None when nothing is published."""
-    if not entry.sha256 or Path(path).is_dir():
-        return None
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    digest = h.hexdigest()
-    if not digest.startswith(entry.sha256):
-        raise ValueError(f"{path} has SHA-256 {digest[:16]}..., but {entry.name} is published with "
-                         f"{entry.sha256}...: the file is corrupt or a different one; download it again")
-    return True

@@ -79,21 +79,10 @@ def register(sub) -> None:
 
 # --- helpers ---------------------------------------------------------------------
 def load_checkpoint(path: str, img_size=None, device: str = "cpu"):
-    """A model from any checkpoint vitkit reads, optionally rebuilt for another input size.
+    """A model from any checkpoint vitkit reads (``load_weights``), optionally rebuilt for another input size."""
+    from ..checkpoints import load_weights
 
-    vitkit's own folders are read with ``load_model`` (their preprocessing
-    record, e.g. a gray dataset's mean/std, is kept as written); every other
-    format with ``load_weights``.
-    """
-    from ..checkpoints import load_model, load_weights
-    from ..checkpoints.native import is_native
-
-    if is_native(path):
-        model = load_model(path)
-        if img_size is not None and tuple(img_size) != model.config.img_size:
-            model.set_img_size(tuple(img_size))
-    else:
-        model = load_weights(path, **({"img_size": img_size} if img_size is not None else {}))
+    model = load_weights(path, **({"img_size": tuple(img_size)} if img_size is not None else {}))
     return model.to(device).eval()
 
 

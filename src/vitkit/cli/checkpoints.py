@@ -2,36 +2,51 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from ..errors import NotFoundError
+from ..errors import NotFoundError, UsageError
 from ._util import ManyFiles, positive_int
+
+
+def _weights_args(p) -> None:
+    """The options every command that reads weights by name shares."""
+    p.add_argument("--weights-file", help="the local file for a known checkpoint name")
+    p.add_argument("--offline", action="store_true", default=None,
+                   help="use only files already on this machine (as HF_HUB_OFFLINE=1 does)")
+    p.add_argument("--check-hash", action="store_true",
+                   help="check a cached known file against its published SHA-256 (downloads are always checked)")
 
 
 def register(sub) -> None:
     p = sub.add_parser("convert", help="convert weights between vitkit, npz, torchvision, timm and hf layouts",
                        description="Read SRC in any supported format (recognised from its contents) and write it "
                        "in the format --to. Tensors are copied exactly: converting A -> B -> A gives A's tensors.")
-    p.add_argument("src", help="weights file or folder (any format), or a known checkpoint name")
+    p.add_argument("src", help="weights file or folder (any format), a known checkpoint name, Hub id or URL")
     p.add_argument("dst", help="output file (npz, torchvision, timm) or folder (vitkit, hf; timm when DST is not a "
                    ".pth / .bin / .safetensors name: timm's Hub folder)")
     p.add_argument("--to", required=True, choices=["vitkit", "npz", "torchvision", "timm", "hf"])
-    p.add_argument("--safetensors", action="store_true", help="torchvision/timm: write .safetensors, not .pth")
+    p.add_argument("--safetensors", action="store_true",
+                   help="torchvision/timm: write safetensors, not a pickle (implied by a .safetensors DST)")
+    p.add_argument("--force", "--overwrite", action="store_true", help="replace DST if it exists")
     p.add_argument("--flavour", choices=["vit_jax", "big_vision"], help="npz layout (default: as read, else vit_jax)")
     p.add_argument("--prefix", help="npz: key prefix such as 'params/' (default: as read, else none)")
     p.add_argument("--num-heads", type=positive_int, help="heads, for torchvision/timm files of non-standard sizes")
-    p.add_argument("--weights-file", help="the local file for a known checkpoint name")
+    _weights_args(p)
     p.set_defaults(func=_convert)
 
     p = sub.add_parser("predict", help="classify images with a checkpoint (top-k labels and probabilities)")
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders (searched recursively)")
-    p.add_argument("--weights", "-w", required=True, help="checkpoint path (any format) or known name")
-    p.add_argument("--weights-file", help="the local file for a known checkpoint name")
+    p.add_argument("--weights", "-w", required=True,
+                   help="checkpoint path (any format), known name (vitkit weights), Hub id or URL")
+    _weights_args(p)
     p.add_argument("--topk", type=positive_int, default=5)
     p.add_argument("--batch-size", type=positive_int, default=16)
     p.add_argument("--preset", help="preprocessing preset (default: the checkpoint's own)")
     p.add_argument("--img-size", type=positive_int, help="run at this resolution (position embeddings resized)")
     p.add_argument("--save-crop", metavar="DIR", help="save the exact crop each image became, as PNG")
     p.add_argument("--json", action="store_true", help="print one JSON object per image")
+    p.add_argument("--csv", metavar="FILE", help="also write the results as CSV (path, rank, index, label, prob)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps, ... (default: cpu)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_predict)
 
@@ -42,54 +57,78 @@ def register(sub) -> None:
     p.add_argument("--img-size", type=positive_int, help="export at this resolution")
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--static-batch", action="store_true", help="fix the batch size instead of a dynamic axis")
-    p.add_argument("--weights-file", help="the local file for a known checkpoint name")
+    _weights_args(p)
     p.set_defaults(func=_export)
 
     p = sub.add_parser("weights", help="list known pretrained checkpoints and where to get them")
     p.add_argument("name", nargs="?", help="show one entry in full")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--download", action="store_true", help="fetch NAME (any name -w takes) into the cache now")
     p.set_defaults(func=_weights)
 
     p = sub.add_parser("inspect", help="recognise a checkpoint's format and show its config (reads nothing else)")
     p.add_argument("weights")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--offline", action="store_true", default=None, help="use only files already on this machine")
     p.set_defaults(func=_inspect)
 
 
 def _convert(args) -> int:
-    from ..checkpoints import convert
-    from ..checkpoints.load import _resolve
+    from ..checkpoints import convert, resolve_weights
 
     from ..utils import staged_output
 
-    src, _ = _resolve(args.src, args.weights_file, None)
-    with staged_output(args.dst) as dst:  # a failed conversion leaves no partial folder
-        out = convert(src, dst, args.to, num_heads=args.num_heads, safetensors=args.safetensors,
-                      flavour=args.flavour, prefix=args.prefix)
-    print(f"wrote {args.dst if out == dst else out} ({args.to})")
+    where = resolve_weights(args.src, file=args.weights_file, offline=args.offline)
+    src = where.path
+    if args.check_hash and where.entry is not None and where.entry.sha256 and src.is_file():
+        from ..checkpoints.download import check_sha256
+        check_sha256(src, where.entry.sha256, str(src))
+    dst = Path(args.dst)
+    if (dst.exists() or dst.is_symlink()) and not args.force:  # before staging: staging writes in place then
+        raise ValueError(f"{dst} already exists: choose another name, or pass --force to replace it")
+    with staged_output(args.dst) as tmp:  # a failed conversion leaves no partial folder
+        out = convert(src, tmp, args.to, num_heads=args.num_heads, safetensors=args.safetensors,
+                      flavour=args.flavour, prefix=args.prefix, overwrite=args.force)
+    print(f"wrote {args.dst if out == tmp else out} ({args.to})")
     return 0
 
 
 def _load(args, **kw):
     from ..checkpoints import load_weights
-    return load_weights(args.weights, file=getattr(args, "weights_file", None), **kw)
+    return load_weights(args.weights, file=args.weights_file, offline=args.offline, check_hash=args.check_hash, **kw)
 
 
 def _predict(args) -> int:
-    from ..predict import classify, format_json, format_table
+    import torch
+
+    from ..predict import create_transform, format_json, format_table, iter_classify, write_csv
 
     many = ManyFiles("predict")
     files = many.images(args.images)
     if not files:
         return many.exit_code("images", "classified")
     model = _load(args, img_size=args.img_size) if args.img_size else _load(args)
-    for pred in classify(model, files, topk=args.topk, batch_size=args.batch_size, preset=args.preset,
-                         save_crop=args.save_crop, progress=not args.no_progress):
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as err:
+        raise UsageError(f"--device {args.device!r} is not a device ({err}): use cpu, cuda, cuda:1, mps, ...") from None
+    model = model.to(device)
+    pre = create_transform(model, args.preset)
+    if not args.json:
+        where = f", from {model.meta.source}" if model.meta.source != args.weights else ""
+        print(f"{args.weights} ({model.meta.format}{where}): input {pre.size[1]}x{pre.size[0]}; "
+              f"preprocessing: {pre.description or pre.name}")
+    preds = []
+    for pred in iter_classify(model, files, topk=args.topk, batch_size=args.batch_size, preset=pre,
+                              save_crop=args.save_crop, progress=not args.no_progress):
+        preds.append(pred)
         if pred.ok:
             many.ok += 1
         else:
             many.skip(pred.source, pred.error)
         print(format_json(pred) if args.json else format_table(pred), flush=True)
+    if args.csv:
+        write_csv(preds, args.csv)
     return many.exit_code("images", "classified")
 
 
@@ -107,8 +146,13 @@ def _export(args) -> int:
 
 
 def _weights(args) -> int:
-    from ..checkpoints import get_known, list_known
+    from ..checkpoints import get_known, list_known, resolve_weights
 
+    if args.download:
+        if not args.name:
+            raise ValueError("--download needs a NAME: vitkit weights --download torchvision/vit_b_16")
+        print(resolve_weights(args.name).path)
+        return 0
     if args.name:
         entry = get_known(args.name)
         if entry is None:
@@ -125,8 +169,9 @@ def _weights(args) -> int:
         top1 = f"{e.top1:.2f}" if e.top1 is not None else "-"
         params = f"{e.params / 1e6:.1f}M" if e.params else f"{_computed_params(e) / 1e6:.1f}M*"
         print(f"{e.name:48} {e.model:5} {e.img_size:>4} {e.preset:16} {e.labels:11} {top1:>6}  {params}")
-    print("\n* computed from the architecture (not published with the file). vitkit does not download: 'vitkit weights NAME' shows the address; save the file in "
-          "~/.cache/vitkit/checkpoints/ under the name shown, or pass --weights-file.")
+    print("\n* computed from the architecture (not published with the file). Any command's -w NAME downloads the "
+          "weights on first use\n  (or 'vitkit weights --download NAME'): URL files into TORCH_HOME/hub/checkpoints, "
+          "Hub repositories into the Hugging Face cache.")
     return 0
 
 
@@ -139,11 +184,9 @@ def _computed_params(e) -> int:
 
 
 def _inspect(args) -> int:
-    from ..checkpoints import read_checkpoint
-    from ..checkpoints.load import _resolve
+    from ..checkpoints import read_checkpoint, resolve_weights
 
-    path, _ = _resolve(args.weights, None, None)
-    ck = read_checkpoint(path)
+    ck = read_checkpoint(resolve_weights(args.weights, offline=args.offline).path)
     info = {"format": ck.format, "layout": ck.layout, "config": ck.config.to_dict(),
             "labels": (ck.labels[:5] + ["..."]) if ck.labels and len(ck.labels) > 5 else ck.labels,
             "preprocessing": ck.preprocessing, "tensors": len(ck.state),

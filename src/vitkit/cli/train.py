@@ -57,6 +57,7 @@ def register(sub) -> None:
                    help="test-time augmentation: flip scores each image by the mean probability of it and its "
                         "mirror image (default: none)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_eval)
 
     p = sub.add_parser("recipes", help="list the built-in recipes, or print one resolved (with --set overrides)")
@@ -132,7 +133,8 @@ def _eval(args) -> int:
     from ..train import evaluate_checkpoint
 
     res = evaluate_checkpoint(args.checkpoint, args.data, args.split, root=args.root, batch_size=args.batch_size,
-                              device=args.device, workers=args.workers, tta=args.tta)
+                              device=args.device, workers=args.workers, tta=args.tta,
+                              progress=not args.no_progress)
     many = ManyFiles("eval")  # an image folder with unreadable files: each reported, the rest evaluated
     for bad in res.get("unreadable", []):
         many.skip(bad["path"], bad["error"])

@@ -72,7 +72,7 @@ def prepare_images(images: ArrayLike, img_size: Sequence[int], in_chans: int,
 
 def model_preprocessing(model: torch.nn.Module) -> Dict[str, Any]:
     """The normalisation the model was trained with (its checkpoint's record), or mean = std = 0.5."""
-    pre = getattr(model, "preprocessing", None) or {}
+    pre = model.meta.preprocessing or {}
     return {"mean": list(pre.get("mean", [0.5])), "std": list(pre.get("std", [0.5]))}
 
 

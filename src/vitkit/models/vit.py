@@ -10,6 +10,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..config import ViTConfig
 from .layers import Block, PatchEmbed, lecun_normal_
+from .meta import ModelMeta
 from .posemb import RelativePositionBias, resize_grid, resize_pos_embed, resize_relative_table, sincos_2d
 from .resnet import HybridEmbed
 
@@ -25,12 +26,15 @@ class VisionTransformer(nn.Module):
     torch.Size([2, 10])
     """
 
+    meta: ModelMeta  # labels, preprocessing and origin of the weights (filled by the checkpoint loader)
+
     def __init__(self, config: Optional[ViTConfig] = None, **overrides: Any):
         super().__init__()
         cfg = config if config is not None else ViTConfig()
         if overrides:
             cfg = cfg.replace(**overrides)
         self.config = cfg
+        self.meta = ModelMeta()
         d, gh_gw = cfg.width, cfg.grid_size
         if cfg.backbone == "resnet":  # hybrid (Section 3.1): patches of a BiT ResNet feature map
             self.patch_embed = HybridEmbed(cfg.in_chans, d, cfg.patch_size, cfg.backbone_layers, cfg.backbone_width,
@@ -334,6 +338,26 @@ class VisionTransformer(nn.Module):
         if return_attention:
             out["attention"] = [maps[i] for i in idx]
         return out
+
+    def reset_classifier(self, num_classes: int) -> "VisionTransformer":
+        """A new zero-initialised head (the paper's fine-tuning head) for ``num_classes`` classes (0: none);
+        the old class names no longer apply and are dropped."""
+        if num_classes < 0:
+            raise ValueError(f"num_classes must be 0 or more, got {num_classes}")
+        cfg = self.config = self.config.replace(num_classes=num_classes)
+        ref = next(self.parameters())
+        def zero_head(n_in: int) -> nn.Module:
+            if not num_classes:
+                return nn.Identity()
+            lin = nn.Linear(n_in, num_classes, device=ref.device, dtype=ref.dtype)
+            nn.init.zeros_(lin.weight)
+            nn.init.zeros_(lin.bias)
+            return lin
+        self.head = zero_head(cfg.representation_size or cfg.width)
+        if self.head_dist is not None or (cfg.distill_token and cfg.distill_head):
+            self.head_dist = zero_head(cfg.width) if num_classes else None
+        self.meta.labels = None
+        return self
 
     # --- bookkeeping ------------------------------------------------------------------
     def num_params(self, trainable_only: bool = False) -> int:

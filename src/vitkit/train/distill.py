@@ -114,9 +114,9 @@ def load_teacher(path: str, classes: List[str], *, num_heads: Optional[int] = No
     if k != len(classes):
         raise ValueError(f"distill.teacher {path} predicts {k} classes but the training data has {len(classes)}: "
                          f"the teacher must be trained on the same classes")
-    labels = getattr(model, "labels", None)
+    labels = model.meta.labels
     if labels and [str(v) for v in labels] != [str(v) for v in classes]:
         diff = next(i for i, (a, b) in enumerate(zip(labels, classes)) if str(a) != str(b))
         raise ValueError(f"distill.teacher {path} has other classes or another order than the training data "
                          f"(class {diff}: teacher {labels[diff]!r}, data {classes[diff]!r})")
-    return model.eval().requires_grad_(False), dict(getattr(model, "preprocessing", None) or {})
+    return model.eval().requires_grad_(False), dict(model.meta.preprocessing or {})

@@ -20,9 +20,9 @@ TTA_MODES = ("none", "flip")
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Dataset, transform: EvalTransform, *, batch_size: int = 500,
              device: Optional[torch.device] = None, dist: Optional[Dist] = None, precision: str = "fp32",
-             workers: int = 0, keep_probs: bool = False, tta: str = "none") -> Dict[str, Any]:
+             workers: int = 0, keep_probs: bool = False, tta: str = "none", progress: bool = False) -> Dict[str, Any]:
     """{"top1", "top5", "loss", "n"} over every sample of ``data`` (shared across ranks when distributed);
-    with ``keep_probs`` also "probs" [N, K] (single process only).
+    with ``keep_probs`` also "probs" [N, K] (single process only); ``progress``: a progress bar (rank 0).
 
     ``tta="flip"``: test-time augmentation, each image is scored as the mean of the softmax probabilities
     of the image and its mirror image (loss: cross-entropy of that mean). ``"none"``: one view, scored by
@@ -37,8 +37,12 @@ def evaluate(model: nn.Module, data: Dataset, transform: EvalTransform, *, batch
     sums = torch.zeros(4, dtype=torch.float64)  # correct1, correct5, loss, n
     probs: List[torch.Tensor] = []
     ac = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else _null()
+    from tqdm.auto import tqdm
+    bar = tqdm(total=math.ceil(len(data) / dist.world), unit="img", desc="eval", leave=False,
+               disable=not progress or dist.rank != 0)
     unreadable: List[int] = []  # indices of files a folder dataset could not decode (skip_unreadable)
     for images, labels in eval_batches(data, batch_size, dist.rank, dist.world, workers):
+        bar.update(len(labels))
         if bool((labels < 0).any()):
             unreadable += (-labels[labels < 0] - 1).tolist()
             images, labels = images[labels >= 0], labels[labels >= 0]
@@ -59,6 +63,7 @@ def evaluate(model: nn.Module, data: Dataset, transform: EvalTransform, *, batch
         sums[3] += len(y)
         if keep_probs:
             probs.append(logits.softmax(1).cpu())
+    bar.close()
     sums = all_reduce_sum(sums.to(device), dist).cpu() if dist.enabled else sums
     model.train(was_training)
     n = max(float(sums[3]), 1.0)
@@ -99,10 +104,10 @@ def transform_for(preprocessing: Optional[Dict[str, Any]], img_size: Sequence[in
 def evaluate_checkpoint(path: PathLike, dataset: str, split: str = "test", *, root: Optional[PathLike] = None,
                         batch_size: int = 500, device: str = "auto", workers: int = 0,
                         mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None,
-                        tta: str = "none") -> Dict[str, Any]:
+                        tta: str = "none", progress: bool = False) -> Dict[str, Any]:
     """Load a checkpoint (any format vitkit reads) and measure its accuracy on ``dataset``/``split`` with
     the preprocessing stored in the checkpoint (or ``mean``/``std`` given here); ``tta`` as in
-    :func:`evaluate`."""
+    :func:`evaluate`; ``progress`` shows a progress bar."""
     from .distributed import pick_device
     from .weights import load_for_eval
 
@@ -126,7 +131,7 @@ def evaluate_checkpoint(path: PathLike, dataset: str, split: str = "test", *, ro
     if hasattr(data, "skip_unreadable"):  # a folder: unreadable images are left out and reported
         data.skip_unreadable = True
     tf = transform_for(pre, cfg.img_size, getattr(data, "in_memory", False))
-    res = evaluate(model, data, tf, batch_size=batch_size, device=dev, workers=workers, tta=tta)
+    res = evaluate(model, data, tf, batch_size=batch_size, device=dev, workers=workers, tta=tta, progress=progress)
     if "unreadable" in res:  # (index -> why), decoded again here to name the reason
         res["unreadable"] = [_why_unreadable(data, i) for i in res["unreadable"]]
     res.update(dataset=dataset, split=split, checkpoint=str(path), tta=tta)

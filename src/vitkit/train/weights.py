@@ -18,13 +18,13 @@ def load_init(path: PathLike, target: Callable[[ViTConfig], ViTConfig], *, head:
               num_heads: Optional[int] = None) -> Tuple[VisionTransformer, List[str]]:
     """Read ``path``, build ``VisionTransformer(target(checkpoint_config))`` and load the adapted weights.
     Returns the model (train mode) and the list of adaptations made."""
-    from ..checkpoints import build, read_checkpoint
+    from ..checkpoints import build, read_weights
 
-    ckpt = read_checkpoint(path, num_heads=num_heads)
+    ckpt = read_weights(path, num_heads=num_heads)
     cfg = target(ckpt.config)
     model = VisionTransformer(cfg)
     model = build(ckpt, model=model, head=head, strict=True)
-    notes = list((getattr(model, "checkpoint", None) or {}).get("notes", []))
+    notes = list(model.meta.notes)
     return model.train(), notes
 
 
@@ -33,4 +33,4 @@ def load_for_eval(path: PathLike) -> Tuple[VisionTransformer, Optional[List[str]
     from ..checkpoints import load_weights
 
     model = load_weights(path)
-    return model.eval(), getattr(model, "labels", None), getattr(model, "preprocessing", None)
+    return model.eval(), model.meta.labels, model.meta.preprocessing

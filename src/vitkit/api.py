@@ -1,0 +1,81 @@
+"""The one-line entry points: a model by name with or without its published weights, and classification.
+
+``create_model(name)`` builds a randomly initialised model (``vitkit.models.create_model``);
+``create_model(name, pretrained=True)`` loads the weights published for that name and
+``create_model(name, weights=...)`` any weights :func:`vitkit.load_weights` reads (path, known name,
+Hugging Face Hub id, URL), fetched into the standard caches on first use.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Optional, Union
+
+from .checkpoints import load_weights
+from .checkpoints.registry import KNOWN, KnownCheckpoint, get_known
+from .config import ConfigError, ViTConfig, config_from_name
+from .models import VisionTransformer
+from .models import create_model as _build
+from .utils import PathLike
+
+# which publisher a naming style points to when a name has several published checkpoints
+_STYLE = ((re.compile(r"^vit_[blh]_\d+$", re.I), "torchvision"), (re.compile(r"^vit_\w+_patch\d+", re.I), "timm"),
+          (re.compile(r"^(google|facebook)/", re.I), "hf"), (re.compile(r"^vit[-_ ]?[a-z]+[-_/]\d+$", re.I), "vit_jax"))
+
+
+def create_model(name: Union[str, ViTConfig] = "B/16", pretrained: bool = False, *,
+                 weights: Optional[Union[str, PathLike]] = None, **overrides: Any) -> VisionTransformer:
+    """A model by name (``B/16``, ``vit_base_patch16_224``, ``google/vit-base-patch16-224``, ...).
+
+    - ``pretrained=True``: with the weights published for that name (``vit_b_16`` -> torchvision's,
+      ``vit_base_patch16_224`` -> timm's, a Hub id or known name -> itself; ``vitkit weights`` lists them).
+    - ``weights=``: these weights (anything :func:`vitkit.load_weights` takes).
+    - other keyword arguments are config fields (``num_classes=10`` with weights: a new zero head;
+      ``img_size=384``: position embeddings resized; ``drop_path=0.1``, ...).
+    """
+    if weights is None and pretrained:
+        weights = default_weights(name)
+    if weights is None:
+        return _build(name, **overrides)
+    return load_weights(weights, **overrides)
+
+
+def default_weights(name: Union[str, ViTConfig]) -> str:
+    """The name of the published weights ``create_model(name, pretrained=True)`` loads."""
+    if isinstance(name, str):
+        if get_known(name) is not None:
+            return get_known(name).name
+        from .checkpoints.sources import _as_repo, _as_url
+        if _as_url(name) or (_as_repo(name) and "/" in name and not name.startswith("hf-hub:")
+                             and name.split("/")[0].lower() in ("google", "facebook")):
+            return name  # a URL, or a Hub repository of a model name: itself
+        if "." in name and _as_repo(name):
+            return name  # timm's name.tag: that tag's repository
+        try:
+            cfg = config_from_name(name)
+        except ConfigError:
+            if _as_repo(name):
+                return name  # hf-hub:org/name, org/name, timm's name.tag
+            raise
+    else:
+        cfg = name
+    fits = [e for e in KNOWN.values() if _same_model(e, cfg)]
+    if not fits:
+        other = sorted({f"{e.name} ({e.img_size} px)" for e in KNOWN.values() if e.model == cfg.name})
+        raise ConfigError(f"no published weights for {name} at {cfg.img_size[0]} px"
+                          + (f"; for {cfg.name}: {', '.join(other)}" if other else "")
+                          + ": pass weights= (a file, Hub id or URL), or see 'vitkit weights'")
+    style = next((src for rx, src in _STYLE if isinstance(name, str) and rx.match(name)), None)
+    ranked = sorted(fits, key=lambda e: (e.source != style, e.num_classes != 1000))
+    return ranked[0].name
+
+
+def _same_model(e: KnownCheckpoint, cfg: ViTConfig) -> bool:
+    try:
+        known = config_from_name(e.model)
+    except ConfigError:
+        return False
+    return (known.width, known.depth, known.patch_size, known.distill_token) == \
+        (cfg.width, cfg.depth, cfg.patch_size, cfg.distill_token) and (e.img_size, e.img_size) == cfg.img_size
+
+
+__all__ = ["create_model", "default_weights"]

@@ -1,0 +1,25 @@
+"""What a model's weights came with: class names, preprocessing and origin (one declared field).
+
+Every :class:`~vitkit.models.vit.VisionTransformer` carries a :class:`ModelMeta` as
+``model.meta`` (in the spirit of timm's ``pretrained_cfg`` and Hugging Face's
+``config.id2label``). A freshly built model has an empty one; the checkpoint
+loader fills it; saving writes it back out. Nothing reads it with ``getattr``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+
+@dataclass
+class ModelMeta:
+    labels: Optional[List[str]] = None  # class names, index -> name
+    preprocessing: Optional[Dict[str, Any]] = None  # a vitkit.data.preprocess.Preset as a dict
+    format: Optional[str] = None  # the checkpoint format read: vitkit | npz | torchvision | timm | hf
+    source: Optional[str] = None  # where the weights came from: a path, URL, Hub id or known name
+    layout: Dict[str, Any] = field(default_factory=dict)  # how the source spelled its keys (for writing back)
+    notes: List[str] = field(default_factory=list)  # the adaptations made while loading
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"labels": self.labels, "preprocessing": self.preprocessing, "format": self.format,
+                "source": self.source, "layout": dict(self.layout), "notes": list(self.notes)}
