@@ -42,6 +42,11 @@ def test_info_json_and_overrides(capsys):
     assert main(["info", "S/16", "--set", "posemb=sincos2d", "--set", "num_classes=10", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
     assert row["params"] == 22_050_664 - 197 * 384 - 990 * 384 - 990  # no learned table, 10-class head
+    # "none" is the name of a kind, not null, for a field that takes names (the position embedding here)
+    assert main(["info", "S/16", "--set", "posemb=none", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["params"] == 22_050_664 - 197 * 384
+    assert main(["recipes", "fmnist-fast", "--set", "model.posemb=none"]) == 0
+    assert "posemb: none" in capsys.readouterr().out
 
 
 def test_info_default_lists_paper_models(capsys):

@@ -122,7 +122,7 @@ def test_four_kills_and_resumes_leave_the_run_an_uninterrupted_run_would(task):
     assert sum(1 for r in ref_rows if r.get("final")) == 1
     assert len({(r["kind"], r["step"]) for r in ref_rows}) == len(ref_rows)  # one line per kind and step
 
-    kills = [("in-metrics-write", 6, False),  # the eval line of step 8 (4th/5th lines: train 8, eval 8 ...)
+    kills = [("in-metrics-write", 6, False),  # the 6th line (train 4, 8, eval 8, train 12, 16, eval 16) is cut
              ("in-checkpoint-write", 3, True),  # the 3rd checkpoint this process writes
              ("after-final-checkpoint", 0, True),
              ("before-export", 0, True)]

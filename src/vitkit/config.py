@@ -224,8 +224,8 @@ class ViTConfig:
 
     # --- (de)serialisation ----------------------------------------------------
     def replace(self, **overrides: Any) -> "ViTConfig":
-        check_fields(overrides)
-        return dataclasses.replace(self, **overrides)
+        checked = check_fields(overrides)
+        return dataclasses.replace(self, **{k: checked[k] if v is None else v for k, v in overrides.items()})
 
     def to_dict(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -257,17 +257,19 @@ def grid_for(img_size: Tuple[int, int], patch_size: Tuple[int, int], pad: bool =
     return h // ph, w // pw
 
 
-def check_fields(d: Dict[str, Any], where: str = "") -> None:
+def check_fields(d: Dict[str, Any], where: str = "") -> Dict[str, Any]:
     """Every key is a ViTConfig field and every value has the field's type (``where`` prefixes the key in
-    messages, e.g. "model.")."""
+    messages, e.g. "model."). Returns the values in their fields' types."""
     names = [f.name for f in dataclasses.fields(ViTConfig)]
+    out = {}
     for k, v in d.items():
         if k not in names:
             hint = difflib.get_close_matches(k, names, n=1)
             extra = f"; did you mean {hint[0]!r}?" if hint else ""
             raise ConfigError(f"unknown config field {k!r}{extra} (fields: {', '.join(names)})")
         # img_size / patch_size: an int means a square
-        coerce_field(ViTConfig, k, v, where + k, scalar_pairs=k in ("img_size", "patch_size"))
+        out[k] = coerce_field(ViTConfig, k, v, where + k, scalar_pairs=k in ("img_size", "patch_size"))
+    return out
 
 
 # --- typed fields: the type of every config and recipe key comes from its dataclass annotation -----------
@@ -482,6 +484,6 @@ def _parse_hybrid(name: str, m: "re.Match") -> Dict[str, Any]:
 
 def config_from_name(name: str, **overrides: Any) -> ViTConfig:
     fields = parse_model_name(name)
-    check_fields(overrides)
-    fields.update(overrides)
+    checked = check_fields(overrides)
+    fields.update({k: checked[k] if v is None else v for k, v in overrides.items()})  # None: "none" for names
     return ViTConfig(**fields)

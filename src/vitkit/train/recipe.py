@@ -171,8 +171,9 @@ class Recipe:
         if model.get("arch") is not None and not isinstance(model["arch"], str):
             raise ConfigError(f"got {model['arch']!r}, expected a model name such as 'B/16'", key="model.arch")
         # num_classes / in_chans may be "auto": taken from the dataset
-        check_fields({k: v for k, v in model.items() if k != "arch" and not (k in AUTO_FIELDS and v == "auto")},
-                     where="model.")
+        checked = check_fields({k: v for k, v in model.items()
+                                if k != "arch" and not (k in AUTO_FIELDS and v == "auto")}, where="model.")
+        model.update({k: v for k, v in checked.items() if model[k] is None})  # posemb=none: the name "none"
         kw["model"] = model
         for key, klass in SECTIONS.items():
             sec = d.get(key) or {}
