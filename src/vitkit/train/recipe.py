@@ -23,6 +23,7 @@ from ..config import ViTConfig, check_fields, coerce_field, config_from_name
 from ..errors import ConfigError, NotFoundError
 from ..data.augment import AugmentConfig
 from ..utils import PathLike, atomic_path
+from .loggers import LOGGERS
 
 _RECIPE_PACKAGE = "vitkit.recipes"
 
@@ -98,6 +99,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     export: str = "auto"  # exported weights: auto (raw or EMA, the better on the validation split) | ema | raw
     predictions: int = 16  # test images shown in predictions.png
+    log: List[str] = field(default_factory=list)  # the metrics also to: tensorboard (RUN/tensorboard), csv (RUN/metrics.csv)
 
 
 @dataclass
@@ -231,6 +233,10 @@ class Recipe:
             raise ConfigError(f"train.ema must be in [0, 1) (e.g. 0.9999), got {t.ema}")
         if t.export not in ("auto", "ema", "raw"):
             raise ConfigError(f"train.export={t.export!r}: use auto, ema or raw")
+        bad = [name for name in t.log if name not in LOGGERS]
+        if bad:
+            raise ConfigError(f"train.log: unknown logger {bad[0]!r}: use {' and/or '.join(LOGGERS)}",
+                              key="train.log")
         if self.init.head not in ("auto", "reset", "keep"):
             raise ConfigError(f"init.head={self.init.head!r}: use auto, reset or keep")
         dd = self.distill

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from ..utils import PathLike, atomic_path
+from .loggers import check_loggers, open_loggers
 
 
 class MetricsLog:
@@ -22,12 +23,18 @@ class MetricsLog:
     evaluation a killed run wrote after its last checkpoint, a line cut off by the kill), so a kill at
     any instant followed by ``--resume`` leaves exactly one line per step. Checkpoints older than
     this record are resumed by step: lines up to ``truncate_after_step``, less any final evaluation.
+
+    ``loggers`` (the recipe's ``train.log``): each line also goes to TensorBoard and/or metrics.csv
+    (:mod:`vitkit.train.loggers`), which start from the lines kept here.
     """
 
     def __init__(self, path: PathLike, enabled: bool = True, truncate_after_step: Optional[int] = None,
-                 resume_rows: Optional[int] = None):
+                 resume_rows: Optional[int] = None, loggers: Sequence[str] = ()):
         self.path, self.enabled, self.rows = Path(path), enabled, 0
+        self.loggers: list = []
+        check_loggers(loggers)  # on every process, so that none goes on alone
         resuming = truncate_after_step is not None or resume_rows is not None
+        keep: List[str] = []
         if enabled and resuming and self.path.is_file():
             lines = _complete_lines(self.path)
             if resume_rows is not None:
@@ -38,6 +45,11 @@ class MetricsLog:
             with atomic_path(self.path) as tmp:
                 tmp.write_text("".join(k + "\n" for k in keep))
             self.rows = len(keep)
+        if enabled and loggers:
+            rows = [json.loads(k) for k in keep]
+            step = truncate_after_step if truncate_after_step is not None else (
+                max((r.get("step", 0) for r in rows), default=0) if resuming else None)
+            self.loggers = open_loggers(loggers, self.path.parent, rows, step)
 
     def write(self, record: Dict[str, Any]) -> None:
         if not self.enabled:
@@ -48,6 +60,8 @@ class MetricsLog:
             f.flush()
             os.fsync(f.fileno())
         self.rows += 1
+        for logger in self.loggers:
+            logger.write(record)
 
 
 def _complete_lines(path: Path) -> List[str]:

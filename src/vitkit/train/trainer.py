@@ -5,6 +5,7 @@ Run folder (``out``)::
     recipe.yaml          the resolved recipe (after inheritance and overrides)
     metrics.jsonl        train lines every log_every steps, eval lines (validation split) at every
                          evaluation, one test line at the end
+    metrics.csv, tensorboard/   the same lines as a table / TensorBoard scalars, if train.log asks
     checkpoints/last.pt  model, optimiser, EMA, step/epoch/position, RNG states (atomic, resumable)
     model/               the exported model in vitkit's format (labels + preprocessing included)
     results.json         validation scores of the raw and EMA weights, which were exported and why,
@@ -93,7 +94,8 @@ class Trainer:
         if self.dist.main:
             recipe.save(self.out / "recipe.yaml")
         self.log = MetricsLog(self.out / "metrics.jsonl", self.dist.main,
-                              truncate_after_step=self.step if resume else None, resume_rows=self.resume_rows)
+                              truncate_after_step=self.step if resume else None, resume_rows=self.resume_rows,
+                              loggers=recipe.train.log)
         if not resume and self.dist.main and (self.out / "metrics.jsonl").exists():
             (self.out / "metrics.jsonl").unlink()
 
