@@ -1,0 +1,135 @@
+"""train.log: the metrics lines also as TensorBoard scalars (read back from the event files) and as
+metrics.csv, equal to metrics.jsonl, also after a stop and --resume; unknown names and a missing
+TensorBoard are refused at set-up."""
+import csv
+import json
+import sys
+
+import pytest
+
+from _synthetic import write_npz, write_recipe
+from vitkit.errors import ConfigError
+from vitkit.train import Trainer, load_recipe
+from vitkit.train.runlog import read_metrics
+
+pytest.importorskip("tensorboard")  # the test extra installs it
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+# 2 epochs of 16 steps; a line every 2 steps, an evaluation every 4, a checkpoint every 8
+LOGGED = {"train.log": ["tensorboard", "csv"], "schedule.epochs": 2, "train.log_every": 2,
+          "train.eval_every": 0.25, "train.ckpt_every": 8, "train.predictions": 0}
+NOT_SCALARS = ("step", "epoch", "time", "train_time")
+
+
+@pytest.fixture(scope="module")
+def recipe_file(tmp_path_factory):
+    d = tmp_path_factory.mktemp("logging")
+    return write_recipe(d, write_npz(d / "quadrants.npz"))
+
+
+@pytest.fixture(scope="module")
+def full_run(recipe_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("full") / "run"
+    Trainer(load_recipe(recipe_file, LOGGED), out, progress=False).fit()
+    return out
+
+
+def expected_scalars(rows):
+    """{tag: [(step, value)]} as the metrics lines say: PREFIX/KEY for every number of a line."""
+    out = {}
+    for r in rows:
+        prefix = "train" if r["kind"] == "train" else r["split"]
+        for k, v in r.items():
+            if k not in NOT_SCALARS and isinstance(v, (int, float)) and not isinstance(v, bool):
+                out.setdefault(f"{prefix}/{k}", []).append((r["step"], v))
+    return out
+
+
+def read_events(run):
+    acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})  # 0: keep every event
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def check_tensorboard(run, rows):
+    want, got = expected_scalars(rows), read_events(run)
+    assert sorted(got) == sorted(want)
+    for tag, points in want.items():
+        steps = [s for s, _ in got[tag]]
+        assert steps == [s for s, _ in points], tag
+        assert len(set(steps)) == len(steps), tag  # no step twice
+        for (_, value), (_, logged) in zip(got[tag], points):
+            assert value == pytest.approx(logged, rel=1e-6, abs=1e-12), tag  # event files hold float32
+
+
+def check_csv(run, rows):
+    with open(run / "metrics.csv", newline="") as f:
+        table = list(csv.reader(f))
+    header, body = table[0], table[1:]
+    columns = list(dict.fromkeys(k for r in rows for k in r))  # the union of the keys, first seen first
+    assert header == columns
+    assert len(body) == len(rows)
+    for cells, r in zip(body, rows):
+        for k, cell in zip(header, cells):
+            if k not in r:
+                assert cell == ""
+            elif isinstance(r[k], str):
+                assert cell == r[k]
+            else:
+                assert json.loads(cell) == r[k], (k, cell, r[k])
+
+
+def test_scalars_and_table_equal_the_metrics_lines(full_run):
+    rows = read_metrics(full_run)
+    kinds = [r["kind"] for r in rows]
+    assert kinds.count("train") == 16 and kinds.count("eval") == 8 and kinds.count("test") == 1
+    check_tensorboard(full_run, rows)
+    tags = set(read_events(full_run))
+    for tag in ("train/loss", "train/acc", "train/lr", "train/img_per_s", "val/top1", "val/top1_ema", "test/top1"):
+        assert tag in tags, tag
+    check_csv(full_run, rows)
+
+
+def test_stop_and_resume_leave_each_line_once(recipe_file, full_run, tmp_path):
+    out = tmp_path / "run"
+    recipe = load_recipe(recipe_file, LOGGED)
+    # stopped as if killed at step 14: the last checkpoint is at step 8 (a train and an eval line at that
+    # step are in it); the lines of steps 10-14 and the evaluation at 12 were written after it
+    assert Trainer(recipe, out, progress=False, stop_after=14).fit() == {"stopped_at": 14}
+    assert max(r["step"] for r in read_metrics(out)) == 14
+    assert max(s for points in read_events(out).values() for s, _ in points) == 14
+    Trainer(recipe, out, resume=True, progress=False).fit()
+    rows = read_metrics(out)
+    where = [(r["kind"], r["step"]) for r in rows]
+    assert len(set(where)) == len(where)  # each (kind, step) once
+    assert where == [(r["kind"], r["step"]) for r in read_metrics(full_run)]
+    check_tensorboard(out, rows)
+    check_csv(out, rows)
+    # exact resume: the same numbers as the uninterrupted run
+    full = expected_scalars(read_metrics(full_run))
+    got = read_events(out)
+    for tag in ("train/loss", "val/top1", "test/top1"):
+        assert [v for _, v in got[tag]] == pytest.approx([v for _, v in full[tag]], rel=1e-6)
+
+
+def test_unknown_logger_is_refused_naming_the_key(recipe_file):
+    with pytest.raises(ConfigError, match=r"train\.log.*'wandb'.*tensorboard.*csv"):
+        load_recipe(recipe_file, {"train.log": ["csv", "wandb"]})
+    assert load_recipe(recipe_file).train.log == []  # default: metrics.jsonl alone
+
+
+def test_missing_tensorboard_fails_at_set_up_with_the_install_line(recipe_file, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as if not installed
+    with pytest.raises(ConfigError) as err:
+        Trainer(load_recipe(recipe_file, LOGGED), tmp_path / "run", progress=False)
+    msg = str(err.value)
+    assert "train.log" in msg and "pip install 'vitkit[log]'" in msg and "\n" not in msg
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_csv_alone_writes_no_event_files(recipe_file, tmp_path):
+    recipe = load_recipe(recipe_file, {**LOGGED, "train.log": ["csv"], "schedule.steps": 8,
+                                       "train.eval_every": 0})
+    Trainer(recipe, tmp_path / "run", progress=False).fit()
+    assert not (tmp_path / "run" / "tensorboard").exists()
+    check_csv(tmp_path / "run", read_metrics(tmp_path / "run"))
