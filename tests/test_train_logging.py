@@ -133,3 +133,12 @@ def test_csv_alone_writes_no_event_files(recipe_file, tmp_path):
     Trainer(recipe, tmp_path / "run", progress=False).fit()
     assert not (tmp_path / "run" / "tensorboard").exists()
     check_csv(tmp_path / "run", read_metrics(tmp_path / "run"))
+
+
+def test_a_list_of_words_can_be_given_with_set():
+    from vitkit.cli._util import parse_overrides
+    from vitkit.train import load_recipe
+
+    ov = parse_overrides(["train.log=[tensorboard,csv]", "optim.betas=[0.9,0.95]", "name=[x"])
+    assert ov == {"train.log": ["tensorboard", "csv"], "optim.betas": [0.9, 0.95], "name": "[x"}
+    assert load_recipe("fmnist-demo", {"train.log": ov["train.log"]}).train.log == ["tensorboard", "csv"]

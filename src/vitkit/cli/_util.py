@@ -11,7 +11,8 @@ from ..errors import UsageError
 
 
 def parse_value(text: str) -> Any:
-    """'3' -> 3, '0.1' -> 0.1, 'true' -> True, 'none' -> None, '[1,2]' -> [1, 2], else the string."""
+    """'3' -> 3, '0.1' -> 0.1, 'true' -> True, 'none' -> None, '[1,2]' -> [1, 2], '[csv,tensorboard]' ->
+    ['csv', 'tensorboard'] (a list of words, YAML's flow form), else the string."""
     low = text.strip().lower()
     if low in ("true", "false"):
         return low == "true"
@@ -20,7 +21,15 @@ def parse_value(text: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError:
-        return text
+        pass
+    if text.strip().startswith("[") and text.strip().endswith("]"):
+        import yaml
+
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError:
+            pass
+    return text
 
 
 def parse_overrides(items: Iterable[str]) -> Dict[str, Any]:
