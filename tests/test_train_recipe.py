@@ -178,7 +178,14 @@ def test_train_step_clips_and_runs_in_bf16():
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         expected_acc = (m.eval()(x).argmax(1) == y).float().mean()
     dtypes = []
-    m.blocks[0].mlp.fc1.register_forward_hook(lambda mod, inp, out: dtypes.append(out.dtype))
+    real_forward = m.forward
+
+    def spy(*args, **kwargs):  # the logits' dtype: bf16 when the forward ran under bf16 autocast
+        out = real_forward(*args, **kwargs)
+        dtypes.append(out.dtype)
+        return out
+
+    m.forward = spy
     before = [p.detach().clone() for p in m.parameters()]
     opt = torch.optim.SGD(m.parameters(), lr=1.0)  # plain SGD: the update is minus the clipped gradient
     stats = TrainStep(m, opt, clip_grad=1e-3, precision="bf16")(x, y)
