@@ -192,15 +192,13 @@ def _dataset(spec: str, split: str, root: Optional[str]):
 def validation_split(recipe) -> Tuple[Any, Any]:
     """(training part, validation part) of the training split, held out exactly as the trainer holds them
     out (``Trainer._build_data``; tests/test_reproduce.py checks that the two agree)."""
-    from ..data.loader import split_indices
+    from ..train.selection import hold_out
 
     dc = recipe.data
-    full = _dataset(dc.dataset, dc.train_split, dc.root)
-    fraction = dc.val_size / len(full) if dc.val_size else dc.val_fraction
-    if not fraction > 0:
+    train, val = hold_out(_dataset(dc.dataset, dc.train_split, dc.root), dc.val_size, dc.val_fraction, dc.val_seed)
+    if val is None:
         raise ValueError(f"recipe {recipe.name!r} has no validation split: set data.val_size")
-    tr, va = split_indices(len(full), fraction, dc.val_seed, full.labels)
-    return full.subset(tr, "train"), full.subset(va, "val")
+    return train, val
 
 
 def validation_top1(folder: Path, recipe, model, val) -> float:

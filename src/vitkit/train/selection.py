@@ -21,6 +21,25 @@ from .evaluate import evaluate
 WEIGHT_KINDS = ("raw", "ema")
 
 
+def hold_out(data: Dataset, val_size: Optional[int], val_fraction: float, seed: int, stratify: bool = True
+             ) -> Tuple[Dataset, Optional[Dataset]]:
+    """(training part, validation part or None) of a training split: a seeded hold-out of ``val_size``
+    images (or ``val_fraction`` of them), class-stratified when ``stratify``; the same images whatever the
+    training seed is. The one definition of the validation split (the trainer's, and ``vitkit reproduce``'s
+    probes)."""
+    from ..data.loader import split_indices
+
+    n = len(data)
+    if val_size and not 0 < val_size < n:
+        raise ValueError(f"data.val_size={val_size} but the training split has {n} images: hold out fewer "
+                         f"(e.g. --set data.val_size={max(1, n // 12)})")
+    fraction = val_size / n if val_size else val_fraction
+    if not fraction > 0:
+        return data, None
+    tr, va = split_indices(n, fraction, seed, data.labels if stratify else None)
+    return data.subset(tr, "train"), data.subset(va, "val")
+
+
 @dataclass
 class Evaluator:
     """Accuracy of a model on a split, in the run's evaluation preprocessing and precision."""

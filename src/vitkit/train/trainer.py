@@ -44,7 +44,7 @@ from .checkpoint import find_last, load_state, rng_state, save_state, set_rng_st
 from .optim import EMA, Schedule, build_optimizer, set_lr, unwrap
 from .recipe import Recipe
 from .runlog import MetricsLog
-from .selection import Evaluator, eval_record
+from .selection import Evaluator, eval_record, hold_out
 from .step import TrainStep
 
 
@@ -121,16 +121,8 @@ class Trainer:
             train_full = train_full.to_memory()
             test = test.to_memory() if test is not None and not test.in_memory else test
         self.classes = list(train_full.classes)
-        n_full = len(train_full)
-        if dc.val_size and not 0 < dc.val_size < n_full:
-            raise ValueError(f"data.val_size={dc.val_size} but the training split has {n_full} images: hold out "
-                             f"fewer (e.g. --set data.val_size={max(1, n_full // 12)})")
-        fraction = dc.val_size / n_full if dc.val_size else dc.val_fraction
-        if fraction > 0:  # a seeded, class-stratified hold-out: the same images whatever train.seed is
-            tr, va = split_indices(n_full, fraction, dc.val_seed, train_full.labels if self.uses_labels else None)
-            self.train_data, self.val_data = train_full.subset(tr, "train"), train_full.subset(va, "val")
-        else:
-            self.train_data, self.val_data = train_full, None
+        self.train_data, self.val_data = hold_out(train_full, dc.val_size, dc.val_fraction, dc.val_seed,
+                                                  stratify=self.uses_labels)
         if dc.train_subset:  # few labels: a seeded, class-stratified subset of the training images
             n = len(self.train_data)
             if not 0 < dc.train_subset <= n:
