@@ -226,11 +226,7 @@ def build_peer(library: str, model: VisionTransformer, *, copy_weights: bool = T
         forward = _forward_fn(library, module)
         weights = "vitkit's model exported to ONNX"
         if check:
-            x = torch.randn(1, cfg.in_chans, *cfg.img_size, generator=torch.Generator().manual_seed(0))
-            with torch.inference_mode():
-                ref, out = model(x), forward(x)
-            diff = (ref - out).abs().max().item() / max(ref.abs().max().item(), 1e-12)
-            weights += f" (logits agree to {diff:.1e} relative)"
+            weights += _agreement(model, forward, cfg)
         return Peer(library, version, module, forward, weights)
     if library == "hf":
         import transformers
@@ -250,12 +246,17 @@ def build_peer(library: str, model: VisionTransformer, *, copy_weights: bool = T
     module = module.eval()
     forward = _forward_fn(library, module)
     if check and weights == "vitkit's weights":
-        x = torch.randn(1, cfg.in_chans, *cfg.img_size, generator=torch.Generator().manual_seed(0))
-        with torch.inference_mode():
-            ref, out = model(x), forward(x)
-        diff = (ref - out).abs().max().item() / max(ref.abs().max().item(), 1e-12)
-        weights += f" (logits agree to {diff:.1e} relative)"
+        weights += _agreement(model, forward, cfg)
     return Peer(library, version, module, forward, weights)
+
+
+def _agreement(model, forward, cfg) -> str:
+    """How closely a peer's logits follow vitkit's on one fixed image (for the peer's description)."""
+    x = torch.randn(1, cfg.in_chans, *cfg.img_size, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        ref, out = model(x), forward(x)
+    diff = (ref - out).abs().max().item() / max(ref.abs().max().item(), 1e-12)
+    return f" (logits agree to {diff:.1e} relative)"
 
 
 def _forward_fn(library: str, module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -37,15 +37,16 @@ def finish_classification(tr: "Trainer", wall: float) -> Dict[str, Any]:
                                "train_wall_s": round(wall, 1), "params": unwrap(tr.model).num_params(),
                                "processes": d.world, "device": str(tr.device),
                                "train_images": len(tr.train_data)}
+    models = dict(tr.candidates())  # the EMA copy is filled once (collective under FSDP)
     val = None
     if tr.val_data is not None:
-        val = {kind: tr.evaluator(model, tr.val_data) for kind, model in tr.candidates()}
+        val = {kind: tr.evaluator(model, tr.val_data) for kind, model in models.items()}
         tr.log.write(eval_record(tr.step, epochs, "val", val, final=True, train_time=round(tr.trained_s, 2)))
         results["val_images"] = len(tr.val_data)
         results["val"] = {kind: {k: res[k] for k in _SCORES} for kind, res in val.items()}
     kind, why = choose_weights(r.train.export, tr.ema is not None, val)
     results["exported_weights"], results["selected_by"] = kind, why
-    chosen = dict(tr.candidates())[kind]
+    chosen = models[kind]
     probs = None
     if tr.test_data is not None:  # the one evaluation of the test split: the exported weights only
         res = tr.evaluator(chosen, tr.test_data, keep_probs=True)
@@ -63,7 +64,7 @@ def finish_classification(tr: "Trainer", wall: float) -> Dict[str, Any]:
             results["teacher_test_top1"] = t_res["top1"]
     if tr.teacher is not None:
         results["teacher"] = str(r.distill.teacher)
-    exported = tr.export_model(kind)  # collective under FSDP
+    exported = chosen if kind == "ema" else tr.export_model(kind)  # collective under FSDP
     if d.main:
         extra = {"recipe": r.name, "steps": tr.step, "weights": kind, "selected_by": why}
         if val is not None:
