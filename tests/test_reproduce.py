@@ -151,7 +151,7 @@ def test_resume_after_an_interrupted_arm(tmp_path, tiny_data):
 def test_reproduce_end_to_end_tiny(tmp_path, tiny_data):
     out = tmp_path / "rep"
     budget = tiny_budget(tiny_data)
-    ids = [2, 3, 5, 8, 9, 10]  # selection, data sizes, prepared fine-tuning, MPP, analysis, correlation
+    ids = [2, 3, 5, 7, 8, 9, 10]  # selection, data sizes, prepared fine-tuning, speed, MPP, analysis, correlation
     rep = reproduce(out, ids, budget, command="test", log=lambda s: None)
     assert (out / "report.md").is_file() and (out / "report.json").is_file()
     saved = json.loads((out / "report.json").read_text())
@@ -164,7 +164,24 @@ def test_reproduce_end_to_end_tiny(tmp_path, tiny_data):
             for row in c["arms"]:
                 assert row["test_top1" if c["id"] != 9 else "l0_mean_dist"]["n"] == 2, (c["id"], row["arm"])
     md = (out / "report.md").read_text()
+    # what it cost: every run trained by this call, the training time the runs' results.json recorded
+    comp = saved["compute"]
+    finished = list(out.glob("runs/*/seed*/results.json"))
+    assert comp["runs"] == len(finished) and comp["this_invocation"] == {"training": len(finished)}
+    assert comp["complete"] and comp["wall_s"] > 0
+    assert comp["train_s_total"] == pytest.approx(sum(json.loads(p.read_text()).get("trained_s") or 0.0 for p in finished))
+    assert comp["train_s_total"] > 0
+    assert f"Compute: {len(finished)} runs" in md and "for all of it" in md
     assert "Verdict rule" in md and "## Claim 8" in md and stats.RULE[:40] in md and "synthetic" in md
+    # claim 7's speed comparison reads the side-by-side timing (one value per alternating round), not the
+    # training logs: the 8-block ViT is slower than the 4-block one in the same process
+    c7 = next(c for c in saved["claims"] if c["id"] == 7)
+    speed = {r["arm"]: r["paired_img_per_s"] for r in c7["arms"]}
+    assert all(v["n"] == 7 and v["mean"] > 0 for v in speed.values())
+    assert speed["vit"]["mean"] > speed["vit-deep"]["mean"]
+    assert c7["tests"][1]["metric"] == "paired_img_per_s" and c7["tests"][1]["estimate"] == pytest.approx(
+        speed["vit-deep"]["mean"] - speed["axial"]["mean"])
+    assert "side by side" in md
     # claim 2's selection ran on validation numbers
     c2 = next(c for c in saved["claims"] if c["id"] == 2)
     assert all("error" not in t for t in c2["tests"])
@@ -180,6 +197,8 @@ def test_reproduce_end_to_end_tiny(tmp_path, tiny_data):
     rep2 = reproduce(out, ids, budget, command="test", log=lines.append)
     assert not any("training" in line or "resumed" in line for line in lines)
     assert [c["verdict"] for c in rep2["claims"]] == [c["verdict"] for c in rep["claims"]]
+    assert rep2["compute"]["this_invocation"] == {"reused": len(finished)} and not rep2["compute"]["complete"]
+    assert rep2["compute"]["train_s_total"] == pytest.approx(comp["train_s_total"])
     # the command line reports on the finished runs without training
     from vitkit.cli import main
     assert main(["reproduce", "--claims", "8", "--report-only", "--out", str(out)]) == 0

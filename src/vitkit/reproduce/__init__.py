@@ -7,6 +7,7 @@ per claim and report.json.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence
 
@@ -39,7 +40,8 @@ def reproduce(out: PathLike, claim_ids: Optional[Sequence[int]] = None, budget: 
     OUT/report.json. Returns the report dict. ``report_only``: use the finished runs on disk, train nothing."""
     from ..bench.machine import machine_line
     from . import report as rep
-    from .runner import canonical, collected, run_all
+    from .claims import SPEED
+    from .runner import canonical, collected, paired_speed, run_all
 
     budget = get_budget(budget) if isinstance(budget, str) else budget
     claims, arms, names = plan(claim_ids, budget)
@@ -47,11 +49,21 @@ def reproduce(out: PathLike, claim_ids: Optional[Sequence[int]] = None, budget: 
     out.mkdir(parents=True, exist_ok=True)
     log(f"budget {budget.name}: {len(names)} arms x {len(budget.seeds)} seeds = {len(names) * len(budget.seeds)} "
         f"runs under {out / 'runs'}")
+    t0 = time.perf_counter()
+    done: Dict[str, int] = {}
     measures = collected(names, budget, out) if report_only else run_all(names, arms, budget, out,
-                                                                           progress=progress, log=log)
+                                                                           progress=progress, log=log, stats=done)
     canon = {n: canonical(n, arms) for n in arms}
+    # every arm of a claim that compares speeds, timed side by side in this process
+    timed = sorted({a for c in claims if any(t.metric == SPEED for t in c.tests) for a in c.arms})
+    speeds = {}
+    if timed and all(len(measures.get(canonical(a, arms), [])) == len(budget.seeds) for a in timed):
+        log(f"timing {', '.join(timed)} side by side")
+        by_run = paired_speed([canonical(a, arms) for a in timed], arms, budget, out)
+        speeds = {a: by_run[canonical(a, arms)] for a in timed}
     report = rep.build(claims, arms, measures, canon, budget, command=command, machine=machine_line(),
-                       all_names=names)
+                       all_names=names, speeds=speeds)
+    report["compute"] = rep.compute(measures, wall_s=time.perf_counter() - t0, runs=done)
     path = rep.write(report, out, claims)
     log(f"report: {path}")
     return report

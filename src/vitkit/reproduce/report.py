@@ -7,9 +7,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..utils import PathLike, atomic_path, write_json_atomic
 from . import stats
 from .budget import Budget
-from .claims import METRIC_LABELS, Arm, Claim
+from .claims import METRIC_LABELS, SPEED, Arm, Claim
 
-SHOWN = ("test_top1", "val_top1", "fewshot_5", "fewshot_10", "img_per_s")
+SHOWN = ("test_top1", "val_top1", "fewshot_5", "fewshot_10", "img_per_s", SPEED)
 PERCENT = {"test_top1", "val_top1", "fewshot_5", "fewshot_10"}
 
 
@@ -27,10 +27,16 @@ def _groups(arms: Dict[str, Arm]) -> Dict[str, List[Tuple[float, str]]]:
 
 def build(claims: Sequence[Claim], arms: Dict[str, Arm], measures: Dict[str, List[Dict[str, Any]]],
           canonical: Dict[str, str], budget: Budget, *, command: str = "", machine: str = "",
-          all_names: Sequence[str] = ()) -> Dict[str, Any]:
+          all_names: Sequence[str] = (), speeds: Optional[Dict[str, List[float]]] = None) -> Dict[str, Any]:
     """The report as a JSON-ready dict. ``measures`` is keyed by canonical arm; ``canonical`` maps every
-    arm name to its run's."""
+    arm name to its run's; ``speeds`` holds the side-by-side training speeds (one value per round) of the
+    arms that speed comparisons read."""
     by_name = {n: measures.get(canonical.get(n, n), []) for n in arms}
+    speeds = speeds or {}
+
+    def values(metric: str) -> Dict[str, List[float]]:
+        return {n: list(speeds.get(n, [])) for n in arms} if metric == SPEED else _values(by_name, metric)
+
     groups = _groups(arms)
     val = _values(by_name, "val_top1")
     out: Dict[str, Any] = {"command": command, "machine": machine, "budget": budget.name, "budget_note": budget.note,
@@ -49,14 +55,14 @@ def build(claims: Sequence[Claim], arms: Dict[str, Arm], measures: Dict[str, Lis
             if ms:
                 row["params"], row["macs"] = ms[0]["params"], ms[0]["macs"]
             for metric in SHOWN + (c.metric,):
-                row[metric] = stats.summary([m.get(metric) for m in ms])
+                row[metric] = stats.summary(speeds.get(name, []) if metric == SPEED else [m.get(metric) for m in ms])
             if c.figure == "distance":
                 row["distance"] = _mean_matrix([m.get("distance") for m in ms])
                 row["uniform_distance"] = ms[0].get("uniform_distance") if ms else None
             rec["arms"].append(row)
         verdicts = []
         for t in c.tests:
-            metric_vals = _values(by_name, t.metric)
+            metric_vals = values(t.metric)
             try:
                 weights = [(stats.resolve(n, groups, val), w) for n, w in t.weights]
             except ValueError as err:
@@ -82,6 +88,27 @@ def build(claims: Sequence[Claim], arms: Dict[str, Arm], measures: Dict[str, Lis
         rec["verdict"] = stats.combine(verdicts)
         out["claims"].append(rec)
     return out
+
+
+def compute(measures: Dict[str, List[Dict[str, Any]]], *, wall_s: float, runs: Dict[str, int]) -> Dict[str, Any]:
+    """What the report cost: the runs' summed training time (from their results.json, so it covers earlier
+    invocations too) and this invocation's wall time with what it did (``runs``: training / resumed / reused
+    counts; empty for ``--report-only``). The wall time is the whole cost only when every run was trained
+    from scratch by this invocation."""
+    ms = [m for v in measures.values() for m in v]
+    return {"runs": len(ms), "train_s_total": sum(float(m.get("train_s") or 0.0) for m in ms),
+            "wall_s": float(wall_s), "this_invocation": {k: int(v) for k, v in sorted(runs.items())},
+            "complete": bool(ms) and runs.get("training", 0) == len(ms)}
+
+
+def _compute_line(c: Optional[Dict[str, Any]]) -> str:
+    if not c:
+        return ""
+    did = c["this_invocation"]
+    what = ", ".join(f"{n} {k}" for k, n in did.items()) if did else "report only, nothing trained"
+    wall = (f"this command took {c['wall_s'] / 60:.1f} min wall for all of it" if c["complete"] else
+            f"this invocation took {c['wall_s'] / 60:.1f} min wall ({what})")
+    return (f"Compute: {c['runs']} runs, {c['train_s_total'] / 60:.1f} min of training in all; {wall}.")
 
 
 def _mean_matrix(mats: List[Optional[list]]) -> Optional[list]:
@@ -181,7 +208,8 @@ def _num(v: Optional[float], metric: str) -> str:
 def markdown(report: Dict[str, Any], figures: Dict[int, str]) -> str:
     lines = ["# vitkit reproduce: the paper's claims at laptop scale", "",
              f"Command: `{report['command']}`  ", f"Machine: {report['machine']}  ",
-             f"Budget: **{report['budget']}**: {report['budget_note']}.", "",
+             f"Budget: **{report['budget']}**: {report['budget_note']}.  ",
+             _compute_line(report.get("compute")), "",
              f"Data: {report['data']}. The validation split ({report['validation']}) chooses everything that is "
              "chosen (claim 2's learning rate, raw or EMA weights) and is what the probes read (few-shot accuracy, "
              "attention statistics); the test split is read once per final model, by the trainer, with the "
@@ -200,7 +228,7 @@ def markdown(report: Dict[str, Any], figures: Dict[int, str]) -> str:
                          + " | seeds |")
             lines.append("|---" * (5 + len(metrics)) + "|")
             for r in c["arms"]:
-                n = max((r[m]["n"] for m in metrics), default=0)
+                n = max((r[m]["n"] for m in metrics if m != SPEED), default=0)  # speed: rounds, not seeds
                 lines.append(f"| {r['label']} | {r['run']} | {r.get('params', '-'):,} | "
                              f"{(r.get('macs') or 0) / 1e6:.2f} M | "
                              + " | ".join(_fmt(r[m], m) for m in metrics) + f" | {n} |"

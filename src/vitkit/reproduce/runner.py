@@ -299,9 +299,43 @@ def rowcol_excess(sim: torch.Tensor) -> float:
     return float(sim[same].double().mean() - sim[other].double().mean())
 
 
+def paired_speed(names: Sequence[str], arms: Dict[str, Arm], budget: Budget, root: PathLike, *,
+                 repeats: int = 7, min_seconds: float = 0.5) -> Dict[str, List[float]]:
+    """Training images per second of each arm's model, timed side by side in this process: the arm's own
+    recipe (model, batch size, optimiser, precision, clipping) on a synthetic batch, one optimiser step per
+    call, the arms alternated round by round (:func:`vitkit.bench.timing.alternate`). Returns one rate per
+    round and arm. Speed comparisons read these rather than the training logs, whose runs may have shared
+    the machine with other work or run on another machine (a report can be resumed across days)."""
+    from ..bench.timing import alternate
+    from ..train import load_recipe
+    from ..train.optim import build_optimizer
+    from ..train.step import TrainStep
+    from ..train.weights import load_for_eval
+
+    root = Path(root)
+    cases, batch = {}, {}
+    for name in names:
+        arm = arms[name]
+        folder = run_folder(root, arm.name, budget.seeds[0])
+        recipe = load_recipe(folder / "recipe.yaml")
+        model = load_for_eval(folder / "model")[0].train()
+        cfg, o = model.config, recipe.optim
+        step = TrainStep(model, build_optimizer(model, o, torch.device("cpu")), precision=recipe.train.precision,
+                         clip_grad=o.clip_grad, label_smoothing=recipe.augment.label_smoothing)
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(o.batch_size, cfg.in_chans, *cfg.img_size, generator=g)
+        y = torch.randint(0, cfg.num_classes, (o.batch_size,), generator=g)
+        cases[name] = (lambda st, xx, yy: lambda: float(st(xx, yy)["loss"]))(step, x, y)
+        batch[name] = o.batch_size
+    timed = alternate(cases, warmup=2, repeats=repeats, min_seconds=min_seconds)
+    return {n: [batch[n] / t for t in timed[n].times] for n in names}
+
+
 def run_all(names: Sequence[str], arms: Dict[str, Arm], budget: Budget, root: PathLike, *,
-            progress: bool = False, log: Callable[[str], None] = print) -> Dict[str, List[Dict[str, Any]]]:
-    """Train and measure every (arm, seed); returns {arm: [measures per seed]}."""
+            progress: bool = False, log: Callable[[str], None] = print,
+            stats: Optional[Dict[str, int]] = None) -> Dict[str, List[Dict[str, Any]]]:
+    """Train and measure every (arm, seed); returns {arm: [measures per seed]}. ``stats`` (if given) counts
+    the runs by what this call did with them: ``training`` (from scratch), ``resumed``, ``reused``."""
     out: Dict[str, List[Dict[str, Any]]] = {}
     total = len(names) * len(budget.seeds)
     i = 0
@@ -313,6 +347,8 @@ def run_all(names: Sequence[str], arms: Dict[str, Arm], budget: Budget, root: Pa
             state = "reused" if is_done(folder) else (
                 "resumed" if (folder / "checkpoints" / "last.pt").is_file() else "training")
             log(f"[{i}/{total}] {name} seed {seed}: {state}")
+            if stats is not None:
+                stats[state] = stats.get(state, 0) + 1
             run_arm(arm, seed, budget, root, progress=progress)
             out.setdefault(name, []).append(measure(arm, seed, budget, root))
     return {k: sorted(v, key=lambda m: m["seed"]) for k, v in out.items()}
