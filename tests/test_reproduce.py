@@ -147,6 +147,38 @@ def test_resume_after_an_interrupted_arm(tmp_path, tiny_data):
         runner.run_arm(arm, 0, budget.with_(epochs=2), root)
 
 
+def test_parallel_jobs_match_the_sequential_runs(tmp_path, tiny_data):
+    """--jobs 2: the runs of claim 8 (MPP pre-training, then fine-tuning from it) trained by two worker
+    processes end with the same numbers as one after the other, children after their parents; and one run
+    folder is never trained by two processes at once."""
+    budget = tiny_budget(tiny_data)  # train.threads 1: the same arithmetic in any process
+    claims, arms, names = plan([8], budget)
+    assert arms["few-mpp"].parent == "mpp"
+    seq = runner.run_all(names, arms, budget, tmp_path / "seq", log=lambda s: None)
+    lines = []
+    par = runner.run_all(names, arms, budget, tmp_path / "par", log=lines.append, jobs=2)
+    assert sorted(par) == sorted(seq) == sorted(names)
+    for name in names:
+        assert [m["seed"] for m in par[name]] == list(budget.seeds)
+        for a, b in zip(seq[name], par[name]):
+            assert {k: v for k, v in a.items() if k not in ("img_per_s", "train_s")} == \
+                   {k: v for k, v in b.items() if k not in ("img_per_s", "train_s")}
+    assert len(lines) == len(names) * len(budget.seeds) and all(": training" in line for line in lines)
+    for seed in budget.seeds:  # the child started after its parent's model was written
+        parent = runner.run_folder(tmp_path / "par", "mpp", seed) / "results.json"
+        child = runner.run_folder(tmp_path / "par", "few-mpp", seed) / "recipe.yaml"
+        assert parent.stat().st_mtime_ns <= child.stat().st_mtime_ns
+    # a folder whose lock another process holds is not trained twice
+    from vitkit.utils import exclusive
+    folder = runner.run_folder(tmp_path / "lock", "few-scratch", 0)
+    with exclusive(folder.parent / f"{folder.name}.lock"):
+        with pytest.raises(RuntimeError, match="being trained by another process"):
+            runner.run_arm(arms["few-scratch"], 0, budget, tmp_path / "lock")
+    assert not (folder / "checkpoints").exists()
+    runner.run_arm(arms["few-scratch"], 0, budget, tmp_path / "lock")  # free again
+    assert runner.is_done(folder)
+
+
 @pytest.mark.slow
 def test_reproduce_end_to_end_tiny(tmp_path, tiny_data):
     out = tmp_path / "rep"

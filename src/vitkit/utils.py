@@ -125,3 +125,25 @@ def remove_stale_temps(folder: PathLike) -> List[Path]:
             p.unlink()
             removed.append(p)
     return removed
+
+
+@contextlib.contextmanager
+def exclusive(lock: PathLike, *, wait: bool = True, busy: str = "") -> Iterator[None]:
+    """An advisory lock on the file ``lock`` (POSIX ``flock``; elsewhere none), released when the block ends
+    or the process dies. ``wait=False``: raise ``RuntimeError(busy)`` at once when another process holds it."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    lock = Path(lock)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise RuntimeError(busy or f"{lock} is held by another process") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

@@ -16,7 +16,6 @@ error names the URL and the exact path to save the file at by hand.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import http.client
 import os
@@ -25,10 +24,10 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 from ..errors import NotFoundError
-from ..utils import PathLike
+from ..utils import PathLike, exclusive
 
 CHUNK = 1 << 20
 _HASH_IN_NAME = re.compile(r"-([0-9a-f]{8,64})\.[A-Za-z0-9]+$")  # torch.hub's convention: name-<sha256 prefix>.ext
@@ -84,7 +83,7 @@ def download_url(url: str, dst: PathLike, *, sha256: Optional[str] = None, progr
     if is_offline(offline):
         raise WeightsUnavailable(_manual(url, dst, "offline mode is on (--offline or HF_HUB_OFFLINE)"))
     dst.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive(dst.parent / ".locks" / (dst.name + ".lock")):  # one download of a file at a time
+    with exclusive(dst.parent / ".locks" / (dst.name + ".lock")):  # one download of a file at a time
         if dst.exists():  # another process fetched it while this one waited
             return dst
         _download(url, dst, part, expected, progress, retries, timeout)
@@ -117,24 +116,6 @@ def _download(url: str, dst: Path, part: Path, expected: Optional[str], progress
             part.unlink()
             raise ValueError(f"{err}; the download was deleted, try again") from None
     os.replace(part, dst)
-
-
-@contextlib.contextmanager
-def _exclusive(lock: Path) -> Iterator[None]:
-    """An advisory lock on ``lock`` (POSIX ``flock``; elsewhere none): processes fetching the same file wait
-    for each other instead of writing one ``.part`` together."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    lock.parent.mkdir(exist_ok=True)
-    with open(lock, "a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _fetch(url: str, part: Path, progress: bool, timeout: float) -> None:

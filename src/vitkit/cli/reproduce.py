@@ -17,6 +17,9 @@ def register(sub) -> None:
                    help="quick: 2 seeds, short runs, <= 45 min on a 2-core CPU; full: 3 seeds, the real report "
                         "(many hours; resumable)")
     p.add_argument("--out", "-o", required=True, help="folder for the run folders and the report")
+    p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                   help="train N runs at once, each in its own process with 1/N of the CPU cores (default 1); "
+                        "small models use a many-core CPU better this way")
     p.add_argument("--report-only", action="store_true", help="train nothing: report on the finished runs")
     p.add_argument("--progress", action="store_true", help="a progress bar per run")
     p.set_defaults(func=_reproduce)
@@ -37,7 +40,9 @@ def _reproduce(args) -> int:
         if not ids or any(i not in known for i in ids):
             raise UsageError(f"--claims {args.claims!r}: give claim numbers from 1 to {len(known)} separated by "
                              f"commas, e.g. --claims 1,3,8")
-    report = reproduce(args.out, ids, args.budget, command="vitkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+    if args.jobs < 1:
+        raise UsageError(f"--jobs {args.jobs}: give 1 or more processes")
+    report = reproduce(args.out, ids, args.budget, jobs=args.jobs, command="vitkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                        progress=args.progress, report_only=args.report_only)
     for c in report["claims"]:
         print(f"claim {c['id']:2d}  {c['verdict']:12s}  {c['title']}")

@@ -34,10 +34,11 @@ def plan(claim_ids: Optional[Sequence[int]], budget: Budget):
 
 
 def reproduce(out: PathLike, claim_ids: Optional[Sequence[int]] = None, budget: Any = "quick", *,
-              command: str = "", progress: bool = False, report_only: bool = False,
+              command: str = "", progress: bool = False, report_only: bool = False, jobs: int = 1,
               log: Callable[[str], None] = print) -> Dict[str, Any]:
     """Train (or reuse) every arm the claims need, measure them, and write OUT/report.md, OUT/claimN.png and
-    OUT/report.json. Returns the report dict. ``report_only``: use the finished runs on disk, train nothing."""
+    OUT/report.json. Returns the report dict. ``report_only``: use the finished runs on disk, train nothing.
+    ``jobs``: runs trained at once, each in a worker process with its share of the cores."""
     from ..bench.machine import machine_line
     from . import report as rep
     from .claims import SPEED
@@ -52,7 +53,8 @@ def reproduce(out: PathLike, claim_ids: Optional[Sequence[int]] = None, budget: 
     t0 = time.perf_counter()
     done: Dict[str, int] = {}
     measures = collected(names, budget, out) if report_only else run_all(names, arms, budget, out,
-                                                                           progress=progress, log=log, stats=done)
+                                                                           progress=progress and jobs == 1, log=log,
+                                                                           stats=done, jobs=jobs)
     canon = {n: canonical(n, arms) for n in arms}
     # every arm of a claim that compares speeds, timed side by side in this process
     timed = sorted({a for c in claims if any(t.metric == SPEED for t in c.tests) for a in c.arms})

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import torch
 
-from ..utils import PathLike, write_json_atomic
+from ..utils import PathLike, exclusive, write_json_atomic
 from .budget import Budget, validation_overrides
 from .claims import Arm, Claim, same_run
 
@@ -130,21 +130,26 @@ def run_arm(arm: Arm, seed: int, budget: Budget, root: PathLike, *, progress: bo
     if is_done(out):
         _check_same_recipe(out, recipe)
         return json.loads((out / "results.json").read_text())
-    if arm.prepare:
-        _prepare(arm, seed, root, recipe)
-    resume = (out / "checkpoints" / "last.pt").is_file()
-    if resume:
-        _check_same_recipe(out, recipe)
-    if arm.kind == "mpp":
-        from ..train.mpp import MPPTrainer as trainer_class
-    else:
-        from ..train.trainer import Trainer as trainer_class
-    trainer = trainer_class(recipe, out, resume=resume, progress=progress, stop_after=stop_after)
-    from ..train import distributed as D
-    try:
-        return trainer.fit()
-    finally:
-        D.teardown()
+    # one process per run folder: a second invocation (or a worker left over from a killed one) stops here
+    with exclusive(out.parent / f"{out.name}.lock", wait=False,
+                   busy=f"{out} is being trained by another process: wait for it, or stop it first"):
+        if is_done(out):  # finished while we waited for the lock's holder
+            return json.loads((out / "results.json").read_text())
+        if arm.prepare:
+            _prepare(arm, seed, root, recipe)
+        resume = (out / "checkpoints" / "last.pt").is_file()
+        if resume:
+            _check_same_recipe(out, recipe)
+        if arm.kind == "mpp":
+            from ..train.mpp import MPPTrainer as trainer_class
+        else:
+            from ..train.trainer import Trainer as trainer_class
+        trainer = trainer_class(recipe, out, resume=resume, progress=progress, stop_after=stop_after)
+        from ..train import distributed as D
+        try:
+            return trainer.fit()
+        finally:
+            D.teardown()
 
 
 def _check_same_recipe(out: Path, recipe) -> None:
@@ -333,25 +338,81 @@ def paired_speed(names: Sequence[str], arms: Dict[str, Arm], budget: Budget, roo
 
 def run_all(names: Sequence[str], arms: Dict[str, Arm], budget: Budget, root: PathLike, *,
             progress: bool = False, log: Callable[[str], None] = print,
-            stats: Optional[Dict[str, int]] = None) -> Dict[str, List[Dict[str, Any]]]:
+            stats: Optional[Dict[str, int]] = None, jobs: int = 1) -> Dict[str, List[Dict[str, Any]]]:
     """Train and measure every (arm, seed); returns {arm: [measures per seed]}. ``stats`` (if given) counts
-    the runs by what this call did with them: ``training`` (from scratch), ``resumed``, ``reused``."""
+    the runs by what this call did with them: ``training`` (from scratch), ``resumed``, ``reused``.
+    ``jobs`` > 1 runs that many (arm, seed) pairs at once in worker processes that share the CPU cores
+    between them (:func:`_worker_init`); a run starts once its parent run has finished."""
+    order = [(name, seed) for seed in budget.seeds for name in names]  # seed-major: a partial run still
+    total = len(order)                                                 # has every arm at the first seeds
+
+    def announce(i: int, name: str, seed: int) -> None:
+        folder = run_folder(root, name, seed)
+        state = "reused" if is_done(folder) else (
+            "resumed" if (folder / "checkpoints" / "last.pt").is_file() else "training")
+        log(f"[{i}/{total}] {name} seed {seed}: {state}")
+        if stats is not None:
+            stats[state] = stats.get(state, 0) + 1
+
     out: Dict[str, List[Dict[str, Any]]] = {}
-    total = len(names) * len(budget.seeds)
-    i = 0
-    for seed in budget.seeds:  # seed-major: a partial run still has every arm at the first seeds
-        for name in names:
-            i += 1
-            arm = arms[name]
-            folder = run_folder(root, name, seed)
-            state = "reused" if is_done(folder) else (
-                "resumed" if (folder / "checkpoints" / "last.pt").is_file() else "training")
-            log(f"[{i}/{total}] {name} seed {seed}: {state}")
-            if stats is not None:
-                stats[state] = stats.get(state, 0) + 1
-            run_arm(arm, seed, budget, root, progress=progress)
-            out.setdefault(name, []).append(measure(arm, seed, budget, root))
+    if jobs <= 1:
+        for i, (name, seed) in enumerate(order, 1):
+            announce(i, name, seed)
+            out.setdefault(name, []).append(train_and_measure(arms[name], seed, budget, root, progress))
+    else:
+        out = _run_parallel(order, arms, budget, root, jobs, announce)
     return {k: sorted(v, key=lambda m: m["seed"]) for k, v in out.items()}
+
+
+def train_and_measure(arm: Arm, seed: int, budget: Budget, root: PathLike, progress: bool = False) -> Dict[str, Any]:
+    """One (arm, seed): trained (or reused, or resumed), then measured."""
+    run_arm(arm, seed, budget, root, progress=progress)
+    return measure(arm, seed, budget, root)
+
+
+def _run_parallel(order: List[Tuple[str, int]], arms: Dict[str, Arm], budget: Budget, root: PathLike, jobs: int,
+                  announce: Callable[[int, str, int], None]) -> Dict[str, List[Dict[str, Any]]]:
+    import multiprocessing
+    import os
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    pending, out = list(order), {}
+    running: Dict[Any, Tuple[str, int]] = {}
+    finished: set = set()
+    started = 0
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_worker_init, initargs=(threads,)) as pool:
+        while pending or running:
+            ready = [(n, s) for n, s in pending
+                     if not arms[n].parent or (arms[n].parent, s) in finished
+                     or is_done(run_folder(root, arms[n].parent, s))]
+            for name, seed in ready[:max(0, jobs - len(running))]:
+                pending.remove((name, seed))
+                started += 1
+                announce(started, name, seed)
+                running[pool.submit(train_and_measure, arms[name], seed, budget, root)] = (name, seed)
+            if not running:  # cannot happen with parents listed first; guards against a silent hang
+                raise RuntimeError(f"runs waiting for parents that are not planned: {pending}")
+            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for fut in done:
+                name, seed = running.pop(fut)
+                out.setdefault(name, []).append(fut.result())  # a failed run stops the call, as it does in order
+                finished.add((name, seed))
+    return out
+
+
+def _worker_init(threads: int) -> None:
+    """A worker of ``--jobs``: its share of the cores, and (Linux) it dies with the process that started it,
+    so that a killed ``vitkit reproduce`` leaves no run training behind it."""
+    torch.set_num_threads(threads)
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def collected(names: Iterable[str], budget: Budget, root: PathLike) -> Dict[str, List[Dict[str, Any]]]:
