@@ -9,7 +9,9 @@ Each choice is timed both ways in the same process, alternating, median of ``--r
 - GEMM kernel of the inference products: ATen (``addmm``: MKL in fp32) vs oneDNN's linear
   (``torch.ops.mkldnn._linear_pointwise``), fp32 and bf16, at ViT-B/16's shapes (vitkit picks per machine
   by :mod:`vitkit.models.kernels`' calibration; this is the wider table behind it);
-- the inference chunk size (tokens per chunk of whole images) of one ViT-B/16 block at batch 32.
+- GELU after the first MLP product: vitkit's product then ``gelu_`` in place vs oneDNN's linear with GELU as
+  its post-op (one pass over the hidden activations instead of two), fp32 and bf16;
+- the inference chunk size (tokens per chunk of whole images) of one ViT-B/16 block at batch 64.
 
 A ratio > 1 means the path vitkit takes is faster::
 
@@ -66,7 +68,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=0.5, help="per timing window")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/<machine kind>/cpu_kernels.json)")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["attention", "patches", "gemm", "chunks"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["attention", "patches", "gemm", "gelu", "chunks"])
     args = ap.parse_args()
     if args.out is None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -148,6 +150,24 @@ def main() -> None:
                 res["gemm"].append({"dtype": str(dtype), "shape": [m, k, n], "gflops": rates, "vitkit": chosen})
                 print(f"  {str(dtype)[6:]:9s} [{m}x{k}]x[{k}x{n}]  aten {rates['aten']:7.1f}  onednn "
                       f"{rates['onednn']:7.1f}  onednn/aten {rates['onednn'] / rates['aten']:5.2f}  vitkit: {chosen}")
+    if "gelu" not in args.skip:
+        print("\nfc1 + GELU at ViT-B/16 batch-16 shape: vitkit (product, then gelu_ in place) vs oneDNN post-op, ms")
+        m, k, n = GEMMS[2]
+        for dtype in (torch.float32, torch.bfloat16):
+            if not kernels._onednn_ok(dtype):
+                print(f"  {dtype}: oneDNN's linear does not run here")
+                continue
+            x, w, bias = torch.randn(m, k).to(dtype), torch.randn(n, k).mul(k ** -0.5).to(dtype), torch.randn(n).to(dtype)
+            fns = {"separate": lambda: torch.ops.aten.gelu_(precision.dense(x, w, bias)),
+                   "fused": lambda: torch.ops.mkldnn._linear_pointwise(x, w, bias, "gelu", [], "none")}
+            with torch.inference_mode():
+                diff = float((fns["separate"]().float() - fns["fused"]().float()).abs().max())
+                st = alternate(fns, args.seconds, args.repeats)
+            res.setdefault("gelu", []).append({"dtype": str(dtype), "shape": [m, k, n], "separate_ms": 1e3 * st["separate"],
+                                               "fused_ms": 1e3 * st["fused"], "ratio": st["fused"] / st["separate"],
+                                               "max_abs_diff": diff})
+            print(f"  {str(dtype)[6:]:9s} separate {1e3 * st['separate']:7.2f}  fused {1e3 * st['fused']:7.2f}  "
+                  f"vitkit: separate  {st['fused'] / st['separate']:5.2f}x the other  (max |diff| {diff:.2g})")
     if "chunks" not in args.skip:
         print("\ninference chunk size, one ViT-B/16 block, batch 64 (12608 tokens), fp32 and bf16")
         for dtype in (torch.float32, torch.bfloat16):
