@@ -11,7 +11,8 @@ Each choice is timed both ways in the same process, alternating, median of ``--r
   by :mod:`vitkit.models.kernels`' calibration; this is the wider table behind it);
 - GELU after the first MLP product: vitkit's product then ``gelu_`` in place vs oneDNN's linear with GELU as
   its post-op (one pass over the hidden activations instead of two), fp32 and bf16;
-- the inference chunk size (tokens per chunk of whole images) of one ViT-B/16 block at batch 64.
+- the inference chunk size of one ViT-B/16 block at batch 64: vitkit's rule (chunks of whole images whose
+  largest temporary stays within ``INFERENCE_CHUNK_BYTES``) vs fixed token counts and the whole batch.
 
 A ratio > 1 means the path vitkit takes is faster::
 
@@ -32,7 +33,7 @@ import torch.nn.functional as F
 
 from vitkit.bench.machine import machine_info, machine_line
 from vitkit.models import kernels, precision
-from vitkit.models.layers import INFERENCE_CHUNK_TOKENS, Block, PatchEmbed
+from vitkit.models.layers import INFERENCE_CHUNK_BYTES, Block, PatchEmbed, chunk_images
 
 ATTENTION = [  # batch, heads, tokens, head dim
     (64, 2, 17, 32), (64, 2, 49, 32), (128, 4, 16, 32), (64, 4, 65, 32), (32, 6, 197, 64), (16, 12, 197, 64),
@@ -41,7 +42,7 @@ PATCHES = [  # batch, channels, image size, patch, width
     (64, 1, 28, 4, 64), (128, 1, 28, 7, 128), (128, 3, 32, 4, 192), (64, 3, 64, 8, 384), (32, 3, 224, 16, 768)]
 GEMMS = [  # rows, in, out: ViT-B/16 at batch 16 (3152 tokens) - qkv, proj, fc1, fc2
     (3152, 768, 2304), (3152, 768, 768), (3152, 768, 3072), (3152, 3072, 768)]
-CHUNKS = [2048, 4096, 8192, 1 << 30]
+CHUNKS = [None, 2048, 4096, 8192, 1 << 30]  # None: vitkit's rule (INFERENCE_CHUNK_BYTES per chunk)
 
 
 def alternate(fns: dict, seconds: float, repeats: int) -> dict:
@@ -169,7 +170,8 @@ def main() -> None:
             print(f"  {str(dtype)[6:]:9s} separate {1e3 * st['separate']:7.2f}  fused {1e3 * st['fused']:7.2f}  "
                   f"vitkit: separate  {st['fused'] / st['separate']:5.2f}x the other  (max |diff| {diff:.2g})")
     if "chunks" not in args.skip:
-        print("\ninference chunk size, one ViT-B/16 block, batch 64 (12608 tokens), fp32 and bf16")
+        print(f"\ninference chunk size, one ViT-B/16 block, batch 64 (12608 tokens), fp32 and bf16; vitkit: chunks "
+              f"of whole images with at most {INFERENCE_CHUNK_BYTES >> 20} MiB of MLP activations")
         for dtype in (torch.float32, torch.bfloat16):
             blk = Block(768, 12, 3072).eval().to(dtype)
             x = torch.randn(64, 197, 768).to(dtype)
@@ -178,11 +180,13 @@ def main() -> None:
                 st = alternate(fns, args.seconds, args.repeats)
             best = min(st.values())
             for c, s in st.items():
-                label = "whole batch" if c == CHUNKS[-1] else f"{c} tokens"
+                if c is None:
+                    label = f"vitkit ({chunk_images(64, 197, 3072 * x.element_size())} img)"
+                else:
+                    label = "whole batch" if c == CHUNKS[-1] else f"{c} tokens"
                 res["chunks"].append({"dtype": str(dtype), "chunk_tokens": c, "ms": 1e3 * s, "vs_best": s / best,
-                                      "vitkit": c == INFERENCE_CHUNK_TOKENS})
-                print(f"  {str(dtype)[6:]:9s} {label:12s} {1e3 * s:8.2f} ms  {s / best:5.2f}x the fastest"
-                      + ("  (vitkit)" if c == INFERENCE_CHUNK_TOKENS else ""))
+                                      "vitkit": c is None, "label": label})
+                print(f"  {str(dtype)[6:]:9s} {label:16s} {1e3 * s:8.2f} ms  {s / best:5.2f}x the fastest")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1, default=str))
     print(f"\nwrote {args.out}")

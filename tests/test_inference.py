@@ -52,7 +52,7 @@ def test_inference_branch_runs_only_without_autograd_in_eval_mode(tiny_cfg, monk
     assert len(calls) == 2 * tiny_cfg.depth
 
 
-@pytest.mark.parametrize("chunk", [1, 65, 3 * 65 + 7, 10_000])
+@pytest.mark.parametrize("chunk", [None, 1, 65, 3 * 65 + 7, 10_000])
 def test_chunks_of_whole_images_change_no_number_and_leave_the_input(tiny_cfg, chunk):
     """Chunks smaller than an image, exactly one image, a ragged last chunk, one chunk: the same output."""
     model = noisy(VisionTransformer(tiny_cfg.replace(posemb="relative"))).double()
@@ -65,6 +65,21 @@ def test_chunks_of_whole_images_change_no_number_and_leave_the_input(tiny_cfg, c
         ref, _ = blk(x.clone(), bias, need_weights=True)  # the explicit path, returning weights
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     assert torch.equal(x, keep)  # the residual stream is accumulated into a new tensor
+
+
+def test_chunk_size_keeps_the_largest_temporary_within_the_byte_cap_in_even_chunks():
+    from vitkit.models.layers import INFERENCE_CHUNK_BYTES, chunk_images
+    row = 3072 * 4  # ViT-B/16's MLP hidden row in fp32
+    for batch in (1, 7, 16, 64, 1000):
+        per = chunk_images(batch, 197, row)
+        chunks = -(-batch // per)
+        assert per * 197 * row <= INFERENCE_CHUNK_BYTES or per == 1
+        assert chunks * per - batch < chunks  # no chunk is more than one image short of the others
+        assert chunk_images(batch, 197, row) == chunk_images(batch, 197, row, None)
+    assert chunk_images(64, 197, row) == 13 and chunk_images(64, 197, row // 2) == 22  # 5 and 3 chunks
+    assert chunk_images(16, 197, 3072 * 2) == 16  # bf16 batch 16: one chunk
+    assert chunk_images(10, 100, row, chunk_tokens=250) == 2 and chunk_images(10, 100, row, chunk_tokens=1) == 1
+    assert chunk_images(5, 10, 10 ** 9) == 1  # an image above the cap still runs, one at a time
 
 
 def test_bf16_inference_is_native_where_the_cpu_has_it_and_widened_elsewhere(tiny_cfg, monkeypatch):

@@ -16,14 +16,24 @@ from torch import nn
 
 from .precision import attention, dense, dense_add_, linear
 
-# Inference runs a block on chunks of whole images of at most this many tokens (ViT-B/16 at 224 px: 41
-# images of 197 tokens). Every image is independent, so no number changes; it caps the block's scratch
-# memory (qkv, MLP hidden activations) at one chunk, so peak memory grows with the batch only by the input
-# and two residual streams. Smaller chunks were slower, not faster, on a 2-core AMX Xeon (one B/16 block at
-# batch 64, bf16: 2048-token chunks 762 ms, 4096 677, 8192 621, whole batch 610; fp32 within the noise;
-# benchmarks/results/intel-amx/cpu_kernels.json): every op costs a thread wake-up and a barrier. So the
-# size is set by memory: batch 64 stays in two chunks.
-INFERENCE_CHUNK_TOKENS = 8192
+# Inference runs a block on chunks of whole images (every image is independent, so no number changes),
+# sized by memory: each chunk's largest temporary (the MLP's hidden activations, or qkv) stays within
+# this many bytes, the largest block glibc's allocator hands out from its reused heap (its mmap threshold
+# tops out at 32 MiB on 64-bit Linux). A larger block is a fresh mapping whose pages fault in again on
+# every call: one ViT-B/16 block at batch 64 in bf16 took 31,700 page faults and 161 ms per call as one
+# chunk against 4,100 and 125 ms in chunks of 8 images (2-core AMX Xeon, quiet; the cpu_kernels.py
+# "chunks" rows compare this rule with fixed sizes). It also caps the block's scratch memory, so peak
+# memory grows with the batch only by the input and two residual streams.
+INFERENCE_CHUNK_BYTES = 32 << 20
+
+
+def chunk_images(batch: int, tokens: int, row_bytes: int, chunk_tokens: Optional[int] = None) -> int:
+    """Images per inference chunk: as many as keep ``tokens x row_bytes`` per image within
+    :data:`INFERENCE_CHUNK_BYTES` (or ``chunk_tokens`` tokens, if given), spread evenly over the chunks
+    the batch needs (a small last chunk would run the GEMMs at a poor shape)."""
+    per = chunk_tokens // tokens if chunk_tokens else INFERENCE_CHUNK_BYTES // max(1, tokens * row_bytes)
+    chunks = -(-batch // max(1, per))
+    return -(-batch // chunks)
 
 
 def _traced() -> bool:
@@ -184,7 +194,7 @@ class Block(nn.Module):
         return x, weights
 
     def forward_inference(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                          chunk_tokens: int = INFERENCE_CHUNK_TOKENS) -> torch.Tensor:
+                          chunk_tokens: Optional[int] = None) -> torch.Tensor:
         """Eq. 2-3 without autograd, dropout or stochastic depth (evaluation): the same function as the
         training path, computed on chunks of whole images with each residual add inside its GEMM
         (``out += h W^T + b`` by ``addmm_``) and GELU in place. Returns a new tensor; ``x`` is unchanged."""
@@ -193,7 +203,8 @@ class Block(nn.Module):
         out = torch.empty_like(rows)
         qkv, proj = _layer(self.attn.qkv), _layer(self.attn.proj)
         fc1, fc2 = _layer(self.mlp.fc1), _layer(self.mlp.fc2)
-        per_chunk = max(1, chunk_tokens // t)
+        widest = max(self.mlp.fc1.out_features, self.attn.qkv.out_features)
+        per_chunk = chunk_images(b, t, widest * x.element_size(), chunk_tokens)
         for s in range(0, b, per_chunk):
             n = min(b, s + per_chunk) - s
             src, res = rows[s * t:(s + n) * t], out[s * t:(s + n) * t]
