@@ -153,6 +153,7 @@ def test_calibration_chooses_onednn_only_beyond_the_noise_and_caches_per_machine
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(kernels, "_CHOICE", {})
     monkeypatch.setattr(kernels, "_onednn_ok", lambda dtype: True)
+    monkeypatch.setattr(kernels, "busy", lambda: False)
     ratio = {"linear": 1.05, "accumulate": 0.5}
     monkeypatch.setattr(kernels, "measure", lambda dtype, op, rounds=7: {"aten_s": ratio[op], "onednn_s": 1.0,
                                                                          "ratio": ratio[op]})
@@ -173,6 +174,12 @@ def test_calibration_chooses_onednn_only_beyond_the_noise_and_caches_per_machine
     key = kernels.cache_key(f32, "linear")
     assert "threads" in key and "torch" in key and key != kernels.cache_key(f32, "accumulate")
     assert kernels.summary(f32)["linear"]["kernel"] == "onednn"
+    # measured while other work loaded the CPU: used by this process, never cached for the next ones
+    monkeypatch.setattr(kernels, "busy", lambda: True)
+    ratio["linear"] = 0.5
+    assert kernels.calibrate(f32, "linear") == "aten" and kernels.gemm_kernel(f32, cpu, "linear") == "aten"
+    kernels._CHOICE.clear()
+    assert json.loads(kernels.cache_path().read_text())[key]["kernel"] == "onednn"
 
 
 def test_measure_times_both_kernels():

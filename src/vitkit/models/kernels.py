@@ -18,7 +18,8 @@ product ([2048 x 768] @ [768 x 3072]) in alternating rounds (about a second), an
 it is faster in the median of the paired per-round ratios by at least :data:`MIN_GAIN`; otherwise the
 simpler ATen call. The verdict is cached in ``~/.cache/vitkit/gemm-kernels.json`` (``$XDG_CACHE_HOME``
 respected) under a key naming the CPU model, its instruction-set flags, the torch version, the thread
-count, the operation and the dtype, so a different machine, torch build or thread count measures again.
+count, the operation and the dtype, so a different machine, torch build or thread count measures again;
+a measurement taken while other work loads the CPU (:func:`busy`) serves only the process that took it.
 :func:`calibrate` reruns the measurement on demand.
 
 Weights are used as they are stored (no pre-packed copies), so nothing needs invalidating when they
@@ -135,12 +136,26 @@ def measure(dtype: torch.dtype, op: str = "linear", rounds: int = 7, shape=SHAPE
             "ratio": statistics.median(ratios), "rounds": rounds, "shape": list(shape)}
 
 
+def busy() -> bool:
+    """Whether other work shares the CPU: a 1-minute load average above the core count (+0.5). Timings
+    taken then mislead (on the 2-core Xeon a calibration under load 3-10 found oneDNN's fp32 linear 1.12x
+    faster, one on the quiet machine 0.87-1.01x), so they are used by this process but not cached."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return False
+    return load > (os.cpu_count() or 1) + 0.5
+
+
 def calibrate(dtype: torch.dtype, op: str = "linear", rounds: int = 7) -> str:
-    """Measure now, cache and return the kernel for ``op`` in ``dtype`` on this CPU."""
+    """Measure now and return the kernel for ``op`` in ``dtype`` on this CPU; cached for later processes
+    unless the machine was :func:`busy` around the measurement."""
     result = measure(dtype, op, rounds)
     choice = "onednn" if result["ratio"] >= MIN_GAIN else "aten"
-    _write_cache(cache_key(dtype, op), {**result, "kernel": choice, "min_gain": MIN_GAIN,
-                                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+    if not busy():
+        _write_cache(cache_key(dtype, op), {**result, "kernel": choice, "min_gain": MIN_GAIN,
+                                            "load": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+                                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
     _CHOICE[(dtype, op, torch.get_num_threads())] = choice
     return choice
 
