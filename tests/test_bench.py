@@ -51,6 +51,23 @@ def test_alternate_min_seconds_repeats_fast_calls():
     assert n["x"] > 3  # the fast call ran several times per recorded repeat
 
 
+def test_alternate_drops_each_result_before_the_next_call():
+    """Results kept alive across the repeated calls would make each call allocate fresh memory and time
+    its page faults along with the work."""
+    live, most = [0], [0]
+
+    class Result:
+        def __init__(self):
+            live[0] += 1
+            most[0] = max(most[0], live[0])
+
+        def __del__(self):
+            live[0] -= 1
+
+    alternate({"x": Result}, warmup=1, repeats=3, min_seconds=0.002)
+    assert most[0] == 1
+
+
 def test_stats_median_spread():
     s = Stats([1.0, 2.0, 3.0, 4.0, 10.0])
     assert s.median == 3.0 and s.best == 1.0 and s.worst == 10.0
