@@ -3,12 +3,12 @@
 torch offers two CPU GEMM libraries for a dense layer: ATen's ``addmm`` (MKL in fp32, oneDNN in bf16) and
 oneDNN's linear primitive (``torch.ops.mkldnn._linear_pointwise``). Which one is faster depends on the CPU,
 the torch build and the operation: on a 2-core AMD EPYC with AVX-512 oneDNN ran the MLP's fp32 product at
-~355 GFLOP/s against MKL's ~192 (issue 19), while on a 2-core Intel Xeon with AMX the two were within the
-noise of each other in fp32; and in bf16 on that Xeon, ATen's ``addmm`` with a bias ran at half the speed
-of oneDNN's linear (it first copies the broadcast bias into the output), while for accumulating into the
-residual stream (``addmm_``, beta = 1) ATen was about twice as fast as oneDNN's linear followed by an add
-(benchmarks/cpu_kernels.py). So vitkit measures instead of guessing, separately for the two operations
-the model uses:
+~355 GFLOP/s against MKL's ~192 (issue 19), while on a quiet 2-core Intel Xeon with AMX MKL was level or
+up to 6% faster in fp32; in bf16 on that Xeon oneDNN's linear with a bias was 1.03-1.16x ATen's ``addmm``
+(which first copies the broadcast bias into the output), while for accumulating into the residual stream
+(``addmm_``, beta = 1) ATen took 0.55x the time of oneDNN's linear followed by an add
+(benchmarks/cpu_kernels.py, docs/performance.md). So vitkit measures instead of guessing, separately for
+the two operations the model uses:
 
 - ``linear``: y = x W^T + b (qkv, fc1, the patch embedding);
 - ``accumulate``: out += x W^T (the output projection and fc2, adding into the residual stream).

@@ -129,8 +129,11 @@ def dense_add_(out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor
 # On a CPU, torch's fused attention kernel (flash attention for CPU) tends to cost more than the three
 # explicit steps QK^T -> softmax -> AV for short sequences, and is clearly faster from ~200 tokens
 # (measured on a 2-core AVX2 EPYC, forward + backward, fp32: 0.8-2.8x for 16-65 tokens across runs, the
-# machine being noisy; 0.9x at 197 tokens; 0.5x at 577 - benchmarks/cpu_kernels.py, docs/performance.md).
-# Sequences up to this length take the explicit path.
+# machine being noisy; 0.9x at 197 tokens; 0.5x at 577; on a quiet 2-core AMX Xeon the explicit path was
+# 1.01-1.11x in fp32 training and 0.90-1.01x in inference at 16-65 tokens, and in bf16 autocast training it
+# keeps the Fashion-MNIST network's step at ~3.8x timm's, which takes the fused kernel - benchmarks/
+# cpu_kernels.py, benchmarks/training.py, docs/performance.md). Sequences up to this length take the
+# explicit path.
 CPU_EXPLICIT_ATTENTION_MAX_TOKENS = 128
 
 
