@@ -313,11 +313,14 @@ def test_cpu_kernel_benchmark_runs_and_reports_every_shape(tmp_path):
                           "--skip", "gemm", "chunks", "--out", str(tmp_path / "k.json")],
                          capture_output=True, text=True, check=True, timeout=300).stdout
     lines = [x for x in out.splitlines() if "x the other" in x]
-    assert len(lines) == 2 * 12
+    from vitkit.models import kernels
+    gelu = sum(kernels._onednn_ok(d) for d in (torch.float32, torch.bfloat16))  # fc1 + GELU, per dtype
+    assert len(lines) == 2 * 12 + gelu and sum("vitkit: separate" in x for x in lines) == gelu
     assert sum("vitkit: explicit" in x for x in lines) == 2 * 4 and sum("vitkit: fused" in x for x in lines) == 2 * 3
     assert sum("vitkit: gemm" in x for x in lines) == 2 * 5
     data = json.loads((tmp_path / "k.json").read_text())
     assert len(data["attention"]) == 7 and len(data["patches"]) == 5 and "machine" in data["machine_line"]
+    assert len(data.get("gelu", [])) == gelu and all(r["max_abs_diff"] < 0.1 for r in data.get("gelu", []))
 
 
 def test_onnxruntime_peer_runs_vitkits_exported_model(tiny_cfg):

@@ -177,6 +177,12 @@ def test_parallel_jobs_match_the_sequential_runs(tmp_path, tiny_data):
     assert not (folder / "checkpoints").exists()
     runner.run_arm(arms["few-scratch"], 0, budget, tmp_path / "lock")  # free again
     assert runner.is_done(folder)
+    # the report says how many ran at once
+    from vitkit.reproduce import report as rep
+    c = rep.compute(par, wall_s=90.0, runs={"training": 6}, jobs=2)
+    assert c["jobs"] == 2 and c["runs"] == 6 and c["complete"]
+    assert rep._compute_line(c).endswith("1.5 min wall for all of it, 2 runs at a time.")
+    assert "at a time" not in rep._compute_line(rep.compute(par, wall_s=90.0, runs={"training": 6}))
 
 
 @pytest.mark.slow

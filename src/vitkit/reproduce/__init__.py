@@ -65,7 +65,7 @@ def reproduce(out: PathLike, claim_ids: Optional[Sequence[int]] = None, budget: 
         speeds = {a: by_run[canonical(a, arms)] for a in timed}
     report = rep.build(claims, arms, measures, canon, budget, command=command, machine=machine_line(),
                        all_names=names, speeds=speeds)
-    report["compute"] = rep.compute(measures, wall_s=time.perf_counter() - t0, runs=done)
+    report["compute"] = rep.compute(measures, wall_s=time.perf_counter() - t0, runs=done, jobs=jobs)
     path = rep.write(report, out, claims)
     log(f"report: {path}")
     return report

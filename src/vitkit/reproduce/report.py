@@ -90,14 +90,15 @@ def build(claims: Sequence[Claim], arms: Dict[str, Arm], measures: Dict[str, Lis
     return out
 
 
-def compute(measures: Dict[str, List[Dict[str, Any]]], *, wall_s: float, runs: Dict[str, int]) -> Dict[str, Any]:
+def compute(measures: Dict[str, List[Dict[str, Any]]], *, wall_s: float, runs: Dict[str, int],
+            jobs: int = 1) -> Dict[str, Any]:
     """What the report cost: the runs' summed training time (from their results.json, so it covers earlier
     invocations too) and this invocation's wall time with what it did (``runs``: training / resumed / reused
     counts; empty for ``--report-only``). The wall time is the whole cost only when every run was trained
-    from scratch by this invocation."""
+    from scratch by this invocation. ``jobs``: runs trained at once (each its own process)."""
     ms = [m for v in measures.values() for m in v]
     return {"runs": len(ms), "train_s_total": sum(float(m.get("train_s") or 0.0) for m in ms),
-            "wall_s": float(wall_s), "this_invocation": {k: int(v) for k, v in sorted(runs.items())},
+            "wall_s": float(wall_s), "jobs": int(jobs), "this_invocation": {k: int(v) for k, v in sorted(runs.items())},
             "complete": bool(ms) and runs.get("training", 0) == len(ms)}
 
 
@@ -108,6 +109,8 @@ def _compute_line(c: Optional[Dict[str, Any]]) -> str:
     what = ", ".join(f"{n} {k}" for k, n in did.items()) if did else "report only, nothing trained"
     wall = (f"this command took {c['wall_s'] / 60:.1f} min wall for all of it" if c["complete"] else
             f"this invocation took {c['wall_s'] / 60:.1f} min wall ({what})")
+    if c.get("jobs", 1) > 1:
+        wall += f", {c['jobs']} runs at a time"
     return (f"Compute: {c['runs']} runs, {c['train_s_total'] / 60:.1f} min of training in all; {wall}.")
 
 
