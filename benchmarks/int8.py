@@ -7,7 +7,6 @@ in fp32 and int8 on ViT-B/16 at 224 px, alternated::
 
     flock /work/cpu.lock .venv/bin/python benchmarks/int8.py
 """
-import json
 import shlex
 import sys
 import time

@@ -1,5 +1,4 @@
 """The benchmark harness and the fast paths it measures: mechanics and numerics, never timings."""
-import copy
 import json
 
 import pytest

@@ -1,6 +1,5 @@
 """Refusals: code-carrying pickles, truncated files of every kind, layouts that are not the paper's ViT."""
 import os
-import pickle
 
 import numpy as np
 import pytest

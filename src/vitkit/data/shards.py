@@ -23,7 +23,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..utils import PathLike, atomic_path
+from ..utils import atomic_path
 from .datasets import IMAGE_SUFFIXES, FileImages, TensorImages
 
 CLASSES_FILE = "classes.txt"
