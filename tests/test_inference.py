@@ -100,6 +100,49 @@ def test_bf16_inference_is_native_where_the_cpu_has_it_and_widened_elsewhere(tin
         assert rel_err(widened, fast.model(x.bfloat16())) < 2e-2
 
 
+def test_int8_weights_packed_for_each_engine_give_the_same_numbers(tiny_cfg):
+    from vitkit.models.inference import quantize_int8_
+    model = noisy(VisionTransformer(tiny_cfg), std=0.1).eval()
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        ref = model(x)
+    default = torch.backends.quantized.engine
+    outs = {}
+    for engine in kernels._int8_candidates():
+        q = quantize_int8_(copy.deepcopy(model), engine)
+        assert q._int8_engine == engine and torch.backends.quantized.engine == default  # restored
+        with torch.inference_mode():
+            outs[engine] = q(x)
+        assert 0 < rel_err(outs[engine], ref) < 0.1
+    for a in outs.values():  # the engines round differently, but far less than int8 vs fp32
+        assert rel_err(a, outs[default]) < 0.05
+
+
+def test_int8_engine_is_chosen_beyond_the_noise_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(kernels, "_CHOICE", {})
+    monkeypatch.setattr(kernels, "busy", lambda: False)
+    monkeypatch.setattr(kernels, "_int8_candidates", lambda: ["x86", "onednn"])
+    monkeypatch.setattr(torch.backends.quantized, "engine", "x86")
+    ratio = {"x86": 1.0, "onednn": 1.05}
+    monkeypatch.setattr(kernels, "measure_int8", lambda rounds=7: {"default": "x86", "ratio": dict(ratio)})
+    assert kernels.int8_engine() == "x86"  # a 5% win is within the noise
+    ratio["onednn"] = 1.8
+    assert kernels.int8_engine() == "x86"  # cached in the process
+    kernels._CHOICE.clear()
+    assert kernels.int8_engine() == "x86"  # and on disk
+    assert kernels.calibrate_int8() == "onednn" and kernels.int8_engine() == "onednn"
+    kernels._CHOICE.clear()
+    assert kernels.int8_engine() == "onednn"
+    entry = json.loads(kernels.cache_path().read_text())[kernels.cache_key(torch.qint8, "int8")]
+    assert entry["kernel"] == "onednn" and entry["default"] == "x86"
+
+
+def test_measure_int8_times_every_engine():
+    r = kernels.measure_int8(rounds=1, shape=(16, 32, 24))
+    assert set(r["seconds"]) == set(kernels._int8_candidates()) and r["ratio"][r["default"]] == 1.0
+
+
 def test_int8_quantisation_and_argument_checks(tiny_cfg):
     model = noisy(VisionTransformer(tiny_cfg), std=0.1)
     x = torch.randn(4, 3, 32, 32)

@@ -157,17 +157,31 @@ def _hf_config(cfg):
 
 class OrtModel(nn.Module):
     """vitkit's model exported to ONNX (fp32, opset 17, dynamic batch) in an ONNX Runtime CPU session with
-    every graph optimisation and torch's intra-op thread count; maps an image tensor to logits."""
+    every graph optimisation and torch's intra-op thread count; maps an image tensor to logits.
 
-    def __init__(self, model: VisionTransformer):
+    ``quantize="int8"``: ONNX Runtime's dynamic quantisation of the exported graph
+    (``onnxruntime.quantization.quantize_dynamic``: int8 weights per tensor, activations quantised per
+    call), the semantics of vitkit's ``prepare_inference(model, quantize="int8")``."""
+
+    def __init__(self, model: VisionTransformer, quantize: Optional[str] = None):
         super().__init__()
         import onnxruntime as ort
 
         from ..export import export_onnx
 
+        if quantize not in (None, "int8"):
+            raise ValueError(f"ONNX Runtime quantisation {quantize!r}: use None or 'int8'")
         with tempfile.TemporaryDirectory(prefix="vitkit-onnx-") as tmp:
             path = str(Path(tmp) / "model.onnx")
             export_onnx(model.float().cpu().eval(), path, opset=17, validate=False)  # vitkit's own exporter
+            if quantize == "int8":
+                from onnxruntime.quantization import QuantType, quantize_dynamic
+                from onnxruntime.quantization.shape_inference import quant_pre_process
+
+                prep, qpath = str(Path(tmp) / "model-prep.onnx"), str(Path(tmp) / "model-int8.onnx")
+                quant_pre_process(path, prep)  # shapes and graph clean-up first, as ONNX Runtime advises
+                quantize_dynamic(prep, qpath, weight_type=QuantType.QInt8, per_channel=False)
+                path = qpath
             so = ort.SessionOptions()
             so.intra_op_num_threads = torch.get_num_threads()
             so.inter_op_num_threads = 1

@@ -58,13 +58,19 @@ def native_low_precision_matmul(dtype: torch.dtype, device: Union[str, torch.dev
         return False
 
 
-def quantize_int8_(model: VisionTransformer) -> VisionTransformer:
-    """Swap each encoder block's Linear layers for dynamic int8 ones, in place (CPU, fp32 activations)."""
+def quantize_int8_(model: VisionTransformer, engine: Optional[str] = None) -> VisionTransformer:
+    """Swap each encoder block's Linear layers for dynamic int8 ones, in place (CPU, fp32 activations), their
+    weights packed for ``engine`` (default: the quantised engine :func:`kernels.int8_engine` measured
+    fastest on this CPU)."""
+    from .kernels import int8_engine, pack_int8
+
+    engine = engine or int8_engine()
     with warnings.catch_warnings():  # torch.ao's eager quantisation is deprecated in favour of torchao
         warnings.simplefilter("ignore")
         from torch.ao.quantization import quantize_dynamic
 
-        quantize_dynamic(model.blocks, {nn.Linear}, dtype=torch.qint8, inplace=True)
+        pack_int8(lambda: quantize_dynamic(model.blocks, {nn.Linear}, dtype=torch.qint8, inplace=True), engine)
+    model._int8_engine = engine
     return model
 
 
@@ -130,6 +136,7 @@ def inference_summary(module: nn.Module) -> Dict[str, Any]:
     return {"engine": "model.eval() under inference_mode",
             "compiled": isinstance(module, Prepared) and module._compiled is not None,
             "quantize": module.quantize if isinstance(module, Prepared) else None,
+            "int8_engine": getattr(model, "_int8_engine", None),
             "dtype": str(dt).replace("torch.", ""),
             "bf16_path": None if dt != torch.bfloat16 else
             ("native" if native_low_precision_matmul(dt, dev) else "widened to fp32"),

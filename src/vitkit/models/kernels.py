@@ -185,6 +185,95 @@ def summary(dtype: torch.dtype, device: str = "cpu") -> dict:
     return out
 
 
+# --- int8: which quantised engine packs the weights ---------------------------------------------------
+# torch packs a dynamic int8 Linear's weights for the quantised engine active at packing time, and the packed
+# weights keep that engine's kernels whatever the global setting is later. The default engine on x86 ("x86",
+# FBGEMM) is not always the fastest: on a 2-core AMX Xeon oneDNN's int8 kernels ran ViT-B/16 1.8x faster,
+# with the same predictions (benchmarks/int8.py). So vitkit times the engines once per machine, like the GEMMs.
+INT8_ENGINES = ("x86", "fbgemm", "onednn")
+
+
+def _int8_candidates() -> list:
+    have = set(torch.backends.quantized.supported_engines)
+    return [e for e in INT8_ENGINES if e in have]
+
+
+def measure_int8(rounds: int = 7, shape=SHAPE) -> dict:
+    """Time a dynamic int8 Linear of ``shape`` packed by each available engine (alternating rounds);
+    returns median seconds per engine and the default engine's time over each other engine's."""
+    import copy
+    import warnings
+
+    from torch import nn
+    m, k, n = shape
+    g = torch.Generator().manual_seed(0)
+    lin = nn.Linear(k, n)
+    x = torch.randn(m, k, generator=g)
+    engines = _int8_candidates()
+    default = torch.backends.quantized.engine
+    layers = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch.ao.quantization import quantize_dynamic
+
+        for e in engines:
+            layers[e] = pack_int8(lambda: quantize_dynamic(nn.Sequential(copy.deepcopy(lin)), {nn.Linear},
+                                                           dtype=torch.qint8), e)
+    times = {e: [] for e in engines}
+    with torch.inference_mode():
+        for e in engines:
+            layers[e](x)
+        for r in range(rounds):
+            for e in (engines if r % 2 == 0 else engines[::-1]):
+                t0 = time.perf_counter()
+                layers[e](x)
+                times[e].append(time.perf_counter() - t0)
+    med = {e: statistics.median(v) for e, v in times.items()}
+    return {"seconds": med, "default": default, "rounds": rounds, "shape": list(shape),
+            "ratio": {e: statistics.median([a / b for a, b in zip(times[default], times[e])])
+                      for e in engines if default in times}}
+
+
+def pack_int8(build, engine: str):
+    """``build()`` (which quantises and packs) with ``engine`` as the quantised engine; the global setting is
+    restored afterwards."""
+    before = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        return build()
+    finally:
+        torch.backends.quantized.engine = before
+
+
+def int8_engine() -> str:
+    """The engine to pack dynamic int8 Linear weights with on this CPU: torch's default, unless the cached
+    (or, the first time, a fresh) measurement found another one at least :data:`MIN_GAIN` faster."""
+    default = torch.backends.quantized.engine
+    key = ("int8", default, torch.get_num_threads())
+    choice = _CHOICE.get(key)
+    if choice is None:
+        entry = _read_cache().get(cache_key(torch.qint8, "int8"))
+        if entry and entry.get("kernel") in _int8_candidates() and entry.get("default") == default:
+            choice = entry["kernel"]
+        else:
+            choice = calibrate_int8()
+        _CHOICE[key] = choice
+    return choice
+
+
+def calibrate_int8(rounds: int = 7) -> str:
+    """Measure the int8 engines now and return (and, on a quiet machine, cache) the choice."""
+    result = measure_int8(rounds)
+    default = result["default"]
+    best = max(result["ratio"], key=result["ratio"].get) if result["ratio"] else default
+    choice = best if result["ratio"].get(best, 0.0) >= MIN_GAIN else default
+    if not busy():
+        _write_cache(cache_key(torch.qint8, "int8"), {**result, "kernel": choice, "min_gain": MIN_GAIN,
+                                                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+    _CHOICE[("int8", default, torch.get_num_threads())] = choice
+    return choice
+
+
 # --- the two kernels ------------------------------------------------------------------------------
 def _gemm(kernel: str, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
     if kernel == "onednn":
