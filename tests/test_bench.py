@@ -333,6 +333,19 @@ def test_onnxruntime_peer_runs_vitkits_exported_model(tiny_cfg):
     torch.testing.assert_close(peer.forward(x), ref, rtol=1e-4, atol=1e-4)  # any batch size (dynamic axis)
 
 
+def test_onnxruntime_int8_quantises_the_exported_graph(tiny_cfg):
+    pytest.importorskip("onnxruntime")
+    from vitkit.bench.peers import OrtModel
+    model = noisy(VisionTransformer(tiny_cfg)).eval()
+    x = torch.randn(3, 3, 32, 32)
+    with torch.inference_mode():
+        ref = model(x)
+    err = {q: float((OrtModel(model, quantize=q)(x) - ref).abs().max() / ref.abs().max()) for q in (None, "int8")}
+    assert err[None] < 1e-5 and 1e-4 < err["int8"] < 0.1  # int8 changes the logits, a little
+    with pytest.raises(ValueError, match="quantisation"):
+        OrtModel(model, quantize="int4")
+
+
 def test_verdict_compares_best_batches_and_keeps_onnxruntime_apart():
     import sys
     from pathlib import Path
