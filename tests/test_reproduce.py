@@ -163,7 +163,11 @@ def test_parallel_jobs_match_the_sequential_runs(tmp_path, tiny_data):
         for a, b in zip(seq[name], par[name]):
             assert {k: v for k, v in a.items() if k not in ("img_per_s", "train_s")} == \
                    {k: v for k, v in b.items() if k not in ("img_per_s", "train_s")}
-    assert len(lines) == len(names) * len(budget.seeds) and all(": training" in line for line in lines)
+    runs = len(names) * len(budget.seeds)
+    starts = [x for x in lines if x.startswith("[")]
+    ends = [x for x in lines if x.startswith("  ")]
+    assert len(starts) == runs and all(": training" in x for x in starts)
+    assert len(ends) == runs and f"({runs}/{runs};" in ends[-1] and "to go" in ends[0] and "to go" not in ends[-1]
     for seed in budget.seeds:  # the child started after its parent's model was written
         parent = runner.run_folder(tmp_path / "par", "mpp", seed) / "results.json"
         child = runner.run_folder(tmp_path / "par", "few-mpp", seed) / "recipe.yaml"

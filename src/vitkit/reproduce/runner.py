@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import statistics
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -345,22 +346,37 @@ def run_all(names: Sequence[str], arms: Dict[str, Arm], budget: Budget, root: Pa
     between them (:func:`_worker_init`); a run starts once its parent run has finished."""
     order = [(name, seed) for seed in budget.seeds for name in names]  # seed-major: a partial run still
     total = len(order)                                                 # has every arm at the first seeds
+    states: Dict[Tuple[str, int], str] = {}
+    t0, trained, done = time.perf_counter(), [0], [0]
 
     def announce(i: int, name: str, seed: int) -> None:
         folder = run_folder(root, name, seed)
         state = "reused" if is_done(folder) else (
             "resumed" if (folder / "checkpoints" / "last.pt").is_file() else "training")
+        states[(name, seed)] = state
         log(f"[{i}/{total}] {name} seed {seed}: {state}")
         if stats is not None:
             stats[state] = stats.get(state, 0) + 1
+
+    def finished(name: str, seed: int) -> None:
+        """A line per trained run: how long this invocation has run and, at its pace, what is left."""
+        done[0] += 1
+        if states.get((name, seed)) == "reused":
+            return
+        trained[0] += 1
+        spent = time.perf_counter() - t0
+        left = total - done[0]
+        eta = f"; {left} to go, about {spent / trained[0] * left / 3600:.1f} h at this pace" if left else ""
+        log(f"  {name} seed {seed} done ({done[0]}/{total}; {spent / 60:.0f} min so far{eta})")
 
     out: Dict[str, List[Dict[str, Any]]] = {}
     if jobs <= 1:
         for i, (name, seed) in enumerate(order, 1):
             announce(i, name, seed)
             out.setdefault(name, []).append(train_and_measure(arms[name], seed, budget, root, progress))
+            finished(name, seed)
     else:
-        out = _run_parallel(order, arms, budget, root, jobs, announce)
+        out = _run_parallel(order, arms, budget, root, jobs, announce, finished)
     return {k: sorted(v, key=lambda m: m["seed"]) for k, v in out.items()}
 
 
@@ -371,7 +387,8 @@ def train_and_measure(arm: Arm, seed: int, budget: Budget, root: PathLike, progr
 
 
 def _run_parallel(order: List[Tuple[str, int]], arms: Dict[str, Arm], budget: Budget, root: PathLike, jobs: int,
-                  announce: Callable[[int, str, int], None]) -> Dict[str, List[Dict[str, Any]]]:
+                  announce: Callable[[int, str, int], None], finished: Callable[[str, int], None]
+                  ) -> Dict[str, List[Dict[str, Any]]]:
     import multiprocessing
     import os
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -379,13 +396,13 @@ def _run_parallel(order: List[Tuple[str, int]], arms: Dict[str, Arm], budget: Bu
     threads = max(1, (os.cpu_count() or 1) // jobs)
     pending, out = list(order), {}
     running: Dict[Any, Tuple[str, int]] = {}
-    finished: set = set()
+    complete: set = set()
     started = 0
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_worker_init, initargs=(threads,)) as pool:
         while pending or running:
             ready = [(n, s) for n, s in pending
-                     if not arms[n].parent or (arms[n].parent, s) in finished
+                     if not arms[n].parent or (arms[n].parent, s) in complete
                      or is_done(run_folder(root, arms[n].parent, s))]
             for name, seed in ready[:max(0, jobs - len(running))]:
                 pending.remove((name, seed))
@@ -398,7 +415,8 @@ def _run_parallel(order: List[Tuple[str, int]], arms: Dict[str, Arm], budget: Bu
             for fut in done:
                 name, seed = running.pop(fut)
                 out.setdefault(name, []).append(fut.result())  # a failed run stops the call, as it does in order
-                finished.add((name, seed))
+                complete.add((name, seed))
+                finished(name, seed)
     return out
 
 
