@@ -122,18 +122,37 @@ def measure(dtype: torch.dtype, op: str = "linear", rounds: int = 7, shape=SHAPE
         fns = {kern: (lambda kern=kern: _gemm(kern, x, w, b)) for kern in KERNELS}
     else:
         fns = {kern: (lambda kern=kern: _gemm_into(kern, out, x, w)) for kern in KERNELS}
-    times = {kern: [] for kern in KERNELS}
-    with torch.inference_mode():
-        for kern in KERNELS:
-            fns[kern]()
-        for r in range(rounds):
-            for kern in (KERNELS if r % 2 == 0 else KERNELS[::-1]):
-                t0 = time.perf_counter()
-                fns[kern]()
-                times[kern].append(time.perf_counter() - t0)
+    times = _paired_rounds(fns, rounds)
     ratios = [a / o for a, o in zip(times["aten"], times["onednn"])]
     return {"aten_s": statistics.median(times["aten"]), "onednn_s": statistics.median(times["onednn"]),
             "ratio": statistics.median(ratios), "rounds": rounds, "shape": list(shape)}
+
+
+def _paired_rounds(fns: dict, rounds: int) -> Dict[str, list]:
+    """Seconds per call of each function, one call each per round, the order reversed every other round
+    (after one untimed call each), under ``inference_mode``."""
+    names = list(fns)
+    times: Dict[str, list] = {n: [] for n in names}
+    with torch.inference_mode():
+        for n in names:
+            fns[n]()
+        for r in range(rounds):
+            for n in (names if r % 2 == 0 else names[::-1]):
+                t0 = time.perf_counter()
+                fns[n]()
+                times[n].append(time.perf_counter() - t0)
+    return times
+
+
+def _remember(key: str, process_key: tuple, result: dict, choice: str) -> str:
+    """Keep a calibration's choice for this process, and in the cache file unless the machine was
+    :func:`busy` around the measurement."""
+    if not busy():
+        _write_cache(key, {**result, "kernel": choice, "min_gain": MIN_GAIN,
+                           "load": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+                           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+    _CHOICE[process_key] = choice
+    return choice
 
 
 def busy() -> bool:
@@ -152,12 +171,7 @@ def calibrate(dtype: torch.dtype, op: str = "linear", rounds: int = 7) -> str:
     unless the machine was :func:`busy` around the measurement."""
     result = measure(dtype, op, rounds)
     choice = "onednn" if result["ratio"] >= MIN_GAIN else "aten"
-    if not busy():
-        _write_cache(cache_key(dtype, op), {**result, "kernel": choice, "min_gain": MIN_GAIN,
-                                            "load": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-                                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
-    _CHOICE[(dtype, op, torch.get_num_threads())] = choice
-    return choice
+    return _remember(cache_key(dtype, op), (dtype, op, torch.get_num_threads()), result, choice)
 
 
 def gemm_kernel(dtype: torch.dtype, device: torch.device, op: str = "linear") -> str:
@@ -219,15 +233,7 @@ def measure_int8(rounds: int = 7, shape=SHAPE) -> dict:
         for e in engines:
             layers[e] = pack_int8(lambda: quantize_dynamic(nn.Sequential(copy.deepcopy(lin)), {nn.Linear},
                                                            dtype=torch.qint8), e)
-    times = {e: [] for e in engines}
-    with torch.inference_mode():
-        for e in engines:
-            layers[e](x)
-        for r in range(rounds):
-            for e in (engines if r % 2 == 0 else engines[::-1]):
-                t0 = time.perf_counter()
-                layers[e](x)
-                times[e].append(time.perf_counter() - t0)
+    times = _paired_rounds({e: (lambda e=e: layers[e](x)) for e in engines}, rounds)
     med = {e: statistics.median(v) for e, v in times.items()}
     return {"seconds": med, "default": default, "rounds": rounds, "shape": list(shape),
             "ratio": {e: statistics.median([a / b for a, b in zip(times[default], times[e])])
@@ -267,11 +273,7 @@ def calibrate_int8(rounds: int = 7) -> str:
     default = result["default"]
     best = max(result["ratio"], key=result["ratio"].get) if result["ratio"] else default
     choice = best if result["ratio"].get(best, 0.0) >= MIN_GAIN else default
-    if not busy():
-        _write_cache(cache_key(torch.qint8, "int8"), {**result, "kernel": choice, "min_gain": MIN_GAIN,
-                                                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
-    _CHOICE[("int8", default, torch.get_num_threads())] = choice
-    return choice
+    return _remember(cache_key(torch.qint8, "int8"), ("int8", default, torch.get_num_threads()), result, choice)
 
 
 # --- the two kernels ------------------------------------------------------------------------------

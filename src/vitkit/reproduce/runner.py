@@ -347,7 +347,7 @@ def run_all(names: Sequence[str], arms: Dict[str, Arm], budget: Budget, root: Pa
     order = [(name, seed) for seed in budget.seeds for name in names]  # seed-major: a partial run still
     total = len(order)                                                 # has every arm at the first seeds
     states: Dict[Tuple[str, int], str] = {}
-    t0, trained, done = time.perf_counter(), [0], [0]
+    t0, trained, done = time.perf_counter(), 0, 0
 
     def announce(i: int, name: str, seed: int) -> None:
         folder = run_folder(root, name, seed)
@@ -360,14 +360,15 @@ def run_all(names: Sequence[str], arms: Dict[str, Arm], budget: Budget, root: Pa
 
     def finished(name: str, seed: int) -> None:
         """A line per trained run: how long this invocation has run and, at its pace, what is left."""
-        done[0] += 1
+        nonlocal trained, done
+        done += 1
         if states.get((name, seed)) == "reused":
             return
-        trained[0] += 1
+        trained += 1
         spent = time.perf_counter() - t0
-        left = total - done[0]
-        eta = f"; {left} to go, about {spent / trained[0] * left / 3600:.1f} h at this pace" if left else ""
-        log(f"  {name} seed {seed} done ({done[0]}/{total}; {spent / 60:.0f} min so far{eta})")
+        left = total - done
+        eta = f"; {left} to go, about {spent / trained * left / 3600:.1f} h at this pace" if left else ""
+        log(f"  {name} seed {seed} done ({done}/{total}; {spent / 60:.0f} min so far{eta})")
 
     out: Dict[str, List[Dict[str, Any]]] = {}
     if jobs <= 1:
@@ -396,14 +397,12 @@ def _run_parallel(order: List[Tuple[str, int]], arms: Dict[str, Arm], budget: Bu
     threads = max(1, (os.cpu_count() or 1) // jobs)
     pending, out = list(order), {}
     running: Dict[Any, Tuple[str, int]] = {}
-    complete: set = set()
     started = 0
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_worker_init, initargs=(threads,)) as pool:
         while pending or running:
             ready = [(n, s) for n, s in pending
-                     if not arms[n].parent or (arms[n].parent, s) in complete
-                     or is_done(run_folder(root, arms[n].parent, s))]
+                     if not arms[n].parent or is_done(run_folder(root, arms[n].parent, s))]
             for name, seed in ready[:max(0, jobs - len(running))]:
                 pending.remove((name, seed))
                 started += 1
@@ -415,7 +414,6 @@ def _run_parallel(order: List[Tuple[str, int]], arms: Dict[str, Arm], budget: Bu
             for fut in done:
                 name, seed = running.pop(fut)
                 out.setdefault(name, []).append(fut.result())  # a failed run stops the call, as it does in order
-                complete.add((name, seed))
                 finished(name, seed)
     return out
 
