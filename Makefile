@@ -7,7 +7,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 PEERS ?= .venv-peers
-PEERS_PIN ?= torch==2.14.1 torchvision==0.29.1
+PEERS_LOCK ?= requirements/peers.txt
+PEERS_MB ?= 5300
 PYTEST_ARGS ?=
 
 .PHONY: venv venv-test data demo analysis-figures test test-fast test-peers peers clean
@@ -61,11 +62,18 @@ test: venv-test peers data
 test-fast: venv-test data
 	$(BIN)/python -m pytest -q -rs -m "not slow and not peers" $(PYTEST_ARGS)
 
-# timm and torchvision need a torch build that torchvision matches (large, CUDA; runs on the CPU).
-$(PEERS)/.installed: pyproject.toml
+# timm and torchvision need a torch build that torchvision matches (torch 2.14.1, a CUDA build that runs on
+# the CPU). The environment is pinned in $(PEERS_LOCK) and installed without dependency resolution, so that
+# torch's GPU-only extras (triton, cuSOLVER) stay out: about 5 GB instead of 6.1. The disk is checked first
+# so that a full disk is one clear line, not a pip traceback half-way through.
+$(PEERS)/.installed: pyproject.toml $(PEERS_LOCK)
+	@free=$$(df -Pm . | awk 'NR==2 {print $$4}'); have=$$(du -sm $(PEERS) 2>/dev/null | cut -f1); \
+	if [ $$((free + $${have:-0})) -lt $(PEERS_MB) ]; then \
+	  echo "make peers: the peers environment needs about $(PEERS_MB) MB of disk; $$free MB are free here" >&2; exit 1; fi
+	rm -rf $(PEERS)
 	$(PY) -m venv $(PEERS)
-	$(PEERS)/bin/pip install -q $(PEERS_PIN)
-	$(PEERS)/bin/pip install -q timm -e '.[test]'
+	$(PEERS)/bin/pip install -q --no-deps -r $(PEERS_LOCK)
+	$(PEERS)/bin/pip install -q --no-deps -e .
 	touch $@
 
 peers: $(PEERS)/.installed
