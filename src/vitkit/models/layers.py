@@ -114,7 +114,10 @@ class Attention(nn.Module):
         """The attention of Eq. 2 on projected q/k/v rows [n * t, 3D] (or [n, t, 3D]) -> [n * t, D] heads
         concatenated, before the output projection."""
         d = self.num_heads * self.head_dim
-        q, k, v = qkv.view(n, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        # split along the q/k/v axis, then heads before tokens: the same views as permute(2, 0, 3, 1, 4).unbind(0),
+        # but autograd's stack then writes qkv's gradient in qkv's own layout, without a second strided copy
+        # (attention forward + backward 0.83x the time at the fmnist-demo shapes, 0.94x at ViT-S/16's)
+        q, k, v = (a.transpose(1, 2) for a in qkv.view(n, t, 3, self.num_heads, self.head_dim).unbind(2))
         weights = None
         if need_weights:
             logits = (q * self.scale) @ k.transpose(-2, -1)
