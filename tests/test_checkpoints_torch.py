@@ -228,6 +228,31 @@ def test_timm_logits_both_ways(tmp_path, kind):
 
 
 @pytest.mark.peers
+@pytest.mark.parametrize("kind", ["token", "gap"])
+def test_timm_training_gradients_equal(tmp_path, kind):
+    """Training equivalence, not only logits: the same weights, batch and loss give every parameter the same
+    gradient in vitkit and timm (float64, both in train mode; the parameter names coincide)."""
+    pytest.importorskip("timm")
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+    kw = dict(img_size=IMG, patch_size=P, embed_dim=D, depth=DEPTH, num_heads=HEADS, mlp_ratio=M / D, num_classes=C)
+    if kind == "gap":
+        kw.update(class_token=False, global_pool="avg", fc_norm=False)
+    ref = randomize(TimmViT(**kw))
+    torch.save(ref.state_dict(), tmp_path / "ref.pth")
+    ours = load_weights(tmp_path / "ref.pth", num_heads=HEADS).double().train()
+    ref = ref.double().train()
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 3, IMG, IMG, dtype=torch.float64), torch.randint(0, C, (4,))
+    for model in (ours, ref):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    theirs = dict(ref.named_parameters())
+    mine = dict(ours.named_parameters())
+    assert set(mine) == set(theirs)
+    for name, p in mine.items():
+        torch.testing.assert_close(p.grad, theirs[name].grad, rtol=1e-9, atol=1e-12, msg=name)
+
+
+@pytest.mark.peers
 def test_timm_deit_distilled_logits_both_ways(tmp_path):
     """timm's VisionTransformerDistilled (DeiT): dist_token, head_dist, logits = mean of the two heads in
     eval, the pair in distilled training; and back into timm with the same logits."""
