@@ -139,3 +139,30 @@ def test_deit_logits_and_features_both_ways(kind, tmp_path):
         assert_rel_close(new.last_hidden_state, ref.last_hidden_state)
     else:
         assert_rel_close(new.logits, ref.logits)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_image_classification_training_gradients(attn, tmp_path):
+    """Training equivalence: for the same weights, batch and loss, every gradient equals Hugging Face's after
+    the same key map as the weights (q/k/v joined; a linear map, so it carries gradients too); float64 (HF's
+    eager attention takes its softmax in float32 whatever the dtype, hence the looser bound there)."""
+    torch.manual_seed(2)
+    cfg = hf_config(num_labels=5, attn_implementation=attn, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    hf = transformers.ViTForImageClassification(cfg).double().train()
+    for p in hf.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    sd = {k.removeprefix("vit."): v for k, v in saved_state(hf, tmp_path / "w").items()}
+    ours = VisionTransformer(ours_from(cfg, num_classes=5)).double().train()
+    ours.load_state_dict(hf_to_vitkit(sd, cfg.num_hidden_layers))
+    x, y = torch.randn(3, 3, 32, 32, dtype=torch.float64), torch.tensor([0, 3, 4])
+    torch.nn.functional.cross_entropy(ours(x), y).backward()
+    torch.nn.functional.cross_entropy(hf(pixel_values=x).logits, y).backward()
+    with torch.no_grad():  # Hugging Face's gradients, written and mapped as if they were weights
+        for p in hf.parameters():
+            p.copy_(p.grad)
+    grads = hf_to_vitkit({k.removeprefix("vit."): v for k, v in saved_state(hf, tmp_path / "g").items()},
+                         cfg.num_hidden_layers)
+    mine = dict(ours.named_parameters())
+    assert set(grads) == set(mine)
+    for name, p in mine.items():
+        assert_rel_close(p.grad, grads[name].to(p.grad.dtype), rtol=1e-10 if attn == "sdpa" else 1e-6)
