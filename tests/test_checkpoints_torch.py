@@ -191,6 +191,32 @@ def test_torchvision_logits_both_ways(tmp_path, pre_logits):
 
 
 @pytest.mark.peers
+def test_torchvision_training_gradients_equal(tmp_path):
+    """Every gradient equals torchvision's for the same weights, batch and loss (float64, pre-logits layer
+    included), after the weights' own key map: torchvision's gradients are saved as if they were weights."""
+    tvm = pytest.importorskip("torchvision.models")
+    kw = dict(image_size=IMG, patch_size=P, num_layers=DEPTH, num_heads=HEADS, hidden_dim=D, mlp_dim=M,
+              num_classes=C, representation_size=48)
+    ref = randomize(tvm.VisionTransformer(**kw)).double().train()
+    torch.save(ref.state_dict(), tmp_path / "ref.pth")
+    ours = load_weights(tmp_path / "ref.pth", num_heads=HEADS).double().train()
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 3, IMG, IMG, dtype=torch.float64), torch.randint(0, C, (4,))
+    for model in (ours, ref):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(p.grad)
+    torch.save(ref.state_dict(), tmp_path / "grads.pth")
+    grads = read_checkpoint(tmp_path / "grads.pth", num_heads=HEADS).state
+    mine = dict(ours.named_parameters())
+    assert set(grads) == set(mine)
+    for name, p in mine.items():
+        err = rel_err(p.grad, grads[name].to(p.grad.dtype))
+        assert err < 1e-10, f"{name}: relative error {err:.2e}"
+
+
+@pytest.mark.peers
 def test_torchvision_vit_b_16_logits(tmp_path):
     tvm = pytest.importorskip("torchvision.models")
     ref = randomize(tvm.vit_b_16(), std=0.02)
