@@ -66,13 +66,18 @@ test-fast: venv-test data
 # the CPU). The environment is pinned in $(PEERS_LOCK) and installed without dependency resolution, so that
 # torch's GPU-only extras (triton, cuSOLVER) stay out: about 5 GB instead of 6.1. The disk is checked first
 # so that a full disk is one clear line, not a pip traceback half-way through.
-$(PEERS)/.installed: pyproject.toml $(PEERS_LOCK)
+# A new lock rebuilds the environment from scratch (nothing stale stays); a new pyproject.toml only
+# reinstalls vitkit into it.
+$(PEERS)/.locked: $(PEERS_LOCK)
 	@free=$$(df -Pm . | awk 'NR==2 {print $$4}'); have=$$(du -sm $(PEERS) 2>/dev/null | cut -f1); \
 	if [ $$((free + $${have:-0})) -lt $(PEERS_MB) ]; then \
 	  echo "make peers: the peers environment needs about $(PEERS_MB) MB of disk; $$free MB are free here" >&2; exit 1; fi
 	rm -rf $(PEERS)
 	$(PY) -m venv $(PEERS)
 	$(PEERS)/bin/pip install -q --no-deps -r $(PEERS_LOCK)
+	touch $@
+
+$(PEERS)/.installed: $(PEERS)/.locked pyproject.toml
 	$(PEERS)/bin/pip install -q --no-deps -e .
 	touch $@
 
