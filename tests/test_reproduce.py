@@ -260,3 +260,20 @@ def test_validation_split_is_the_trainers(tmp_path, tiny_data):
     assert len(val) == 100 and torch.equal(val.images, trainer.val_data.images)
     assert torch.equal(val.labels, trainer.val_data.labels)
     assert not set(map(bytes, val.images.numpy())) & set(map(bytes, trainer.train_data.images.numpy()))
+
+
+def test_time_left_is_estimated_per_arm(tmp_path, monkeypatch):
+    """The 'to go' estimate adds each remaining run's arm's measured training time (arms differ by 25x in
+    the full budget), not the invocation's average pace; with --jobs N it divides by N."""
+    from types import SimpleNamespace
+
+    cost = {"a": 360.0, "b": 3600.0}
+    monkeypatch.setattr(runner, "train_and_measure",
+                        lambda arm, seed, budget, root, progress=False: {"seed": seed, "train_s": cost[arm.name]})
+    arms = {n: SimpleNamespace(name=n, parent=None) for n in cost}
+    lines = []
+    runner.run_all(["a", "b"], arms, SimpleNamespace(seeds=(0, 1)), tmp_path, log=lines.append)
+    ends = [x for x in lines if x.startswith("  ")]
+    # a0 done: b0, a1, b1 left, only a's time known -> 3 x 360 s; b0 done: a1 + b1 = 3960 s; a1 done: b1
+    assert [e.split("about ")[-1] if "about" in e else None for e in ends] == \
+           ["0.3 h of training)", "1.1 h of training)", "1.0 h of training)", None]

@@ -348,6 +348,8 @@ def run_all(names: Sequence[str], arms: Dict[str, Arm], budget: Budget, root: Pa
     total = len(order)                                                 # has every arm at the first seeds
     states: Dict[Tuple[str, int], str] = {}
     t0, trained, done = time.perf_counter(), 0, 0
+    costs: Dict[str, List[float]] = {}  # training seconds of each arm's finished runs
+    left: List[Tuple[str, int]] = list(order)
 
     def announce(i: int, name: str, seed: int) -> None:
         folder = run_folder(root, name, seed)
@@ -358,24 +360,33 @@ def run_all(names: Sequence[str], arms: Dict[str, Arm], budget: Budget, root: Pa
         if stats is not None:
             stats[state] = stats.get(state, 0) + 1
 
-    def finished(name: str, seed: int) -> None:
-        """A line per trained run: how long this invocation has run and, at its pace, what is left."""
+    def finished(name: str, seed: int, result: Dict[str, Any]) -> None:
+        """A line per trained run: how long this invocation has run and what is left, estimated from the
+        training time of the finished runs of each remaining arm (arms differ by 25x here), else of all."""
         nonlocal trained, done
         done += 1
+        left.remove((name, seed))
+        if result.get("train_s"):
+            costs.setdefault(name, []).append(float(result["train_s"]))
         if states.get((name, seed)) == "reused":
             return
         trained += 1
         spent = time.perf_counter() - t0
-        left = total - done
-        eta = f"; {left} to go, about {spent / trained * left / 3600:.1f} h at this pace" if left else ""
+        eta = ""
+        if left:
+            every = [c for cs in costs.values() for c in cs]
+            guess = statistics.median(every) if every else spent / trained
+            todo = sum(statistics.mean(costs[n]) if costs.get(n) else guess for n, _ in left)
+            eta = f"; {len(left)} to go, about {todo / max(1, jobs) / 3600:.1f} h of training"
         log(f"  {name} seed {seed} done ({done}/{total}; {spent / 60:.0f} min so far{eta})")
 
     out: Dict[str, List[Dict[str, Any]]] = {}
     if jobs <= 1:
         for i, (name, seed) in enumerate(order, 1):
             announce(i, name, seed)
-            out.setdefault(name, []).append(train_and_measure(arms[name], seed, budget, root, progress))
-            finished(name, seed)
+            result = train_and_measure(arms[name], seed, budget, root, progress)
+            out.setdefault(name, []).append(result)
+            finished(name, seed, result)
     else:
         out = _run_parallel(order, arms, budget, root, jobs, announce, finished)
     return {k: sorted(v, key=lambda m: m["seed"]) for k, v in out.items()}
@@ -388,7 +399,8 @@ def train_and_measure(arm: Arm, seed: int, budget: Budget, root: PathLike, progr
 
 
 def _run_parallel(order: List[Tuple[str, int]], arms: Dict[str, Arm], budget: Budget, root: PathLike, jobs: int,
-                  announce: Callable[[int, str, int], None], finished: Callable[[str, int], None]
+                  announce: Callable[[int, str, int], None],
+                  finished: Callable[[str, int, Dict[str, Any]], None]
                   ) -> Dict[str, List[Dict[str, Any]]]:
     import multiprocessing
     import os
@@ -413,8 +425,9 @@ def _run_parallel(order: List[Tuple[str, int]], arms: Dict[str, Arm], budget: Bu
             done, _ = wait(list(running), return_when=FIRST_COMPLETED)
             for fut in done:
                 name, seed = running.pop(fut)
-                out.setdefault(name, []).append(fut.result())  # a failed run stops the call, as it does in order
-                finished(name, seed)
+                result = fut.result()  # a failed run stops the call, as it does in order
+                out.setdefault(name, []).append(result)
+                finished(name, seed, result)
     return out
 
 
