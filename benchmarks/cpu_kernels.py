@@ -2,8 +2,10 @@
 
 Each choice is timed both ways in the same process, alternating, median of ``--repeats`` windows:
 
-- attention: explicit softmax(QK^T/sqrt(d))V (vitkit's path up to ``CPU_EXPLICIT_ATTENTION_MAX_TOKENS``
-  tokens) vs torch's fused kernel, forward + backward (training) and forward only (inference);
+- attention: explicit softmax(QK^T/sqrt(d))V vs torch's fused kernel on q/k/v laid out as the model has them
+  (strided views of the qkv projection's rows), fp32 and bf16, forward + backward (training) and forward only
+  (inference); vitkit takes the explicit path for bf16 with gradients up to ``CPU_EXPLICIT_ATTENTION_MAX_TOKENS``
+  tokens (``precision.explicit_on_cpu``);
 - patch embedding: the stride-P convolution vs one GEMM over flattened patches (vitkit's only path),
   training (forward + backward) and inference;
 - GEMM kernel of the inference products: ATen (``addmm``: MKL in fp32) vs oneDNN's linear
@@ -36,8 +38,7 @@ from vitkit.models import kernels, precision
 from vitkit.models.layers import INFERENCE_CHUNK_BYTES, Block, PatchEmbed, chunk_images
 
 ATTENTION = [  # batch, heads, tokens, head dim
-    (64, 2, 17, 32), (64, 2, 49, 32), (128, 4, 16, 32), (64, 4, 65, 32), (32, 6, 197, 64), (16, 12, 197, 64),
-    (8, 12, 577, 64)]
+    (100, 4, 49, 16), (256, 4, 16, 32), (64, 4, 65, 32), (16, 6, 197, 64), (16, 12, 197, 64), (8, 12, 577, 64)]
 PATCHES = [  # batch, channels, image size, patch, width
     (64, 1, 28, 4, 64), (128, 1, 28, 7, 128), (128, 3, 32, 4, 192), (64, 3, 64, 8, 384), (32, 3, 224, 16, 768)]
 GEMMS = [  # rows, in, out: ViT-B/16 at batch 16 (3152 tokens) - qkv, proj, fc1, fc2
@@ -86,32 +87,37 @@ def main() -> None:
            "attention": [], "patches": [], "gemm": [], "chunks": []}
     limit = precision.CPU_EXPLICIT_ATTENTION_MAX_TOKENS
     if "attention" not in args.skip:
-        print(f"\nattention (fp32): fused kernel vs explicit; vitkit takes explicit up to {limit} tokens")
-        for b, h, t, d in ATTENTION:
-            q, k, v = (torch.randn(b, h, t, d, requires_grad=True) for _ in range(3))
-            g = torch.randn(b, h, t, d)
-            ours = "explicit" if t <= limit else "fused"
-            row = {"shape": [b, h, t, d], "vitkit": ours}
-            for mode in ("train", "inference"):
-                def fused():
-                    if mode == "train":
-                        F.scaled_dot_product_attention(q, k, v).backward(g)
-                    else:
-                        with torch.inference_mode():
-                            F.scaled_dot_product_attention(q, k, v)
-
-                def expl():
-                    if mode == "train":
-                        precision._explicit_attention(q, k, v, None, 0.0).backward(g)
-                    else:
-                        with torch.inference_mode():
-                            precision._explicit_attention(q, k, v, None, 0.0)
-                st = alternate({"fused": fused, "explicit": expl}, args.seconds, args.repeats)
-                gain = st["fused"] / st["explicit"] if ours == "explicit" else st["explicit"] / st["fused"]
-                row[mode] = {"fused_ms": 1e3 * st["fused"], "explicit_ms": 1e3 * st["explicit"], "ratio": gain}
-                print(f"  {mode:9s} B{b:<4d} heads {h:<3d} tokens {t:<4d} dim {d:<3d}  fused {1e3 * st['fused']:8.2f}"
-                      f"  explicit {1e3 * st['explicit']:8.2f}  vitkit: {ours:8s} {gain:5.2f}x the other")
-            res["attention"].append(row)
+        print(f"\nattention in the model's layout (q/k/v views of the qkv rows, output back to token rows): fused "
+              f"kernel vs explicit; vitkit takes explicit only for bf16 with gradients up to {limit} tokens")
+        for dtype in (torch.float32, torch.bfloat16):
+            for b, h, t, d in ATTENTION:
+                qkv = torch.randn(b * t, 3 * h * d).to(dtype).requires_grad_()
+                g = torch.randn(b * t, h * d).to(dtype)
+                row = {"shape": [b, h, t, d], "dtype": str(dtype)}
+                for mode in ("train", "inference"):
+                    def run(path, mode=mode):
+                        def call():
+                            with torch.inference_mode(mode == "inference"):
+                                q, k, v = (a.transpose(1, 2) for a in qkv.view(b, t, 3, h, d).unbind(2))
+                                out = (precision._explicit_attention(q, k, v, None, 0.0) if path == "explicit"
+                                       else F.scaled_dot_product_attention(q, k, v))
+                                out = out.transpose(1, 2).reshape(b * t, h * d)
+                                if mode == "train":
+                                    out.backward(g)
+                                    qkv.grad = None
+                        return call
+                    with torch.inference_mode(mode == "inference"):
+                        q, k, v = (a.transpose(1, 2) for a in qkv.view(b, t, 3, h, d).unbind(2))
+                        ours = "explicit" if precision.explicit_on_cpu(q, k, v) else "fused"
+                    st = alternate({"fused": run("fused"), "explicit": run("explicit")}, args.seconds, args.repeats)
+                    other = "fused" if ours == "explicit" else "explicit"
+                    gain = st[other] / st[ours]
+                    row[mode] = {"fused_ms": 1e3 * st["fused"], "explicit_ms": 1e3 * st["explicit"], "vitkit": ours,
+                                 "ratio": gain}
+                    print(f"  {str(dtype)[6:]:8s} {mode:9s} B{b:<4d} heads {h:<3d} tokens {t:<4d} dim {d:<3d}  fused "
+                          f"{1e3 * st['fused']:8.2f}  explicit {1e3 * st['explicit']:8.2f}  vitkit: {ours:8s} "
+                          f"{gain:5.2f}x the other")
+                res["attention"].append(row)
     if "patches" not in args.skip:
         print("\npatch embedding (fp32): convolution vs GEMM over flattened patches; vitkit takes the GEMM")
         for b, c, s, p, w in PATCHES:

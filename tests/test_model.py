@@ -58,9 +58,8 @@ def test_conv_patch_embedding_equals_flatten_and_linear(tiny_cfg):
 @pytest.mark.parametrize("variant", POSEMB_VARIANTS + POOL_VARIANTS + [dict(representation_size=32)],
                          ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()))
 def test_fused_equals_explicit_attention(tiny_cfg, variant, monkeypatch):
-    """The fused kernel (F.scaled_dot_product_attention) against the explicit path that returns weights.
-    48 px images of 4 px patches give 145 tokens (+1 with a class token), longer than the sequences the
-    CPU computes explicitly, so the fused kernel really runs (counted below)."""
+    """The fused kernel (F.scaled_dot_product_attention), which fp32 attention takes at any length, against
+    the explicit path that returns weights (the fused kernel really runs: counted below)."""
     from vitkit.models import precision
 
     calls = []
@@ -74,7 +73,6 @@ def test_fused_equals_explicit_attention(tiny_cfg, variant, monkeypatch):
             if rel.cls is not None:
                 torch.nn.init.normal_(rel.cls, std=0.5)
     x = torch.randn(3, 3, 48, 48)
-    assert model.config.seq_len > precision.CPU_EXPLICIT_ATTENTION_MAX_TOKENS
     for mode in ("eval", "train"):  # train mode with all dropout rates 0 must agree too
         getattr(model, mode)()
         n = len(calls)
@@ -368,13 +366,29 @@ def test_distillation_token_config_and_adaptation(tiny_cfg):
 
 
 @pytest.mark.parametrize("t,mask_kind", [(17, None), (50, "float"), (9, "bool")])
-def test_short_sequence_attention_path_is_the_explicit_one_and_agrees(t, mask_kind):
-    """On a CPU, sequences up to CPU_EXPLICIT_ATTENTION_MAX_TOKENS use the explicit softmax(QK^T)V path;
-    values and gradients equal the fused kernel's."""
+def test_short_sequence_attention_path_is_the_explicit_one_and_agrees(t, mask_kind, monkeypatch):
+    """On a CPU, bf16 sequences up to CPU_EXPLICIT_ATTENTION_MAX_TOKENS that need gradients take the explicit
+    softmax(QK^T)V path (its backward is the fast one there); fp32, inference and longer sequences take the
+    fused kernel. Values and gradients of the explicit path equal the fused kernel's."""
     from vitkit.models import precision
 
-    assert precision._short_on_cpu(torch.zeros(1, 1, 128, 4), torch.zeros(1, 1, 128, 4))
-    assert not precision._short_on_cpu(torch.zeros(1, 1, 197, 4), torch.zeros(1, 1, 197, 4))
+    def qkv(tokens, dtype=torch.float32, grad=True):
+        return [torch.zeros(1, 1, tokens, 4, dtype=dtype, requires_grad=grad) for _ in range(3)]
+    bf16 = torch.bfloat16
+    assert precision.explicit_on_cpu(*qkv(197, bf16))
+    assert not precision.explicit_on_cpu(*qkv(577, bf16))
+    assert not precision.explicit_on_cpu(*qkv(16))  # fp32: fused
+    assert not precision.explicit_on_cpu(*qkv(16, bf16, grad=False))  # no gradients: fused
+    with torch.no_grad():
+        assert not precision.explicit_on_cpu(*qkv(16, bf16))
+    calls = []
+    real = precision._explicit_attention
+    monkeypatch.setattr(precision, "_explicit_attention", lambda *a: calls.append(1) or real(*a))
+    precision.sdpa(*qkv(16))
+    assert not calls
+    precision.sdpa(*qkv(16, bf16))
+    assert calls == [1]
+
     torch.manual_seed(0)
     q, k, v = (torch.randn(3, 2, t, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
     mask = None
@@ -383,7 +397,7 @@ def test_short_sequence_attention_path_is_the_explicit_one_and_agrees(t, mask_ki
     elif mask_kind == "bool":
         mask = torch.rand(t, t) > 0.3
         mask.fill_diagonal_(True)
-    out = precision.sdpa(q, k, v, mask)
+    out = real(q, k, v, mask, 0.0)
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(out, ref)
     for a, b in zip(torch.autograd.grad(out.square().sum(), (q, k, v)),

@@ -126,15 +126,16 @@ def dense_add_(out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor
     return gemm_into(out, x, weight)
 
 
-# On a CPU, torch's fused attention kernel (flash attention for CPU) tends to cost more than the three
-# explicit steps QK^T -> softmax -> AV for short sequences, and is clearly faster from ~200 tokens
-# (measured on a 2-core AVX2 EPYC, forward + backward, fp32: 0.8-2.8x for 16-65 tokens across runs, the
-# machine being noisy; 0.9x at 197 tokens; 0.5x at 577; on a quiet 2-core AMX Xeon the explicit path was
-# 1.01-1.11x in fp32 training and 0.90-1.01x in inference at 16-65 tokens, and in bf16 autocast training it
-# keeps the Fashion-MNIST network's step at ~3.8x timm's, which takes the fused kernel - benchmarks/
-# cpu_kernels.py, benchmarks/training.py, docs/performance.md). Sequences up to this length take the
-# explicit path.
-CPU_EXPLICIT_ATTENTION_MAX_TOKENS = 128
+# On a CPU, torch's fused attention kernel (flash attention for CPU) takes q/k/v as the strided views of the
+# qkv projection that the model makes; the explicit steps QK^T -> softmax -> AV first copy them into
+# batched-matrix layout. Timed in that layout on a 2-core AMX Xeon (benchmarks/cpu_kernels.py, attention rows
+# in results/intel-amx/cpu_kernels_attention.json: 16-577 tokens), the fused kernel was 1.08-1.77x faster in
+# fp32 training, 1.46-2.67x in fp32 inference and 1.28-7.84x in bf16 inference; only its bf16 backward is
+# slow: the explicit path was 4.9-12.8x faster in bf16 training at 16-65 tokens and 1.7x at 197, the fused
+# kernel 1.66x faster at 577. So the explicit path serves bf16/fp16 attention that needs gradients up to
+# this many tokens (197 measured, 577 not); everything else takes the fused kernel. (An earlier rule, explicit
+# for every sequence up to 128 tokens, came from timing contiguous q/k/v, which the model never has.)
+CPU_EXPLICIT_ATTENTION_MAX_TOKENS = 256
 
 
 def _explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
@@ -152,15 +153,19 @@ def _explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     return weights @ v
 
 
-def _short_on_cpu(q: torch.Tensor, k: torch.Tensor) -> bool:
-    return q.device.type == "cpu" and max(q.shape[-2], k.shape[-2]) <= CPU_EXPLICIT_ATTENTION_MAX_TOKENS
+def explicit_on_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether :func:`sdpa` takes the explicit path: bf16/fp16 q/k/v on a CPU that need gradients, in
+    sequences of at most :data:`CPU_EXPLICIT_ATTENTION_MAX_TOKENS` tokens."""
+    return (q.device.type == "cpu" and q.dtype in (BF16, torch.float16)
+            and max(q.shape[-2], k.shape[-2]) <= CPU_EXPLICIT_ATTENTION_MAX_TOKENS
+            and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
          dropout_p: float = 0.0) -> torch.Tensor:
-    """``F.scaled_dot_product_attention`` (scale 1/sqrt(d)), through the explicit path for short sequences
-    on a CPU, where it is the faster of the two."""
-    if _short_on_cpu(q, k):
+    """``F.scaled_dot_product_attention`` (scale 1/sqrt(d)); on a CPU, short reduced-precision sequences
+    that need gradients take the explicit path, whose backward is the faster there."""
+    if explicit_on_cpu(q, k, v):
         return _explicit_attention(q, k, v, attn_mask, dropout_p)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
 
