@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from vitkit.bench.machine import machine_info, machine_line
 from vitkit.models import kernels, precision
-from vitkit.models.layers import INFERENCE_CHUNK_BYTES, Block, PatchEmbed, chunk_images
+from vitkit.models.layers import INFERENCE_CHUNK_BYTES, Block, PatchEmbed, chunk_images, merge_heads, split_heads
 
 ATTENTION = [  # batch, heads, tokens, head dim
     (100, 4, 49, 16), (256, 4, 16, 32), (64, 4, 65, 32), (16, 6, 197, 64), (16, 12, 197, 64), (8, 12, 577, 64)]
@@ -98,16 +98,15 @@ def main() -> None:
                     def run(path, mode=mode):
                         def call():
                             with torch.inference_mode(mode == "inference"):
-                                q, k, v = (a.transpose(1, 2) for a in qkv.view(b, t, 3, h, d).unbind(2))
-                                out = (precision._explicit_attention(q, k, v, None, 0.0) if path == "explicit"
-                                       else F.scaled_dot_product_attention(q, k, v))
-                                out = out.transpose(1, 2).reshape(b * t, h * d)
+                                q, k, v = split_heads(qkv, b, t, h, d)
+                                out = merge_heads(precision._explicit_attention(q, k, v, None, 0.0)
+                                                  if path == "explicit" else F.scaled_dot_product_attention(q, k, v))
                                 if mode == "train":
                                     out.backward(g)
                                     qkv.grad = None
                         return call
                     with torch.inference_mode(mode == "inference"):
-                        q, k, v = (a.transpose(1, 2) for a in qkv.view(b, t, 3, h, d).unbind(2))
+                        q, k, v = split_heads(qkv, b, t, h, d)
                         ours = "explicit" if precision.explicit_on_cpu(q, k, v) else "fused"
                     st = alternate({"fused": run("fused"), "explicit": run("explicit")}, args.seconds, args.repeats)
                     other = "fused" if ours == "explicit" else "explicit"

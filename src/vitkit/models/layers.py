@@ -89,6 +89,22 @@ class PatchEmbed(nn.Module):
         return linear(patches, w_, self.proj.bias).permute(0, 3, 1, 2)
 
 
+def split_heads(qkv: torch.Tensor, n: int, t: int, heads: int, head_dim: int
+                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v [n, heads, t, head_dim] as views of the qkv projection's rows [n * t, 3 * heads * head_dim]."""
+    # split along the q/k/v axis, then heads before tokens: the same views as permute(2, 0, 3, 1, 4).unbind(0),
+    # but autograd's stack then writes qkv's gradient in qkv's own layout, without a second strided copy
+    # (attention forward + backward 0.83x the time at the fmnist-demo shapes, 0.94x at ViT-S/16's)
+    q, k, v = (a.transpose(1, 2) for a in qkv.view(n, t, 3, heads, head_dim).unbind(2))
+    return q, k, v
+
+
+def merge_heads(out: torch.Tensor) -> torch.Tensor:
+    """Attention output [n, heads, t, head_dim] -> token rows [n * t, heads * head_dim], heads concatenated."""
+    n, h, t, dh = out.shape
+    return out.transpose(1, 2).reshape(n * t, h * dh)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with one fused q/k/v projection.
 
@@ -113,11 +129,7 @@ class Attention(nn.Module):
             need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The attention of Eq. 2 on projected q/k/v rows [n * t, 3D] (or [n, t, 3D]) -> [n * t, D] heads
         concatenated, before the output projection."""
-        d = self.num_heads * self.head_dim
-        # split along the q/k/v axis, then heads before tokens: the same views as permute(2, 0, 3, 1, 4).unbind(0),
-        # but autograd's stack then writes qkv's gradient in qkv's own layout, without a second strided copy
-        # (attention forward + backward 0.83x the time at the fmnist-demo shapes, 0.94x at ViT-S/16's)
-        q, k, v = (a.transpose(1, 2) for a in qkv.view(n, t, 3, self.num_heads, self.head_dim).unbind(2))
+        q, k, v = split_heads(qkv, n, t, self.num_heads, self.head_dim)
         weights = None
         if need_weights:
             logits = (q * self.scale) @ k.transpose(-2, -1)
@@ -128,7 +140,7 @@ class Attention(nn.Module):
         else:
             out = attention(q, k, v, None if bias is None else bias.to(q.dtype),
                             self.attn_drop if self.training else 0.0)
-        return out.transpose(1, 2).reshape(n * t, d), weights
+        return merge_heads(out), weights
 
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
                 need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
