@@ -185,8 +185,15 @@ def test_parallel_jobs_match_the_sequential_runs(tmp_path, tiny_data):
     from vitkit.reproduce import report as rep
     c = rep.compute(par, wall_s=90.0, runs={"training": 6}, jobs=2)
     assert c["jobs"] == 2 and c["runs"] == 6 and c["complete"]
-    assert rep._compute_line(c).endswith("1.5 min wall for all of it, 2 runs at a time.")
+    assert "1.5 min wall for all of it, 2 runs at a time." in rep._compute_line(c)
     assert "at a time" not in rep._compute_line(rep.compute(par, wall_s=90.0, runs={"training": 6}))
+    # and which machine trained the runs (recorded in measures.json right after training)
+    from vitkit.bench.machine import hardware
+    assert c["machines"] == {hardware(): 6}
+    assert rep._compute_line(c).endswith(f"Trained on: {hardware()} (6 runs).")
+    old = {"x": [{k: v for k, v in m.items() if k != "machine"} for m in par["few-scratch"][:1]]}
+    line = rep._compute_line(rep.compute({**par, **old}, wall_s=1.0, runs={}))
+    assert line.endswith("(6 runs). Not recorded for 1 run (measured before vitkit recorded it).")
 
 
 @pytest.mark.slow

@@ -129,6 +129,14 @@ def machine_line(info: Optional[Dict[str, Any]] = None, device: str = "cpu") -> 
     return " | ".join(p for p in parts if p)
 
 
+def hardware(info: Optional[Dict[str, Any]] = None) -> str:
+    """The machine without the moment: CPU model, cores, instruction sets, GPU and torch build (no date, load
+    or thread count), e.g. to record which kind of machine trained a run."""
+    i = info or machine_info()
+    gpu = f" | GPU {i['gpu']}" if i.get("gpu") else ""
+    return f"{i['host_cpu']} x{i['cores']} cores ({' '.join(i['isa']) or 'no avx2'}){gpu} | torch {i['torch']}"
+
+
 def busy_warning(info: Dict[str, Any]) -> Optional[str]:
     """A warning when the load average says other processes competed for the cores during the run."""
     load = info.get("load_avg")

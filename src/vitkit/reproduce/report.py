@@ -99,7 +99,11 @@ def compute(measures: Dict[str, List[Dict[str, Any]]], *, wall_s: float, runs: D
     counts; empty for ``--report-only``). The wall time is the whole cost only when every run was trained
     from scratch by this invocation. ``jobs``: runs trained at once (each its own process)."""
     ms = [m for v in measures.values() for m in v]
+    machines: Dict[str, int] = {}
+    for m in ms:  # runs measured before the machine was recorded count under ""
+        machines[m.get("machine") or ""] = machines.get(m.get("machine") or "", 0) + 1
     return {"runs": len(ms), "train_s_total": sum(float(m.get("train_s") or 0.0) for m in ms),
+            "machines": dict(sorted(machines.items(), key=lambda kv: (-kv[1], kv[0]))),
             "wall_s": float(wall_s), "jobs": int(jobs), "this_invocation": {k: int(v) for k, v in sorted(runs.items())},
             "complete": bool(ms) and runs.get("training", 0) == len(ms)}
 
@@ -113,7 +117,14 @@ def _compute_line(c: Optional[Dict[str, Any]]) -> str:
             f"this invocation took {c['wall_s'] / 60:.1f} min wall ({what})")
     if c.get("jobs", 1) > 1:
         wall += f", {c['jobs']} runs at a time"
-    return (f"Compute: {c['runs']} runs, {c['train_s_total'] / 60:.1f} min of training in all; {wall}.")
+    line = f"Compute: {c['runs']} runs, {c['train_s_total'] / 60:.1f} min of training in all; {wall}."
+    machines = c.get("machines") or {}
+    known = [f"{m} ({n} run{'s' if n > 1 else ''})" for m, n in machines.items() if m]
+    if known:
+        line += " Trained on: " + "; ".join(known) + "."
+    if machines.get(""):
+        line += f" Not recorded for {machines['']} run{'s' if machines[''] > 1 else ''} (measured before vitkit recorded it)."
+    return line
 
 
 def _mean_matrix(mats: List[Optional[list]]) -> Optional[list]:

@@ -233,6 +233,7 @@ def train_speed(folder: Path) -> Optional[float]:
 
 def measure(arm: Arm, seed: int, budget: Budget, root: PathLike) -> Dict[str, Any]:
     """measures.json of a finished run (computed once)."""
+    from ..bench.machine import hardware
     from ..models.cost import cost
     from ..train import load_recipe
     from ..train.weights import load_for_eval
@@ -246,7 +247,8 @@ def measure(arm: Arm, seed: int, budget: Budget, root: PathLike) -> Dict[str, An
     model, _, _ = load_for_eval(folder / "model")
     c = cost(model.config)
     m: Dict[str, Any] = {"arm": arm.name, "seed": seed, "params": c.params, "macs": c.macs,
-                         "img_per_s": train_speed(folder), "train_s": res.get("trained_s")}
+                         "img_per_s": train_speed(folder), "train_s": res.get("trained_s"),
+                         "machine": hardware()}  # measured right after training, on the machine that trained it
     if arm.kind == "train":
         train_part, val = validation_split(recipe)
         m["test_top1"] = res.get("test_top1")
