@@ -4,11 +4,7 @@ Fine-tune the result with ``vitkit finetune RUN/model --recipe ...``.
 """
 from __future__ import annotations
 
-import time
-from pathlib import Path
-
-from ..errors import UsageError
-from .train import _common, _overrides
+from .train import _common, _overrides, resolve_run
 
 
 def register(sub) -> None:
@@ -23,23 +19,15 @@ def register(sub) -> None:
 
 
 def _pretrain(args) -> int:
-    from ..train import load_recipe
     from ..train.mpp import pretrain_mpp
 
     ov = _overrides(args)
     if args.target:
         ov["mpp.target"] = args.target
-    name = args.recipe
-    if name is None:  # as vitkit train: the run's own recipe when resuming, else the default
-        saved = Path(args.out) / "recipe.yaml" if args.out else None
-        name = saved if args.resume and saved is not None and saved.is_file() else args.default_recipe
-    recipe = load_recipe(name, ov)
-    if args.print_only:
-        print(recipe.to_yaml(), end="")
+    run = resolve_run(args, ov)
+    if run is None:
         return 0
-    if args.resume and not args.out:
-        raise UsageError("--resume needs --out RUN_FOLDER (the run to continue)")
-    out = Path(args.out) if args.out else Path("runs") / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    recipe, out = run
     res = pretrain_mpp(recipe, out, resume=args.resume, progress=not args.no_progress)
     if res and "test_mpp_loss" in res:
         ema = "_ema" if "test_mpp_loss_ema" in res else ""

@@ -77,8 +77,11 @@ def _overrides(args) -> dict:
     return ov
 
 
-def _run(args, ov: dict) -> int:
-    from ..train import load_recipe, train
+def resolve_run(args, ov: dict):
+    """(recipe, run folder) of a training command (``train``, ``finetune``, ``pretrain-mpp``): ``--recipe``,
+    else the run's own saved recipe when resuming, else the command's default; with ``--set`` overrides.
+    With ``--print-only`` the resolved recipe is printed and None returned."""
+    from ..train import load_recipe
 
     name = args.recipe
     if name is None:
@@ -87,10 +90,20 @@ def _run(args, ov: dict) -> int:
     recipe = load_recipe(name, ov)
     if args.print_only:
         print(recipe.to_yaml(), end="")
-        return 0
-    out = Path(args.out) if args.out else Path("runs") / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        return None
     if args.resume and not args.out:
         raise UsageError("--resume needs --out RUN_FOLDER (the run to continue)")
+    out = Path(args.out) if args.out else Path("runs") / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return recipe, out
+
+
+def _run(args, ov: dict) -> int:
+    from ..train import train
+
+    run = resolve_run(args, ov)
+    if run is None:
+        return 0
+    recipe, out = run
     res = train(recipe, out, resume=args.resume, progress=not args.no_progress)
     if res:
         _report(res, out)
