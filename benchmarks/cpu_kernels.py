@@ -2,10 +2,11 @@
 
 Each choice is timed both ways in the same process, alternating, median of ``--repeats`` windows:
 
-- attention: explicit softmax(QK^T/sqrt(d))V vs torch's fused kernel on q/k/v laid out as the model has them
-  (strided views of the qkv projection's rows), fp32 and bf16, forward + backward (training) and forward only
-  (inference); vitkit takes the explicit path for bf16 with gradients up to ``CPU_EXPLICIT_ATTENTION_MAX_TOKENS``
-  tokens (``precision.explicit_on_cpu``);
+- attention: each path of ``precision.attention`` - torch's fused kernel, the explicit softmax(QK^T/sqrt(d))V,
+  and for bf16 the fused kernel on operands widened to fp32 - on q/k/v laid out as the model has them (strided
+  views of the qkv projection's rows), fp32 and bf16, forward + backward (training) and forward only
+  (inference); vitkit's choice is ``precision.attention_path`` (explicit for bf16 with gradients up to
+  ``CPU_EXPLICIT_ATTENTION_MAX_TOKENS`` tokens where bf16 GEMMs are native, widened where they are not);
 - patch embedding: the stride-P convolution vs one GEMM over flattened patches (vitkit's only path),
   training (forward + backward) and inference;
 - GEMM kernel of the inference products: ATen (``addmm``: MKL in fp32) vs oneDNN's linear
@@ -87,9 +88,12 @@ def main() -> None:
            "attention": [], "patches": [], "gemm": [], "chunks": []}
     limit = precision.CPU_EXPLICIT_ATTENTION_MAX_TOKENS
     if "attention" not in args.skip:
-        print(f"\nattention in the model's layout (q/k/v views of the qkv rows, output back to token rows): fused "
-              f"kernel vs explicit; vitkit takes explicit only for bf16 with gradients up to {limit} tokens")
+        print(f"\nattention in the model's layout (q/k/v views of the qkv rows, output back to token rows), by each "
+              f"path of precision.attention: fused kernel, explicit softmax(QK^T)V, and for bf16 the fused kernel "
+              f"on operands widened to fp32; vitkit's choice is precision.attention_path (explicit only for "
+              f"bf16 with gradients up to {limit} tokens on a CPU with bf16 GEMMs; widened on one without)")
         for dtype in (torch.float32, torch.bfloat16):
+            paths = [p for p in precision.ATTENTION_PATHS if p != "widened" or dtype == torch.bfloat16]
             for b, h, t, d in ATTENTION:
                 qkv = torch.randn(b * t, 3 * h * d).to(dtype).requires_grad_()
                 g = torch.randn(b * t, h * d).to(dtype)
@@ -98,24 +102,21 @@ def main() -> None:
                     def run(path, mode=mode):
                         def call():
                             with torch.inference_mode(mode == "inference"):
-                                q, k, v = split_heads(qkv, b, t, h, d)
-                                out = merge_heads(precision._explicit_attention(q, k, v, None, 0.0)
-                                                  if path == "explicit" else F.scaled_dot_product_attention(q, k, v))
+                                out = merge_heads(precision.attention(*split_heads(qkv, b, t, h, d), path=path))
                                 if mode == "train":
                                     out.backward(g)
                                     qkv.grad = None
                         return call
                     with torch.inference_mode(mode == "inference"):
-                        q, k, v = split_heads(qkv, b, t, h, d)
-                        ours = "explicit" if precision.explicit_on_cpu(q, k, v) else "fused"
-                    st = alternate({"fused": run("fused"), "explicit": run("explicit")}, args.seconds, args.repeats)
-                    other = "fused" if ours == "explicit" else "explicit"
-                    gain = st[other] / st[ours]
-                    row[mode] = {"fused_ms": 1e3 * st["fused"], "explicit_ms": 1e3 * st["explicit"], "vitkit": ours,
-                                 "ratio": gain}
-                    print(f"  {str(dtype)[6:]:8s} {mode:9s} B{b:<4d} heads {h:<3d} tokens {t:<4d} dim {d:<3d}  fused "
-                          f"{1e3 * st['fused']:8.2f}  explicit {1e3 * st['explicit']:8.2f}  vitkit: {ours:8s} "
-                          f"{gain:5.2f}x the other")
+                        ours = precision.attention_path(*split_heads(qkv, b, t, h, d))
+                    st = alternate({p: run(p) for p in paths}, args.seconds, args.repeats)
+                    best_other = min((p for p in paths if p != ours), key=st.get)
+                    gain = st[best_other] / st[ours]
+                    row[mode] = {**{f"{p}_ms": 1e3 * st[p] for p in paths}, "vitkit": ours,
+                                 "fastest": min(paths, key=st.get), "ratio": gain}
+                    times = "  ".join(f"{p} {1e3 * st[p]:8.2f}" for p in paths)
+                    print(f"  {str(dtype)[6:]:8s} {mode:9s} B{b:<4d} heads {h:<3d} tokens {t:<4d} dim {d:<3d}  "
+                          f"{times}  vitkit: {ours:8s} {gain:5.2f}x the next best")
                 res["attention"].append(row)
     if "patches" not in args.skip:
         print("\npatch embedding (fp32): convolution vs GEMM over flattened patches; vitkit takes the GEMM")

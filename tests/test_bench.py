@@ -311,14 +311,20 @@ def test_cpu_kernel_benchmark_runs_and_reports_every_shape(tmp_path):
     out = subprocess.run([sys.executable, str(script), "--threads", "1", "--seconds", "0.001", "--repeats", "1",
                           "--skip", "gemm", "chunks", "--out", str(tmp_path / "k.json")],
                          capture_output=True, text=True, check=True, timeout=300).stdout
-    lines = [x for x in out.splitlines() if "x the other" in x]
-    from vitkit.models import kernels
+    lines = [x for x in out.splitlines() if "x the other" in x or "x the next best" in x]
+    from vitkit.models import kernels, precision
     gelu = sum(kernels._onednn_ok(d) for d in (torch.float32, torch.bfloat16))  # fc1 + GELU, per dtype
     # attention: 6 shapes x fp32/bf16 x training/inference; patch embedding: 5 shapes x training/inference
     assert len(lines) == 24 + 10 + gelu and sum("vitkit: separate" in x for x in lines) == gelu
-    explicit = [x for x in lines if "vitkit: explicit" in x]  # only bf16 training up to 256 tokens
-    assert len(explicit) == 5 and all("bfloat16 train" in x for x in explicit)
-    assert sum("vitkit: fused" in x for x in lines) == 24 - 5
+    attention = [x for x in lines if "tokens" in x]
+    assert len(attention) == 24 and all(" widened " in x for x in attention if "bfloat16" in x)  # 3 paths in bf16
+    explicit = [x for x in attention if "vitkit: explicit" in x]
+    widened = [x for x in attention if "vitkit: widened" in x]
+    if precision.cpu_has_native_bf16():  # explicit only for bf16 training up to 256 tokens
+        assert len(explicit) == 5 and all("bfloat16 train" in x for x in explicit) and not widened
+    else:  # no bf16 GEMMs: bf16 attention on the fp32 units
+        assert not explicit and len(widened) == 12 and all("bfloat16" in x for x in widened)
+    assert sum("vitkit: fused" in x for x in attention) == 24 - len(explicit) - len(widened)
     assert sum("vitkit: gemm" in x for x in lines) == 2 * 5
     data = json.loads((tmp_path / "k.json").read_text())
     assert len(data["attention"]) == 12 and len(data["patches"]) == 5 and "machine" in data["machine_line"]

@@ -384,10 +384,19 @@ def test_short_sequence_attention_path_is_the_explicit_one_and_agrees(t, mask_ki
     calls = []
     real = precision._explicit_attention
     monkeypatch.setattr(precision, "_explicit_attention", lambda *a: calls.append(1) or real(*a))
-    precision.sdpa(*qkv(16))
+    monkeypatch.setattr(precision, "_NATIVE_BF16", True)  # a CPU with bf16 GEMMs
+    precision.attention(*qkv(16))
     assert not calls
-    precision.sdpa(*qkv(16, bf16))
+    precision.attention(*qkv(16, bf16))
     assert calls == [1]
+    assert precision.attention_path(*qkv(16, bf16, grad=False)) == "fused"
+    monkeypatch.setattr(precision, "_NATIVE_BF16", False)  # without: bf16 on the fp32 units, fused kernel
+    assert precision.attention_path(*qkv(16, bf16)) == precision.attention_path(*qkv(577, bf16)) == "widened"
+    assert precision.attention_path(*qkv(16)) == "fused"
+    out = precision.attention(*qkv(16, bf16))
+    assert calls == [1] and out.dtype == bf16
+    with pytest.raises(ValueError, match="attention path 'flash'"):
+        precision.attention(*qkv(16), path="flash")
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(3, 2, t, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))

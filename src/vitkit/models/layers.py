@@ -108,8 +108,9 @@ def merge_heads(out: torch.Tensor) -> torch.Tensor:
 class Attention(nn.Module):
     """Multi-head self-attention with one fused q/k/v projection.
 
-    ``need_weights=False`` uses ``F.scaled_dot_product_attention`` (fused
-    kernel; explicit for short sequences on a CPU, see :func:`precision.sdpa`);
+    ``need_weights=False`` uses :func:`precision.attention` (the fused kernel
+    ``F.scaled_dot_product_attention``, or the path measured faster on a CPU:
+    :func:`precision.attention_path`);
     ``need_weights=True`` computes softmax(QK^T/sqrt(d) + bias) V
     explicitly for this call and also returns the weights [B, heads, T, T].
     """

@@ -154,27 +154,37 @@ def _explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
 
 
 def explicit_on_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether :func:`sdpa` takes the explicit path: bf16/fp16 q/k/v on a CPU that need gradients, in
+    """Whether :func:`attention` takes the explicit path: bf16/fp16 q/k/v on a CPU that need gradients, in
     sequences of at most :data:`CPU_EXPLICIT_ATTENTION_MAX_TOKENS` tokens."""
     return (q.device.type == "cpu" and q.dtype in (BF16, torch.float16)
             and max(q.shape[-2], k.shape[-2]) <= CPU_EXPLICIT_ATTENTION_MAX_TOKENS
             and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
-         dropout_p: float = 0.0) -> torch.Tensor:
-    """``F.scaled_dot_product_attention`` (scale 1/sqrt(d)); on a CPU, short reduced-precision sequences
-    that need gradients take the explicit path, whose backward is the faster there."""
-    if explicit_on_cpu(q, k, v):
-        return _explicit_attention(q, k, v, attn_mask, dropout_p)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+ATTENTION_PATHS = ("fused", "explicit", "widened")
+
+
+def attention_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+    """The path :func:`attention` takes for these q/k/v: ``"widened"`` for bf16 on a CPU without bf16 GEMMs
+    (the fused kernel on operands widened exactly to fp32, as :func:`linear` does), ``"explicit"`` where
+    :func:`explicit_on_cpu` says so, else ``"fused"`` (``F.scaled_dot_product_attention``)."""
+    if widen_bf16(q):
+        return "widened"
+    return "explicit" if explicit_on_cpu(q, k, v) else "fused"
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
-              dropout_p: float = 0.0) -> torch.Tensor:
-    """:func:`sdpa`, widened like :func:`linear` (softmax in fp32, as bf16 kernels do)."""
-    if widen_bf16(q):
+              dropout_p: float = 0.0, path: Optional[str] = None) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(d) + mask) V by the path :func:`attention_path` chooses; ``path`` forces one of
+    :data:`ATTENTION_PATHS` (benchmarks compare them on the same operands)."""
+    path = path or attention_path(q, k, v)
+    if path == "explicit":
+        return _explicit_attention(q, k, v, attn_mask, dropout_p)
+    if path == "widened":  # softmax in fp32, as bf16 kernels do; the result rounded to bf16
         with torch.autocast("cpu", enabled=False):
             mask = None if attn_mask is None else attn_mask if attn_mask.dtype == torch.bool else attn_mask.float()
-            return sdpa(_exact(q), _exact(k), _exact(v), mask, dropout_p).to(BF16)
-    return sdpa(q, k, v, attn_mask, dropout_p)
+            return F.scaled_dot_product_attention(_exact(q), _exact(k), _exact(v), attn_mask=mask,
+                                                  dropout_p=dropout_p).to(BF16)
+    if path != "fused":
+        raise ValueError(f"attention path {path!r}: choose one of {', '.join(ATTENTION_PATHS)}")
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
