@@ -196,6 +196,84 @@ def test_parallel_jobs_match_the_sequential_runs(tmp_path, tiny_data):
     assert line.endswith("(6 runs). Not recorded for 1 run (measured before vitkit recorded it).")
 
 
+_INTERRUPTED_CHILD = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_reproduce import tiny_budget
+from vitkit.reproduce import plan, runner
+budget = tiny_budget({data!r}).with_(epochs={epochs})
+claims, arms, names = plan([1], budget)
+try:
+    runner.run_all(["vit", "pe-none"], arms, budget, {root!r}, jobs=2, log=lambda s: print(s, flush=True))
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+"""
+
+
+def _live_in_group(pgid: int) -> list:
+    """Processes of a process group that still run (zombies, which an init that does not reap leaves, aside)."""
+    from pathlib import Path
+
+    live = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            live.append(int(stat.parent.name))
+    return live
+
+
+@pytest.mark.skipif(not __import__("pathlib").Path("/proc/self/stat").is_file(), reason="needs Linux /proc")
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_parallel_runs_stop_at_once_on_ctrl_c_or_kill_and_resume(tmp_path, tiny_data, sig):
+    """--jobs 2: Ctrl-C (SIGINT to the whole process group, as a terminal sends it) or a kill of the parent
+    stops every worker within seconds, with no traceback from the workers; the runs resume afterwards."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = tmp_path / "out"
+    epochs = 40
+    code = _INTERRUPTED_CHILD.format(tests=str(Path(__file__).parent), data=str(tiny_data), epochs=epochs,
+                                     root=str(root))
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        ckpts = [runner.run_folder(root, a, 0) / "checkpoints" / "last.pt" for a in ("vit", "pe-none")]
+        deadline = time.monotonic() + 240
+        while not all(p.is_file() for p in ckpts):  # both runs are training (each has saved an epoch)
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.2)
+        if sig == "SIGINT":
+            os.killpg(child.pid, signal.SIGINT)
+        else:
+            os.kill(child.pid, signal.SIGTERM)
+        out, err = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    assert child.returncode == 130 and out.strip().endswith("interrupted"), (out, err)
+    assert "Traceback" not in err and "leaked" not in err, err
+    deadline = time.monotonic() + 10  # no worker is left training (the pool's helper exits with its pipe)
+    while _live_in_group(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _live_in_group(child.pid)
+    assert not any(runner.is_done(runner.run_folder(root, a, 0)) for a in ("vit", "pe-none"))
+    budget = tiny_budget(tiny_data).with_(epochs=epochs)
+    _, arms, _ = plan([1], budget)
+    lines = []
+    res = runner.run_all(["vit", "pe-none"], arms, budget.with_(seeds=(0,)), root, log=lines.append)
+    assert sum(": resumed" in x for x in lines) == 2
+    assert all(m[0]["test_top1"] is not None for m in res.values())
+
+
 @pytest.mark.slow
 def test_reproduce_end_to_end_tiny(tmp_path, tiny_data):
     out = tmp_path / "rep"

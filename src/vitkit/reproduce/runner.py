@@ -13,6 +13,7 @@ training images (:func:`vitkit.reproduce.budget.validation_overrides`).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import statistics
@@ -412,34 +413,79 @@ def _run_parallel(order: List[Tuple[str, int]], arms: Dict[str, Arm], budget: Bu
     pending, out = list(order), {}
     running: Dict[Any, Tuple[str, int]] = {}
     started = 0
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_worker_init, initargs=(threads,)) as pool:
-        while pending or running:
-            ready = [(n, s) for n, s in pending
-                     if not arms[n].parent or is_done(run_folder(root, arms[n].parent, s))]
-            for name, seed in ready[:max(0, jobs - len(running))]:
-                pending.remove((name, seed))
-                started += 1
-                announce(started, name, seed)
-                running[pool.submit(train_and_measure, arms[name], seed, budget, root)] = (name, seed)
-            if not running:  # cannot happen with parents listed first; guards against a silent hang
-                raise RuntimeError(f"runs waiting for parents that are not planned: {pending}")
-            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-            for fut in done:
-                name, seed = running.pop(fut)
-                result = fut.result()  # a failed run stops the call, as it does in order
-                out.setdefault(name, []).append(result)
-                finished(name, seed, result)
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_init, initargs=(threads,))
+    try:
+        with _terminate_as_interrupt():
+            while pending or running:
+                ready = [(n, s) for n, s in pending
+                         if not arms[n].parent or is_done(run_folder(root, arms[n].parent, s))]
+                for name, seed in ready[:max(0, jobs - len(running))]:
+                    pending.remove((name, seed))
+                    started += 1
+                    announce(started, name, seed)
+                    running[pool.submit(train_and_measure, arms[name], seed, budget, root)] = (name, seed)
+                if not running:  # cannot happen with parents listed first; guards against a silent hang
+                    raise RuntimeError(f"runs waiting for parents that are not planned: {pending}")
+                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for fut in done:
+                    name, seed = running.pop(fut)
+                    result = fut.result()  # a failed run stops the call, as it does in order
+                    out.setdefault(name, []).append(result)
+                    finished(name, seed, result)
+    except BaseException:
+        # Ctrl-C, a kill, or a failed run: the other runs stop now rather than train on unseen (each resumes
+        # from its last checkpoint next time), and the interrupt reaches the command line as one line
+        _stop_workers(pool)
+        raise
+    pool.shutdown()
     return out
 
 
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM (``kill``, a job scheduler's stop) handled like Ctrl-C while workers run, so that the workers
+    are stopped and the pool's resources released before the command exits."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_workers(pool) -> None:
+    """Terminate a process pool's workers at once (their runs resume from their checkpoints) and let it go."""
+    stop = getattr(pool, "terminate_workers", None)  # Python >= 3.14
+    if stop is not None:
+        stop()
+        return
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        if proc.is_alive():
+            proc.terminate()
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        proc.join(timeout=10)
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
 def _worker_init(threads: int) -> None:
-    """A worker of ``--jobs``: its share of the cores, and (Linux) it dies with the process that started it,
-    so that a killed ``vitkit reproduce`` leaves no run training behind it."""
+    """A worker of ``--jobs``: its share of the cores; Ctrl-C in the terminal reaches the whole process group,
+    and only the parent acts on it (it stops the workers); and (Linux) a worker dies with the process that
+    started it, so that a killed ``vitkit reproduce`` leaves no run training behind it."""
+    import signal
+
     torch.set_num_threads(threads)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import ctypes
-        import signal
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
