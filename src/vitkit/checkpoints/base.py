@@ -9,6 +9,7 @@ back to the same format reproduces the original tensors exactly.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -149,3 +150,11 @@ def layout_for(ckpt: Checkpoint, fmt: str) -> Dict[str, Any]:
 def heads_note(cfg: ViTConfig) -> str:
     return (f"num_heads={cfg.num_heads} assumed (the weights do not store it; standard for width {cfg.width}): "
             f"pass num_heads= if the model was trained with another head count")
+
+
+def warn_numerics(cfg, target: str, ln_eps: float, gelu: str) -> None:
+    """The tensors convert exactly, but the target library computes with its own epsilon / GELU."""
+    if cfg.ln_eps != ln_eps or cfg.gelu != gelu:
+        warnings.warn(f"{target} computes with LayerNorm eps {ln_eps} and {gelu} GELU; these weights come from "
+                      f"a model with eps {cfg.ln_eps} and {cfg.gelu} GELU, so its logits there will differ "
+                      f"slightly (the tensors themselves are copied exactly)", stacklevel=3)

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from .keymap import Mapped, signature_hits
-
-SHOW = 12
+from .keymap import show_keys, signature_hits
 
 
 def _candidates(keys: List[str]) -> Dict[str, int]:
@@ -30,26 +28,7 @@ def detect_layout(tensors: Dict[str, Any], source: str = "weights") -> str:
     if scores[best] == 0:
         raise ValueError(
             f"{source}: no known ViT layout recognised ({len(keys)} tensors, none matched the authors' .npz, "
-            f"torchvision, timm or Hugging Face key names). First keys: {_show(keys)}. Expected e.g. "
+            f"torchvision, timm or Hugging Face key names). First keys: {show_keys(keys)}. Expected e.g. "
             f"'embedding/kernel' (npz), 'conv_proj.weight' (torchvision), 'patch_embed.proj.weight' (timm) or "
             f"'vit.embeddings.patch_embeddings.projection.weight' (Hugging Face)")
     return best
-
-
-def layout_error(source: str, fmt: str, mapped: Mapped) -> ValueError:
-    parts = [f"{source}: recognised as the {fmt} layout ({len(mapped.state)} tensors mapped)"]
-    if mapped.unused:
-        parts.append(f"but {len(mapped.unused)} key(s) are not part of the paper's ViT in that layout: "
-                     f"{_show(mapped.unused)}")
-    if mapped.missing:
-        parts.append(f"{'and' if mapped.unused else 'but'} {len(mapped.missing)} expected key(s) are missing: "
-                     f"{_show(mapped.missing)}")
-    parts.append("(a different architecture, e.g. a hybrid ResNet stem, register tokens, layer scale or MAP "
-                 "pooling, or an incomplete file)")
-    return ValueError(", ".join(parts[:-1]) + " " + parts[-1])
-
-
-def _show(keys: List[str]) -> str:
-    keys = list(keys)
-    more = f" ... and {len(keys) - SHOW} more" if len(keys) > SHOW else ""
-    return ", ".join(keys[:SHOW]) + more

@@ -104,6 +104,32 @@ class Mapped:
     missing: List[str] = field(default_factory=list)  # required rules with no foreign key
 
 
+def show_keys(keys, most: int = 12) -> str:
+    """The first ``most`` keys, comma-separated, and how many more there are (for one-line errors)."""
+    keys = list(keys)
+    return ", ".join(keys[:most]) + (f" ... and {len(keys) - most} more" if len(keys) > most else "")
+
+
+def layout_error(source: str, fmt: str, mapped: Mapped) -> ValueError:
+    """The error for tensors recognised as ``fmt`` whose keys do not all map: which are foreign, which missing."""
+    parts = [f"{source}: recognised as the {fmt} layout ({len(mapped.state)} tensors mapped)"]
+    if mapped.unused:
+        parts.append(f"but {len(mapped.unused)} key(s) are not part of the paper's ViT in that layout: "
+                     f"{show_keys(mapped.unused)}")
+    if mapped.missing:
+        parts.append(f"{'and' if mapped.unused else 'but'} {len(mapped.missing)} expected key(s) are missing: "
+                     f"{show_keys(mapped.missing)}")
+    parts.append("(a different architecture, e.g. a hybrid ResNet stem, register tokens, layer scale or MAP "
+                 "pooling, or an incomplete file)")
+    return ValueError(", ".join(parts[:-1]) + " " + parts[-1])
+
+
+def check_mapped(mapped: Mapped, source: str, fmt: str) -> None:
+    """Every foreign key taken and every required key found, else :func:`layout_error`."""
+    if mapped.unused or mapped.missing:
+        raise layout_error(source, fmt, mapped)
+
+
 def count_blocks(keys, pattern: str) -> int:
     """Number of blocks, from a key pattern with ``{i}`` (``blocks.{i}.norm1.weight``)."""
     rx = re.compile("^" + re.escape(pattern).replace(r"\{i\}", r"(\d+)") + "$")

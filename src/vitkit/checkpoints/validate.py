@@ -19,6 +19,7 @@ from ..errors import CheckpointError, VitkitWarning
 from ..models import VisionTransformer
 from ..models.adapt import compare_state_dict
 from .base import Checkpoint
+from .keymap import show_keys
 
 SHOW = 6
 
@@ -35,21 +36,21 @@ def validate_checkpoint(ckpt: Checkpoint) -> Checkpoint:
     source = ckpt.source or "weights"
     expected = expected_state(ckpt.config)
     report = compare_state_dict(ckpt.state, expected)
-    problems = [f"{what} {_show(keys)}" for what, keys in (
+    problems = [f"{what} {show_keys(keys, SHOW)}" for what, keys in (
         ("wrong shape (file vs config):", report["mismatched"]), ("missing:", report["missing"]),
         ("not part of the model:", report["unexpected"])) if keys]
     wrong_dtype = [f"{k} ({_dtype(v)})" for k, v in ckpt.state.items()
                    if k in expected and expected[k].is_floating_point() and not _is_float(v)]
     if wrong_dtype:
-        problems.append(f"not floating point: {_show(wrong_dtype)}")
+        problems.append(f"not floating point: {show_keys(wrong_dtype, SHOW)}")
     if problems:
         raise CheckpointError(f"the tensors do not fit the {ckpt.format} checkpoint's own config "
                               f"({ckpt.describe()}): " + "; ".join(problems), path=source,
                               hint="the file is corrupt or was edited; get a fresh copy")
     bad = non_finite(ckpt.state)
     if bad:
-        note = (f"non-finite weights (NaN or Inf) in {len(bad)} tensor(s): {_show(bad)}; the model's outputs will "
-                f"not be meaningful (a diverged training run?)")
+        note = (f"non-finite weights (NaN or Inf) in {len(bad)} tensor(s): {show_keys(bad, SHOW)}; the model's "
+                f"outputs will not be meaningful (a diverged training run?)")
         ckpt.notes.append(note)
         warnings.warn(f"{source}: {note}", VitkitWarning, stacklevel=2)
     return ckpt
@@ -66,8 +67,3 @@ def _is_float(v) -> bool:
 
 def _dtype(v) -> str:
     return str(getattr(v, "dtype", type(v).__name__)).replace("torch.", "")
-
-
-def _show(keys: List[str]) -> str:
-    keys = list(keys)
-    return ", ".join(keys[:SHOW]) + (f" ... and {len(keys) - SHOW} more" if len(keys) > SHOW else "")

@@ -24,8 +24,7 @@ from typing import Any, Dict, List, Optional
 from ...utils import write_json_atomic
 from ..base import Checkpoint, heads_note, infer_config
 from ..files import write_safetensors
-from ..keymap import QKV_CAT, Context, Rule, count_blocks, from_vitkit, linear, rule, to_vitkit
-from .torchvision import check
+from ..keymap import QKV_CAT, Context, Rule, check_mapped, count_blocks, from_vitkit, linear, rule, to_vitkit
 
 NAME = "hf"
 E = "encoder.layer.{i}."
@@ -88,7 +87,7 @@ def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, nu
             tensors = {k: v for k, v in tensors.items() if k not in pooler}
             notes.append("DeiTModel's pooler (dense + tanh on the class token) is not part of DeiT: dropped")
     mapped = to_vitkit(tensors, table, depth, Context(1, 1))
-    check(mapped, source, NAME)
+    check_mapped(mapped, source, NAME)
     fixed: Dict[str, Any] = {"ln_eps": 1e-12, "gelu": "exact"}
     if deit:
         fixed["distill_head"] = "head_dist.weight" in mapped.state

@@ -25,10 +25,9 @@ import torch
 
 from ..base import Checkpoint, add_class_slot, drop_class_slot, infer_config, layout_for
 from ..files import write_npz
-from ..keymap import (ATTN_OUT, CONV_HWIO, DENSE, QKV_HEADS, QKV_HEADS_BIAS, Context, Mapped, Rule,
+from ..keymap import (ATTN_OUT, CONV_HWIO, DENSE, QKV_HEADS, QKV_HEADS_BIAS, Context, Mapped, Rule, check_mapped,
                       count_blocks, from_vitkit, rule, to_vitkit)
 from . import hybrid
-from .torchvision import check
 
 NAME = "npz"
 FLAVOURS = {
@@ -103,7 +102,7 @@ def read(arrays: Dict[str, Any], *, num_heads: Optional[int] = None, source: str
     depth = count_blocks(params, "Transformer/encoderblock_{i}/" + FLAVOURS[flavour][0] + "/scale")
     extra, numerics = hybrid.read_rules(params, NAME)  # a hybrid's ResNet, if any
     mapped = to_vitkit(params, rules(layout) + extra, depth, Context(width, heads or 1))
-    check(mapped, source, NAME)
+    check_mapped(mapped, source, NAME)
     state = mapped.state
     if "pos_embed" in state and state["pos_embed"].ndim == 2:
         state["pos_embed"] = state["pos_embed"][None]

@@ -15,11 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..base import Checkpoint, heads_note, add_class_slot, drop_class_slot, infer_config, layout_for
+from ..base import Checkpoint, add_class_slot, drop_class_slot, heads_note, infer_config, layout_for, warn_numerics
 from ..files import write_safetensors, write_torch
-from ..keymap import Context, Rule, count_blocks, from_vitkit, linear, rule, to_vitkit
+from ..keymap import Context, Rule, check_mapped, count_blocks, from_vitkit, linear, rule, to_vitkit
 from . import hybrid, timm_folder
-from .torchvision import check, warn_numerics
 
 NAME = "timm"
 B = "blocks.{i}."
@@ -51,7 +50,7 @@ def read(tensors: Dict[str, Any], *, num_heads: Optional[int] = None, source: st
     depth = count_blocks(tensors, DEPTH_KEY)
     extra, numerics = hybrid.read_rules(tensors, NAME)  # a hybrid's ResNet, if any
     mapped = to_vitkit(tensors, RULES + extra, depth, Context(1, 1))
-    check(mapped, source, NAME)
+    check_mapped(mapped, source, NAME)
     state = mapped.state
     slot_added = add_class_slot(state)
     cfg = infer_config(state, num_heads=num_heads, img_size=img_size, ln_eps=1e-6, gelu="exact", **numerics)

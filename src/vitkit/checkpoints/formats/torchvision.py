@@ -8,13 +8,12 @@ stored in the weights (the standard size for the width is assumed).
 """
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..base import Checkpoint, heads_note, infer_config
+from ..base import Checkpoint, heads_note, infer_config, warn_numerics
 from ..files import write_safetensors, write_torch
-from ..keymap import Context, Mapped, Rule, count_blocks, from_vitkit, linear, rule, to_vitkit
+from ..keymap import Context, Rule, check_mapped, count_blocks, from_vitkit, linear, rule, to_vitkit
 
 NAME = "torchvision"
 L = "encoder.layers.encoder_layer_{i}."
@@ -43,16 +42,10 @@ def rules(layout: Optional[Dict[str, Any]] = None) -> List[Rule]:
 def read(tensors: Dict[str, Any], *, num_heads: Optional[int] = None, source: str = "") -> Checkpoint:
     depth = count_blocks(tensors, DEPTH_KEY)
     mapped = to_vitkit(tensors, RULES, depth, Context(1, 1))
-    check(mapped, source)
+    check_mapped(mapped, source, NAME)
     cfg = infer_config(mapped.state, num_heads=num_heads, ln_eps=1e-6, gelu="exact")
     notes = [] if num_heads else [heads_note(cfg)]
     return Checkpoint(mapped.state, cfg, NAME, layout={"flavour": "torchvision"}, source=source, notes=notes)
-
-
-def check(mapped: Mapped, source: str, fmt: str = NAME) -> None:
-    if mapped.unused or mapped.missing:
-        from ..detect import layout_error
-        raise layout_error(source, fmt, mapped)
 
 
 def write(ckpt: Checkpoint, dst: Path, *, safetensors: bool = False) -> Path:
@@ -82,11 +75,3 @@ def _require(cfg) -> None:
         raise ValueError(f"torchvision's VisionTransformer needs {'; '.join(hard)}: this model cannot be "
                          f"written in its layout (use --to vitkit, or hf / timm where they fit)")
     warn_numerics(cfg, "torchvision", ln_eps=1e-6, gelu="exact")
-
-
-def warn_numerics(cfg, target: str, ln_eps: float, gelu: str) -> None:
-    """The tensors convert exactly, but the target library computes with its own epsilon / GELU."""
-    if cfg.ln_eps != ln_eps or cfg.gelu != gelu:
-        warnings.warn(f"{target} computes with LayerNorm eps {ln_eps} and {gelu} GELU; these weights come from "
-                      f"a model with eps {cfg.ln_eps} and {cfg.gelu} GELU, so its logits there will differ "
-                      f"slightly (the tensors themselves are copied exactly)", stacklevel=3)
