@@ -70,16 +70,6 @@ def kind_folder() -> Path:
     return RESULTS / machine_kind()
 
 
-def verdict(results) -> List[str]:
-    """Print and return issue 19's verdict lines for the results of this run (see verdict.py)."""
-    from verdict import check
-
-    results = results if isinstance(results, list) else [results]
-    lines = [x for x in check(results) if "not measured" not in x]
-    print("\n".join(["", "targets (issue 19):"] + ["  " + x for x in lines]))
-    return lines
-
-
 def main_guard(fn) -> None:
     try:
         fn()

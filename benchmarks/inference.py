@@ -9,7 +9,8 @@ verdict against issue 19's targets. Results under benchmarks/results/<machine ki
     .venv-peers/bin/python benchmarks/inference.py --dtype fp32 bf16 --batch 16 32
     .venv-peers/bin/python benchmarks/inference.py --dtype fp32 --batch 16 --compile on   # inductor, freezing
 """
-from _common import main_guard, options, out_folder, parser, run, verdict
+from _common import main_guard, options, out_folder, parser, run
+from verdict import verdict
 
 
 def main() -> None:

@@ -6,7 +6,8 @@ peak no higher than the best library peer's (ONNX Runtime, fp32 only, shown for 
 
     .venv-peers/bin/python benchmarks/memory.py
 """
-from _common import main_guard, options, out_folder, parser, run, verdict
+from _common import main_guard, options, out_folder, parser, run
+from verdict import verdict
 
 
 def main() -> None:

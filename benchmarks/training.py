@@ -8,7 +8,8 @@ so the ratio measures the model code. Verdict against issue 19 (>= 1.10x timm)::
 
     .venv-peers/bin/python benchmarks/training.py
 """
-from _common import main_guard, options, out_folder, parser, run, verdict
+from _common import main_guard, options, out_folder, parser, run
+from verdict import verdict
 
 SMALL = "recipe:fmnist-demo"
 

@@ -89,6 +89,14 @@ def check(results: List[dict], targets: List[Dict] = TARGETS) -> List[str]:
     return lines
 
 
+def verdict(results) -> List[str]:
+    """Print and return issue 19's verdict lines for one run's results (the benchmark scripts end with it)."""
+    results = results if isinstance(results, list) else [results]
+    lines = [x for x in check(results) if "not measured" not in x]
+    print("\n".join(["", "targets (issue 19):"] + ["  " + x for x in lines]))
+    return lines
+
+
 def main(paths: List[str]) -> None:
     from _common import kind_folder
 
