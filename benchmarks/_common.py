@@ -11,7 +11,7 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
-from typing import List, Sequence
+from typing import Sequence
 
 from vitkit.bench import BenchOptions, format_result, parse_peers, run_bench
 
