@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from vitkit.bench.machine import machine_info, machine_line
 from vitkit.models import kernels, precision
