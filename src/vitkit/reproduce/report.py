@@ -1,6 +1,8 @@
 """report.json and report.md (with one PNG per claim) from the measured runs."""
 from __future__ import annotations
 
+from collections import Counter
+
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -99,9 +101,7 @@ def compute(measures: Dict[str, List[Dict[str, Any]]], *, wall_s: float, runs: D
     counts; empty for ``--report-only``). The wall time is the whole cost only when every run was trained
     from scratch by this invocation. ``jobs``: runs trained at once (each its own process)."""
     ms = [m for v in measures.values() for m in v]
-    machines: Dict[str, int] = {}
-    for m in ms:  # runs measured before the machine was recorded count under ""
-        machines[m.get("machine") or ""] = machines.get(m.get("machine") or "", 0) + 1
+    machines = Counter(m.get("machine") or "" for m in ms)  # "": measured before the machine was recorded
     return {"runs": len(ms), "train_s_total": sum(float(m.get("train_s") or 0.0) for m in ms),
             "machines": dict(sorted(machines.items(), key=lambda kv: (-kv[1], kv[0]))),
             "wall_s": float(wall_s), "jobs": int(jobs), "this_invocation": {k: int(v) for k, v in sorted(runs.items())},
