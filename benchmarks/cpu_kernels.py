@@ -12,6 +12,10 @@ Each choice is timed both ways in the same process, alternating, median of ``--r
 - GEMM kernel of the inference products: ATen (``addmm``: MKL in fp32) vs oneDNN's linear
   (``torch.ops.mkldnn._linear_pointwise``), fp32 and bf16, at ViT-B/16's shapes (vitkit picks per machine
   by :mod:`vitkit.models.kernels`' calibration; this is the wider table behind it);
+- GEMM library of the training products (forward with bias, gradient of the input, gradient of the weight)
+  at ViT-S/16's shapes, ATen vs oneDNN's linear on the operands as autograd has them (transposed views);
+  vitkit's training path runs torch's own ``F.linear`` and its autograd formula (ATen), so these rows say
+  whether a machine would gain from routing training products elsewhere;
 - GELU after the first MLP product: vitkit's product then ``gelu_`` in place vs oneDNN's linear with GELU as
   its post-op (one pass over the hidden activations instead of two), fp32 and bf16;
 - the inference chunk size of one ViT-B/16 block at batch 64: vitkit's rule (chunks of whole images whose
@@ -43,6 +47,8 @@ PATCHES = [  # batch, channels, image size, patch, width
     (64, 1, 28, 4, 64), (128, 1, 28, 7, 128), (128, 3, 32, 4, 192), (64, 3, 64, 8, 384), (32, 3, 224, 16, 768)]
 GEMMS = [  # rows, in, out: ViT-B/16 at batch 16 (3152 tokens) - qkv, proj, fc1, fc2
     (3152, 768, 2304), (3152, 768, 768), (3152, 768, 3072), (3152, 3072, 768)]
+TRAIN_GEMMS = [  # rows, in, out: ViT-S/16 at batch 16 (3152 tokens) - qkv, proj, fc1, fc2
+    (3152, 384, 1152), (3152, 384, 384), (3152, 384, 1536), (3152, 1536, 384)]
 CHUNKS = [None, 2048, 4096, 8192, 1 << 30]  # None: vitkit's rule (INFERENCE_CHUNK_BYTES per chunk)
 
 
@@ -70,7 +76,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=0.5, help="per timing window")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/<machine kind>/cpu_kernels.json)")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["attention", "patches", "gemm", "gelu", "chunks"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["attention", "patches", "gemm", "training-gemm", "gelu", "chunks"])
     args = ap.parse_args()
     if args.out is None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -84,7 +90,7 @@ def main() -> None:
     print(line)
     print("times: median ms per call; ratio > 1: vitkit's path is faster")
     res = {"machine": info, "machine_line": line, "command": "python " + " ".join(sys.argv),
-           "attention": [], "patches": [], "gemm": [], "chunks": []}
+           "attention": [], "patches": [], "gemm": [], "training_gemm": [], "chunks": []}
     limit = precision.CPU_EXPLICIT_ATTENTION_MAX_TOKENS
     if "attention" not in args.skip:
         print(f"\nattention in the model's layout (q/k/v views of the qkv rows, output back to token rows), by each "
@@ -156,6 +162,30 @@ def main() -> None:
                 res["gemm"].append({"dtype": str(dtype), "shape": [m, k, n], "gflops": rates, "vitkit": chosen})
                 print(f"  {str(dtype)[6:]:9s} [{m}x{k}]x[{k}x{n}]  aten {rates['aten']:7.1f}  onednn "
                       f"{rates['onednn']:7.1f}  onednn/aten {rates['onednn'] / rates['aten']:5.2f}  vitkit: {chosen}")
+    if "training-gemm" not in args.skip:
+        print("\ntraining GEMMs at ViT-S/16 batch-16 shapes: ATen (vitkit's training path: F.linear and its autograd "
+              "formula) vs oneDNN's linear, GFLOP/s")
+        lp = torch.ops.mkldnn._linear_pointwise
+        for dtype in (torch.float32, torch.bfloat16):
+            if not kernels._onednn_ok(dtype):
+                print(f"  {dtype}: oneDNN's linear does not run here")
+                continue
+            for m, k, n in TRAIN_GEMMS:
+                x, w = torch.randn(m, k).to(dtype), torch.randn(n, k).to(dtype)
+                bias, g = torch.randn(n).to(dtype), torch.randn(m, n).to(dtype)
+                products = {  # y = x W^T + b; dx = g W; dW = g^T x
+                    "forward": {"aten": lambda: torch.addmm(bias, x, w.t()), "onednn": lambda: lp(x, w, bias, "none", [], "")},
+                    "grad_input": {"aten": lambda: torch.mm(g, w), "onednn": lambda: lp(g, w.t(), None, "none", [], "")},
+                    "grad_weight": {"aten": lambda: torch.mm(g.t(), x),
+                                    "onednn": lambda: lp(g.t(), x.t(), None, "none", [], "")}}
+                for product, fns in products.items():
+                    with torch.no_grad():
+                        st = alternate(fns, args.seconds, args.repeats)
+                    rates = {kern: 2 * m * k * n / s / 1e9 for kern, s in st.items()}
+                    res["training_gemm"].append({"dtype": str(dtype), "shape": [m, k, n], "product": product,
+                                                 "gflops": rates, "ratio": st["onednn"] / st["aten"], "vitkit": "aten"})
+                    print(f"  {str(dtype)[6:]:9s} [{m}x{k}]x[{k}x{n}] {product:11s}  aten {rates['aten']:7.1f}  onednn "
+                          f"{rates['onednn']:7.1f}  vitkit: aten  {st['onednn'] / st['aten']:5.2f}x the other")
     if "gelu" not in args.skip:
         print("\nfc1 + GELU at ViT-B/16 batch-16 shape: vitkit (product, then gelu_ in place) vs oneDNN post-op, ms")
         m, k, n = GEMMS[2]

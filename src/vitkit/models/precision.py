@@ -129,12 +129,13 @@ def dense_add_(out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor
 # On a CPU, torch's fused attention kernel (flash attention for CPU) takes q/k/v as the strided views of the
 # qkv projection that the model makes; the explicit steps QK^T -> softmax -> AV first copy them into
 # batched-matrix layout. Timed in that layout on a 2-core AMX Xeon (benchmarks/cpu_kernels.py, attention rows
-# in results/intel-amx/cpu_kernels_attention.json: 16-577 tokens), the fused kernel was 1.18-1.77x faster in
-# fp32 training, 1.53-2.68x in fp32 inference and 1.14-7.74x in bf16 inference; only its bf16 backward is
-# slow: the explicit path was 5.1-13.6x faster in bf16 training at 16-65 tokens and 1.7-1.9x at 197, the fused
-# kernel 1.62x faster at 577. So the explicit path serves bf16/fp16 attention that needs gradients up to
-# this many tokens (197 measured, 577 not); everything else takes the fused kernel. (An earlier rule, explicit
-# for every sequence up to 128 tokens, came from timing contiguous q/k/v, which the model never has.)
+# in benchmarks/results/intel-amx/cpu_kernels_attention.json: 16-577 tokens), the fused kernel was 1.18-1.77x
+# faster than the explicit steps in fp32 training, 1.48-2.36x in fp32 inference and 1.2-8.9x in bf16 inference;
+# only its bf16 backward is slow: the explicit path was 5.2-15.1x faster in bf16 training at 16-65 tokens and
+# 1.5-1.8x at 197, the fused kernel 1.69x faster at 577. So the explicit path serves bf16/fp16 attention that
+# needs gradients up to this many tokens (197 measured, 577 not); everything else takes the fused kernel. (An
+# earlier rule, explicit for every sequence up to 128 tokens, came from timing contiguous q/k/v, which the
+# model never has.)
 CPU_EXPLICIT_ATTENTION_MAX_TOKENS = 256
 
 
