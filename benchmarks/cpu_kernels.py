@@ -13,9 +13,10 @@ Each choice is timed both ways in the same process, alternating, median of ``--r
   (``torch.ops.mkldnn._linear_pointwise``), fp32 and bf16, at ViT-B/16's shapes (vitkit picks per machine
   by :mod:`vitkit.models.kernels`' calibration; this is the wider table behind it);
 - GEMM library of the training products (forward with bias, gradient of the input, gradient of the weight)
-  at ViT-S/16's shapes, ATen vs oneDNN's linear on the operands as autograd has them (transposed views);
-  vitkit's training path runs torch's own ``F.linear`` and its autograd formula (ATen), so these rows say
-  whether a machine would gain from routing training products elsewhere;
+  at ViT-S/16's shapes, ATen vs oneDNN's linear on the operands as autograd has them (transposed views),
+  and where oneDNN wins a product, the dense layer's forward + backward with each product on its winner
+  (``kernels.ChosenLinear``) against ``F.linear``'s: what vitkit's training calibration decides on
+  (:func:`vitkit.models.kernels.training_kernels`, at a ViT-B/16 MLP shape);
 - GELU after the first MLP product: vitkit's product then ``gelu_`` in place vs oneDNN's linear with GELU as
   its post-op (one pass over the hidden activations instead of two), fp32 and bf16;
 - the inference chunk size of one ViT-B/16 block at batch 64: vitkit's rule (chunks of whole images whose
@@ -36,6 +37,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from vitkit.bench.machine import machine_info, machine_line
 from vitkit.models import kernels, precision
@@ -90,7 +92,7 @@ def main() -> None:
     print(line)
     print("times: median ms per call; ratio > 1: vitkit's path is faster")
     res = {"machine": info, "machine_line": line, "command": "python " + " ".join(sys.argv),
-           "attention": [], "patches": [], "gemm": [], "training_gemm": [], "chunks": []}
+           "attention": [], "patches": [], "gemm": [], "training_gemm": [], "training_layer": [], "chunks": []}
     limit = precision.CPU_EXPLICIT_ATTENTION_MAX_TOKENS
     if "attention" not in args.skip:
         print(f"\nattention in the model's layout (q/k/v views of the qkv rows, output back to token rows), by each "
@@ -178,14 +180,31 @@ def main() -> None:
                     "grad_input": {"aten": lambda: torch.mm(g, w), "onednn": lambda: lp(g, w.t(), None, "none", [], "")},
                     "grad_weight": {"aten": lambda: torch.mm(g.t(), x),
                                     "onednn": lambda: lp(g.t(), x.t(), None, "none", [], "")}}
+                winners = []
                 for product, fns in products.items():
                     with torch.no_grad():
                         st = alternate(fns, args.seconds, args.repeats)
                     rates = {kern: 2 * m * k * n / s / 1e9 for kern, s in st.items()}
+                    winners.append("onednn" if st["onednn"] < st["aten"] else "aten")
                     res["training_gemm"].append({"dtype": str(dtype), "shape": [m, k, n], "product": product,
-                                                 "gflops": rates, "ratio": st["onednn"] / st["aten"], "vitkit": "aten"})
+                                                 "gflops": rates, "ratio": st["onednn"] / st["aten"]})
                     print(f"  {str(dtype)[6:]:9s} [{m}x{k}]x[{k}x{n}] {product:11s}  aten {rates['aten']:7.1f}  onednn "
-                          f"{rates['onednn']:7.1f}  vitkit: aten  {st['onednn'] / st['aten']:5.2f}x the other")
+                          f"{rates['onednn']:7.1f}  oneDNN {st['aten'] / st['onednn']:5.2f}x ATen's speed")
+                if "onednn" in winners:  # the layer (forward + backward) with each product on its winner
+                    chosen = tuple(winners)
+
+                    def layer(f, x=x, w=w, bias=bias, g=g):
+                        xr, wr, br = (t.detach().requires_grad_() for t in (x, w, bias))
+                        f(xr, wr, br).backward(g)
+                    fns = {"F.linear": lambda: layer(F.linear),
+                           "winners": lambda: layer(lambda *t: kernels.ChosenLinear.apply(*t, chosen))}
+                    st = alternate(fns, args.seconds, args.repeats)
+                    res["training_layer"].append({"dtype": str(dtype), "shape": [m, k, n], "winners": list(chosen),
+                                                  "f_linear_ms": 1e3 * st["F.linear"], "winners_ms": 1e3 * st["winners"],
+                                                  "speedup": st["F.linear"] / st["winners"]})
+                    print(f"  {str(dtype)[6:]:9s} [{m}x{k}]x[{k}x{n}] layer fwd+bwd  F.linear "
+                          f"{1e3 * st['F.linear']:7.2f} ms  products on {'/'.join(chosen)} {1e3 * st['winners']:7.2f} ms"
+                          f"  {st['F.linear'] / st['winners']:5.2f}x F.linear's speed")
     if "gelu" not in args.skip:
         print("\nfc1 + GELU at ViT-B/16 batch-16 shape: vitkit (product, then gelu_ in place) vs oneDNN post-op, ms")
         m, k, n = GEMMS[2]

@@ -190,6 +190,66 @@ def test_both_gemm_kernels_compute_the_same_products(dtype):
             assert rel_err(kernels._gemm(kern, x, w, None), ref - b.double()) < tol
             acc = kernels._gemm_into(kern, out0.clone(), x, w)
             assert rel_err(acc, out0.double() + ref - b.double()) < tol
+            assert rel_err(kernels._grad_input(kern, out0, w), out0.double() @ w.double()) < tol  # g W
+            assert rel_err(kernels._grad_weight(kern, out0, x), out0.double().t() @ x.double()) < tol  # g^T x
+
+
+CHOICES = [("onednn", "onednn", "onednn"), ("aten", "onednn", "aten"), ("onednn", "aten", "onednn")]
+
+
+@pytest.mark.parametrize("chosen", CHOICES, ids="-".join)
+@pytest.mark.parametrize("case", ["fp32", "bf16 autocast", "bf16 tensors"])
+def test_training_products_on_the_chosen_kernels_equal_f_linear(chosen, case, monkeypatch):
+    dtype = torch.float32 if case == "fp32" else torch.bfloat16
+    if not kernels._onednn_ok(dtype) or (dtype == torch.bfloat16 and not precision.cpu_has_native_bf16()):
+        pytest.skip(f"oneDNN's linear does not run {dtype} natively on this CPU")
+    monkeypatch.setattr(precision, "training_kernels", lambda dt, device: chosen)
+    g = torch.Generator().manual_seed(0)
+    x0, w0, b0 = (torch.randn(*s, generator=g) for s in ((2, 3, 5, 24), (40, 24), (40,)))
+    up = torch.randn(2, 3, 5, 40, generator=g)  # the gradient arriving from above
+    tensors = (x0, w0, b0) if case != "bf16 tensors" else (x0.bfloat16(), w0.bfloat16(), b0.bfloat16())
+
+    def step(fn, with_bias=True):
+        x, w, b = (t.clone().requires_grad_() for t in tensors)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "bf16 autocast"):
+            y = fn(x, w, b if with_bias else None)
+        (y.float() * up).sum().backward()
+        return y, x.grad, w.grad, b.grad
+
+    tol = 1e-5 if case == "fp32" else 2e-2
+    for with_bias in (True, False):
+        got, ref = step(precision.linear, with_bias), step(torch.nn.functional.linear, with_bias)
+        assert got[0].dtype == ref[0].dtype and got[0].shape == ref[0].shape == (2, 3, 5, 40)
+        assert "ChosenLinear" in type(got[0].grad_fn).__name__
+        for a, r in zip(got, ref):
+            if r is None:
+                assert a is None
+            else:
+                assert a.dtype == r.dtype and rel_err(a, r) < tol
+    # without autograd, and where every product is ATen, a dense layer is plain F.linear
+    with torch.no_grad():
+        assert rel_err(precision.linear(*tensors), torch.nn.functional.linear(*tensors)) < 1e-6
+    monkeypatch.setattr(precision, "training_kernels", lambda dt, device: None)
+    x = tensors[0].clone().requires_grad_()
+    assert "Chosen" not in type(precision.linear(x, tensors[1], tensors[2]).grad_fn).__name__
+
+
+def test_model_training_step_with_onednn_products_equals_the_aten_step(tiny_cfg, monkeypatch):
+    if not kernels._onednn_ok(torch.float32):
+        pytest.skip("no oneDNN linear")
+    base = noisy(VisionTransformer(tiny_cfg), std=0.1).train()
+    x, y = torch.randn(3, 3, 32, 32), torch.tensor([0, 1, 2])
+
+    def step(chosen):
+        monkeypatch.setattr(precision, "training_kernels", lambda dt, device: chosen)
+        model = copy.deepcopy(base)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+    (l1, g1), (l2, g2) = step(("onednn",) * 3), step(None)
+    assert abs(l1.item() - l2.item()) < 1e-5 and g1.keys() == g2.keys()
+    assert all(rel_err(g1[n], g2[n]) < 1e-4 for n in g2 if g2[n] is not None and g2[n].abs().max() > 0)
 
 
 def test_calibration_chooses_onednn_only_beyond_the_noise_and_caches_per_machine(tmp_path, monkeypatch):
@@ -197,12 +257,14 @@ def test_calibration_chooses_onednn_only_beyond_the_noise_and_caches_per_machine
     monkeypatch.setattr(kernels, "_CHOICE", {})
     monkeypatch.setattr(kernels, "_onednn_ok", lambda dtype: True)
     monkeypatch.setattr(kernels, "busy", lambda: False)
-    ratio = {"linear": 1.05, "accumulate": 0.5}
+    ratio = {"linear": 1.05, "accumulate": 0.5, "grad_input": 1.02, "grad_weight": 0.7,
+             "training onednn/aten/aten": 1.04, "training onednn/aten/onednn": 1.25}
     monkeypatch.setattr(kernels, "measure", lambda dtype, op, rounds=7: {"aten_s": ratio[op], "onednn_s": 1.0,
                                                                          "ratio": ratio[op]})
     cpu, f32 = torch.device("cpu"), torch.float32
     assert kernels.gemm_kernel(f32, cpu, "linear") == "aten"  # a 5% win is within the noise
     assert kernels.gemm_kernel(f32, cpu, "accumulate") == "aten"
+    assert kernels.training_kernels(f32, cpu) is None  # all three training products on ATen: F.linear
     entry = json.loads(kernels.cache_path().read_text())[kernels.cache_key(f32, "linear")]
     assert entry["kernel"] == "aten" and entry["min_gain"] == kernels.MIN_GAIN
     ratio["linear"] = 1.6
@@ -217,6 +279,15 @@ def test_calibration_chooses_onednn_only_beyond_the_noise_and_caches_per_machine
     key = kernels.cache_key(f32, "linear")
     assert "threads" in key and "torch" in key and key != kernels.cache_key(f32, "accumulate")
     assert kernels.summary(f32)["linear"]["kernel"] == "onednn"
+    assert set(kernels.summary(f32)) == set(kernels.OPS) | {"training"}
+    # training: the products' winners, if a dense layer's forward + backward with them beats F.linear's
+    # (oneDNN's forward product won by 1.6x, but the layer with it only by 1.04x: F.linear)
+    assert kernels.training_kernels(f32, cpu) is None and kernels.summary(f32)["training"]["kernel"] == "aten"
+    ratio["grad_weight"] = 1.3
+    kernels.calibrate(f32, "grad_weight")
+    assert kernels.training_kernels(f32, cpu) == ("onednn", "aten", "onednn")  # each product on its winner
+    assert kernels.summary(f32)["training"]["kernel"] == "onednn/aten/onednn"
+    assert kernels.training_kernels(f32, torch.device("meta")) is None
     # measured while other work loaded the CPU: used by this process, never cached for the next ones
     monkeypatch.setattr(kernels, "busy", lambda: True)
     ratio["linear"] = 0.5
@@ -228,11 +299,12 @@ def test_calibration_chooses_onednn_only_beyond_the_noise_and_caches_per_machine
 def test_measure_times_both_kernels():
     if not kernels._onednn_ok(torch.float32):
         pytest.skip("no oneDNN linear")
-    for op in kernels.OPS:
+    for op in kernels.OPS + ("training onednn/aten/onednn",):
         r = kernels.measure(torch.float32, op, rounds=1, shape=(32, 16, 24))
         assert r["aten_s"] > 0 and r["onednn_s"] > 0 and r["ratio"] > 0
-    with pytest.raises(ValueError, match="operation"):
-        kernels.measure(torch.float32, "conv")
+    for bad in ("conv", "training onednn/aten", "training mkl/aten/aten"):
+        with pytest.raises(ValueError, match="operation"):
+            kernels.measure(torch.float32, bad)
 
 
 @pytest.mark.parametrize("kern", kernels.KERNELS)

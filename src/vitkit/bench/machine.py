@@ -122,6 +122,7 @@ def machine_line(info: Optional[Dict[str, Any]] = None, device: str = "cpu") -> 
     paths = i.get("paths") or {}
     if paths:
         gemm = "; ".join(f"{dt} GEMMs linear={v['linear']} accumulate={v['accumulate']}"
+                         + (f" training={v['training']}" if "training" in v else "")
                          for dt, v in paths.items() if isinstance(v, dict))
         parts.append(f"path: {paths['bf16']}" + (f"; {gemm}" if gemm else ""))
     if i.get("gpu"):

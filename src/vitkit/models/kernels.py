@@ -10,10 +10,23 @@ up to 6% faster in fp32; in bf16 on that Xeon oneDNN's linear with a bias was 1.
 (benchmarks/cpu_kernels.py, docs/performance.md). So vitkit measures instead of guessing, separately for
 the two operations the model uses:
 
-- ``linear``: y = x W^T + b (qkv, fc1, the patch embedding);
-- ``accumulate``: out += x W^T (the output projection and fc2, adding into the residual stream).
+- ``linear``: y = x W^T + b (qkv, fc1, the patch embedding; in training every dense layer's forward);
+- ``accumulate``: out += x W^T (the output projection and fc2, adding into the residual stream);
 
-The first inference GEMM of an operation and dtype on a CPU times both kernels on a ViT-B/16 MLP-shaped
+and for the two products of a training step's backward pass (:func:`vitkit.models.precision.linear`):
+
+- ``grad_input``: dx = g W (the gradient flowing to the layer's input);
+- ``grad_weight``: dW = g^T x (the weight's gradient, a reduction over all rows of the batch).
+
+In training, a dense layer runs torch's own ``F.linear`` (and its autograd formula, all ATen) unless the
+calibration found oneDNN clearly faster for one of ``linear``, ``grad_input`` or ``grad_weight`` in that
+dtype *and* a dense layer's forward + backward with each product on its winner (:class:`ChosenLinear`)
+then beats ``F.linear``'s by :data:`MIN_GAIN` at the same shape (operation ``training`` + the winners, e.g.
+``training onednn/aten/aten``): a faster product alone does not make a faster layer (on the 2-core Xeon in
+bf16, at ViT-S/16's shapes, oneDNN's forward product ran at 1.02-1.29x ATen's speed, the layer with it at
+0.99-1.05x; benchmarks/cpu_kernels.py, training rows).
+
+The first GEMM of an operation and dtype on a CPU times both kernels on a ViT-B/16 MLP-shaped
 product ([2048 x 768] @ [768 x 3072]) in alternating rounds (about a second), and takes oneDNN only when
 it is faster in the median of the paired per-round ratios by at least :data:`MIN_GAIN`; otherwise the
 simpler ATen call. The verdict is cached in ``~/.cache/vitkit/gemm-kernels.json`` (``$XDG_CACHE_HOME``
@@ -36,12 +49,14 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 
 KERNELS = ("aten", "onednn")
-OPS = ("linear", "accumulate")
+OPS = ("linear", "accumulate", "grad_input", "grad_weight")
+TRAINING_OPS = ("linear", "grad_input", "grad_weight")  # forward, dx, dW of a dense layer in training
 MIN_GAIN = 1.10  # oneDNN must be >= 10% faster in the median paired round to be chosen
 SHAPE = (2048, 768, 3072)  # rows, in, out: the MLP of ViT-B/16, one inference chunk
 _CHOICE: Dict[tuple, str] = {}
@@ -110,7 +125,8 @@ def _write_cache(key: str, entry: dict) -> None:
 def measure(dtype: torch.dtype, op: str = "linear", rounds: int = 7, shape=SHAPE) -> dict:
     """Time both kernels for ``op`` on ``shape``, alternating the order each round; returns per-kernel
     median seconds and the median paired ratio aten / onednn (> 1: oneDNN faster)."""
-    if op not in OPS:
+    training = _training_products(op)
+    if op not in OPS and training is None:
         raise ValueError(f"unknown GEMM operation {op!r}: use one of {', '.join(OPS)}")
     m, k, n = shape
     g = torch.Generator().manual_seed(0)
@@ -118,22 +134,33 @@ def measure(dtype: torch.dtype, op: str = "linear", rounds: int = 7, shape=SHAPE
     w = torch.randn(n, k, generator=g).mul_(k ** -0.5).to(dtype)
     b = torch.randn(n, generator=g).to(dtype)
     out = torch.zeros(m, n, dtype=dtype)
+    grad = torch.randn(m, n, generator=g).to(dtype)
     if op == "linear":
         fns = {kern: (lambda kern=kern: _gemm(kern, x, w, b)) for kern in KERNELS}
-    else:
+    elif op == "accumulate":
         fns = {kern: (lambda kern=kern: _gemm_into(kern, out, x, w)) for kern in KERNELS}
-    times = _paired_rounds(fns, rounds)
+    elif op == "grad_input":
+        fns = {kern: (lambda kern=kern: _grad_input(kern, grad, w)) for kern in KERNELS}
+    elif op == "grad_weight":
+        fns = {kern: (lambda kern=kern: _grad_weight(kern, grad, x)) for kern in KERNELS}
+    else:  # a dense layer's forward + backward: F.linear's autograd ("aten") vs the chosen products ("onednn")
+        def layer(kern):
+            xr, wr, br = (t.detach().requires_grad_() for t in (x, w, b))
+            y = F.linear(xr, wr, br) if kern == "aten" else ChosenLinear.apply(xr, wr, br, training)
+            y.backward(grad)
+        fns = {kern: (lambda kern=kern: layer(kern)) for kern in KERNELS}
+    times = _paired_rounds(fns, rounds, autograd=training is not None)
     ratios = [a / o for a, o in zip(times["aten"], times["onednn"])]
     return {"aten_s": statistics.median(times["aten"]), "onednn_s": statistics.median(times["onednn"]),
             "ratio": statistics.median(ratios), "rounds": rounds, "shape": list(shape)}
 
 
-def _paired_rounds(fns: dict, rounds: int) -> Dict[str, list]:
+def _paired_rounds(fns: dict, rounds: int, autograd: bool = False) -> Dict[str, list]:
     """Seconds per call of each function, one call each per round, the order reversed every other round
-    (after one untimed call each), under ``inference_mode``."""
+    (after one untimed call each), under ``inference_mode`` (with autograd on where ``autograd``)."""
     names = list(fns)
     times: Dict[str, list] = {n: [] for n in names}
-    with torch.inference_mode():
+    with torch.enable_grad() if autograd else torch.inference_mode():
         for n in names:
             fns[n]()
         for r in range(rounds):
@@ -175,8 +202,8 @@ def calibrate(dtype: torch.dtype, op: str = "linear", rounds: int = 7) -> str:
 
 
 def gemm_kernel(dtype: torch.dtype, device: torch.device, op: str = "linear") -> str:
-    """The kernel for the inference GEMM ``op`` in ``dtype`` on ``device``: ``aten`` everywhere except on
-    a CPU where the cached (or, the first time, a fresh) measurement found oneDNN's linear clearly faster."""
+    """The kernel for the GEMM ``op`` in ``dtype`` on ``device``: ``aten`` everywhere except on a CPU where
+    the cached (or, the first time, a fresh) measurement found oneDNN's linear clearly faster."""
     if device.type != "cpu" or not _onednn_ok(dtype) or torch.compiler.is_compiling():
         return "aten"  # CUDA: cuBLAS via aten; compiled: inductor picks its own kernels
     key = (dtype, op, torch.get_num_threads())
@@ -188,6 +215,29 @@ def gemm_kernel(dtype: torch.dtype, device: torch.device, op: str = "linear") ->
     return choice
 
 
+def training_kernels(dtype: torch.dtype, device: torch.device) -> Optional[Tuple[str, str, str]]:
+    """The kernels of a training step's dense-layer products (forward, grad_input, grad_weight) in ``dtype``
+    on ``device``, or None where all three are ATen (the layer then runs ``F.linear``)."""
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16) or not _onednn_ok(dtype) \
+            or torch.compiler.is_compiling():
+        return None
+    chosen = tuple(gemm_kernel(dtype, device, op) for op in TRAINING_OPS)
+    if all(k == "aten" for k in chosen):
+        return None
+    return chosen if gemm_kernel(dtype, device, _training_op(chosen)) == "onednn" else None  # type: ignore
+
+
+def _training_op(chosen) -> str:
+    return "training " + "/".join(chosen)
+
+
+def _training_products(op: str) -> Optional[Tuple[str, ...]]:
+    """The winners named by a ``training a/b/c`` operation, or None for any other name."""
+    name, _, products = op.partition(" ")
+    chosen = tuple(products.split("/"))
+    return chosen if name == "training" and len(chosen) == 3 and set(chosen) <= set(KERNELS) else None
+
+
 def summary(dtype: torch.dtype, device: str = "cpu") -> dict:
     """The kernel in use for each operation in ``dtype`` and the measurement behind it (for reports)."""
     dev = torch.device(device)
@@ -196,6 +246,8 @@ def summary(dtype: torch.dtype, device: str = "cpu") -> dict:
         kern = gemm_kernel(dtype, dev, op)
         entry = _read_cache().get(cache_key(dtype, op)) if dev.type == "cpu" else None
         out[op] = {"kernel": kern, "aten_over_onednn": None if not entry else round(entry["ratio"], 3)}
+    chosen = training_kernels(dtype, dev)
+    out["training"] = {"kernel": "aten" if chosen is None else "/".join(chosen), "aten_over_onednn": None}
     return out
 
 
@@ -287,6 +339,47 @@ def _gemm_into(kernel: str, out: torch.Tensor, x: torch.Tensor, w: torch.Tensor)
     if kernel == "onednn":
         return out.add_(torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""))
     return out.addmm_(x, w.t())
+
+
+def _grad_input(kernel: str, g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """dx = g W for g [M, N], W [N, K] (oneDNN's linear takes W^T as its weight, a view)."""
+    if kernel == "onednn":
+        return torch.ops.mkldnn._linear_pointwise(g, w.t(), None, "none", [], "")
+    return torch.mm(g, w)
+
+
+def _grad_weight(kernel: str, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """dW = g^T x for g [M, N], x [M, K]: the reduction over the M rows."""
+    if kernel == "onednn":
+        return torch.ops.mkldnn._linear_pointwise(g.t(), x.t(), None, "none", [], "")
+    return torch.mm(g.t(), x)
+
+
+class ChosenLinear(torch.autograd.Function):
+    """y = x W^T + b with each of the three products (forward, dx = g W, dW = g^T x) on the kernel named in
+    ``chosen`` (see :func:`training_kernels`): ``F.linear``'s autograd formulas, so the same numbers up to
+    summation order. x, W and b in one dtype (cast before, under autocast)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, chosen):
+        rows = x.reshape(-1, x.shape[-1])
+        y = _gemm(chosen[0], rows, weight, bias)
+        ctx.save_for_backward(rows, weight)
+        ctx.chosen, ctx.x_shape, ctx.has_bias = chosen, x.shape, bias is not None
+        return y.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows, weight = ctx.saved_tensors
+        g = grad.reshape(-1, grad.shape[-1])
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = _grad_input(ctx.chosen[1], g, weight).view(ctx.x_shape)
+        if ctx.needs_input_grad[1]:
+            gw = _grad_weight(ctx.chosen[2], g, rows)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g.sum(0)
+        return gx, gw, gb, None
 
 
 def gemm(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels import gemm, gemm_into
+from .kernels import ChosenLinear, gemm, gemm_into, training_kernels
 
 BF16 = torch.bfloat16
 
@@ -47,19 +47,20 @@ def _autocast_on(device_type: str) -> bool:
         return device_type == "cpu" and torch.is_autocast_cpu_enabled()
 
 
+def _product_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a dense layer multiplies in: the CPU autocast dtype inside an autocast region, else x's."""
+    if x.is_floating_point() and _autocast_on(x.device.type):
+        return torch.get_autocast_dtype(x.device.type) if hasattr(torch, "get_autocast_dtype") \
+            else torch.get_autocast_cpu_dtype()
+    return x.dtype
+
+
 def widen_bf16(x: torch.Tensor) -> bool:
     """True for bf16 work on a CPU without native bf16 GEMMs: inside a CPU bf16 autocast region, or on
     bf16 tensors (a model converted with ``.to(torch.bfloat16)``)."""
     if x.device.type != "cpu" or not x.is_floating_point():
         return False
-    if x.dtype != BF16:
-        if not _autocast_on("cpu"):
-            return False
-        dtype = torch.get_autocast_dtype("cpu") if hasattr(torch, "get_autocast_dtype") \
-            else torch.get_autocast_cpu_dtype()
-        if dtype != BF16:
-            return False
-    return not cpu_has_native_bf16()
+    return (x.dtype == BF16 or _product_dtype(x) == BF16) and not cpu_has_native_bf16()
 
 
 def _exact(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -97,9 +98,19 @@ class _WidenedLinear(torch.autograd.Function):
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` (the training path), widened to the fp32 units for bf16 work on a CPU
-    without native bf16 GEMMs."""
+    without native bf16 GEMMs, and with its products on oneDNN where the calibration found that clearly
+    faster on this CPU (:func:`kernels.training_kernels`; nowhere on the 2-core Xeon in fp32)."""
     if widen_bf16(x):
         return _WidenedLinear.apply(x, weight, bias)
+    if x.device.type == "cpu" and torch.is_grad_enabled() and (
+            x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+        dtype = _product_dtype(x)
+        chosen = training_kernels(dtype, x.device)
+        if chosen is not None:
+            x, weight = x.to(dtype), weight.to(dtype)  # autocast's casts, recorded for the backward pass
+            bias = None if bias is None else bias.to(dtype)
+            with torch.autocast("cpu", enabled=False):
+                return ChosenLinear.apply(x, weight, bias, chosen)
     return F.linear(x, weight, bias)
 
 
