@@ -179,6 +179,8 @@ def _remember(key: str, process_key: tuple, result: dict, choice: str) -> str:
                            "load": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
     _CHOICE[process_key] = choice
+    for key in [k for k in _CHOICE if k[0] == "training"]:  # decided on the products' former choices
+        del _CHOICE[key]
     return choice
 
 
@@ -218,13 +220,14 @@ def gemm_kernel(dtype: torch.dtype, device: torch.device, op: str = "linear") ->
 def training_kernels(dtype: torch.dtype, device: torch.device) -> Optional[Tuple[str, str, str]]:
     """The kernels of a training step's dense-layer products (forward, grad_input, grad_weight) in ``dtype``
     on ``device``, or None where all three are ATen (the layer then runs ``F.linear``)."""
-    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16) or not _onednn_ok(dtype) \
-            or torch.compiler.is_compiling():
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16) or torch.compiler.is_compiling():
         return None
-    chosen = tuple(gemm_kernel(dtype, device, op) for op in TRAINING_OPS)
-    if all(k == "aten" for k in chosen):
-        return None
-    return chosen if gemm_kernel(dtype, device, _training_op(chosen)) == "onednn" else None  # type: ignore
+    key = ("training", dtype, torch.get_num_threads())  # called for every dense layer: decided once
+    if key not in _CHOICE:
+        chosen = tuple(gemm_kernel(dtype, device, op) for op in TRAINING_OPS) if _onednn_ok(dtype) else ()
+        faster = "onednn" in chosen and gemm_kernel(dtype, device, _training_op(chosen)) == "onednn"
+        _CHOICE[key] = chosen if faster else None
+    return _CHOICE[key]
 
 
 def _training_op(chosen) -> str:
