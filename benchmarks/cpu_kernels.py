@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from vitkit.bench.machine import machine_info, machine_line
 from vitkit.models import kernels, precision
@@ -167,7 +166,6 @@ def main() -> None:
     if "training-gemm" not in args.skip:
         print("\ntraining GEMMs at ViT-S/16 batch-16 shapes: ATen (vitkit's training path: F.linear and its autograd "
               "formula) vs oneDNN's linear, GFLOP/s")
-        lp = torch.ops.mkldnn._linear_pointwise
         for dtype in (torch.float32, torch.bfloat16):
             if not kernels._onednn_ok(dtype):
                 print(f"  {dtype}: oneDNN's linear does not run here")
@@ -175,11 +173,11 @@ def main() -> None:
             for m, k, n in TRAIN_GEMMS:
                 x, w = torch.randn(m, k).to(dtype), torch.randn(n, k).to(dtype)
                 bias, g = torch.randn(n).to(dtype), torch.randn(m, n).to(dtype)
-                products = {  # y = x W^T + b; dx = g W; dW = g^T x
-                    "forward": {"aten": lambda: torch.addmm(bias, x, w.t()), "onednn": lambda: lp(x, w, bias, "none", [], "")},
-                    "grad_input": {"aten": lambda: torch.mm(g, w), "onednn": lambda: lp(g, w.t(), None, "none", [], "")},
-                    "grad_weight": {"aten": lambda: torch.mm(g.t(), x),
-                                    "onednn": lambda: lp(g.t(), x.t(), None, "none", [], "")}}
+                products = {  # y = x W^T + b; dx = g W; dW = g^T x, by the model's own kernel calls
+                    "forward": {kern: (lambda kern=kern: kernels._gemm(kern, x, w, bias)) for kern in kernels.KERNELS},
+                    "grad_input": {kern: (lambda kern=kern: kernels._grad_input(kern, g, w)) for kern in kernels.KERNELS},
+                    "grad_weight": {kern: (lambda kern=kern: kernels._grad_weight(kern, g, x))
+                                    for kern in kernels.KERNELS}}
                 winners = []
                 for product, fns in products.items():
                     with torch.no_grad():
@@ -192,12 +190,8 @@ def main() -> None:
                           f"{rates['onednn']:7.1f}  oneDNN {st['aten'] / st['onednn']:5.2f}x ATen's speed")
                 if "onednn" in winners:  # the layer (forward + backward) with each product on its winner
                     chosen = tuple(winners)
-
-                    def layer(f, x=x, w=w, bias=bias, g=g):
-                        xr, wr, br = (t.detach().requires_grad_() for t in (x, w, bias))
-                        f(xr, wr, br).backward(g)
-                    fns = {"F.linear": lambda: layer(F.linear),
-                           "winners": lambda: layer(lambda *t: kernels.ChosenLinear.apply(*t, chosen))}
+                    fns = {"F.linear": lambda: kernels.layer_step(None, x, w, bias, g),
+                           "winners": lambda: kernels.layer_step(chosen, x, w, bias, g)}
                     st = alternate(fns, args.seconds, args.repeats)
                     res["training_layer"].append({"dtype": str(dtype), "shape": [m, k, n], "winners": list(chosen),
                                                   "f_linear_ms": 1e3 * st["F.linear"], "winners_ms": 1e3 * st["winners"],

@@ -144,11 +144,8 @@ def measure(dtype: torch.dtype, op: str = "linear", rounds: int = 7, shape=SHAPE
     elif op == "grad_weight":
         fns = {kern: (lambda kern=kern: _grad_weight(kern, grad, x)) for kern in KERNELS}
     else:  # a dense layer's forward + backward: F.linear's autograd ("aten") vs the chosen products ("onednn")
-        def layer(kern):
-            xr, wr, br = (t.detach().requires_grad_() for t in (x, w, b))
-            y = F.linear(xr, wr, br) if kern == "aten" else ChosenLinear.apply(xr, wr, br, training)
-            y.backward(grad)
-        fns = {kern: (lambda kern=kern: layer(kern)) for kern in KERNELS}
+        fns = {kern: (lambda kern=kern: layer_step(None if kern == "aten" else training, x, w, b, grad))
+               for kern in KERNELS}
     times = _paired_rounds(fns, rounds, autograd=training is not None)
     ratios = [a / o for a, o in zip(times["aten"], times["onednn"])]
     return {"aten_s": statistics.median(times["aten"]), "onednn_s": statistics.median(times["onednn"]),
@@ -356,6 +353,16 @@ def _grad_weight(kernel: str, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     if kernel == "onednn":
         return torch.ops.mkldnn._linear_pointwise(g.t(), x.t(), None, "none", [], "")
     return torch.mm(g.t(), x)
+
+
+def layer_step(chosen: Optional[Tuple[str, ...]], x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
+               grad: torch.Tensor) -> None:
+    """One dense layer's forward + backward on fresh leaves: ``F.linear`` (chosen None) or :class:`ChosenLinear`
+    with the products on ``chosen`` (what the ``training`` calibration and benchmarks/cpu_kernels.py time)."""
+    xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
+    br = None if b is None else b.detach().requires_grad_()
+    y = F.linear(xr, wr, br) if chosen is None else ChosenLinear.apply(xr, wr, br, chosen)
+    y.backward(grad)
 
 
 class ChosenLinear(torch.autograd.Function):
