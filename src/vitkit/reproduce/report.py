@@ -164,10 +164,13 @@ def figure(rec: Dict[str, Any], path: Path) -> Optional[Path]:
                 ax.scatter([layer + 0.15 * i] * len(heads), heads, s=12, color=f"C{i}",
                            label=row["label"] if layer == 0 else None)
             if row.get("uniform_distance"):
-                ax.axhline(row["uniform_distance"], color=f"C{i}", ls=":", lw=0.8)
+                ax.axhline(row["uniform_distance"], color=f"C{i}", ls=":", lw=0.8,
+                           label=f"{row['label']}: uniform attention")
         if not drew:
             return None
-        ax.set(xlabel="layer", ylabel="mean attention distance (pixels)")
+        depth = max(len(row.get("distance") or []) for row in rec["arms"])
+        ax.set_xticks(range(depth))
+        ax.set(xlabel="layer (one dot per head)", ylabel="mean attention distance (pixels)")
         ax.legend(fontsize=7)
     elif kind == "lines":
         groups: Dict[str, List[Dict[str, Any]]] = {}
@@ -222,7 +225,7 @@ def _num(v: Optional[float], metric: str) -> str:
 
 def markdown(report: Dict[str, Any], figures: Dict[int, str]) -> str:
     lines = ["# vitkit reproduce: the paper's claims at laptop scale", "",
-             f"Command: `{report['command']}`  ", f"Machine: {report['machine']}  ",
+             f"Command: `{report['command']}`  ", f"{report['machine'][0].upper()}{report['machine'][1:]}  ",
              f"Budget: **{report['budget']}**: {report['budget_note']}.  ",
              _compute_line(report.get("compute")), "",
              f"Data: {report['data']}. The validation split ({report['validation']}) chooses everything that is "
