@@ -22,6 +22,22 @@ def test_summary_and_contrast_pool_the_seed_variances():
     assert one["estimate"] == pytest.approx(0.095) and one["se"] is None
 
 
+def test_paired_contrast_cancels_what_drifts_between_rounds():
+    """Side-by-side timing: the machine slows down round by round, a stays 5% faster than b in every round.
+    Unpaired, the drift swamps the difference; paired by round, it is clear."""
+    a = [1050.0, 1000.0, 950.0, 900.0, 1060.0]
+    b = [1000.0, 952.0, 905.0, 857.0, 1010.0]
+    vals, w = {"a": a, "b": b}, [("a", 1.0), ("b", -1.0)]
+    unpaired, paired = stats.contrast(w, vals), stats.contrast(w, vals, paired=True)
+    assert paired["estimate"] == pytest.approx(unpaired["estimate"]) == pytest.approx(47.2)
+    diffs = [x - y for x, y in zip(a, b)]
+    assert paired["se"] == pytest.approx(stats.summary(diffs)["se"]) and paired["n_min"] == 5
+    assert stats.verdict(unpaired["estimate"], unpaired["se"]) == "inconclusive"
+    assert stats.verdict(paired["estimate"], paired["se"]) == "supports"
+    with pytest.raises(ValueError, match="one value per round"):
+        stats.contrast(w, {"a": a, "b": b[:3]}, paired=True)
+
+
 @pytest.mark.parametrize("est,se,expect,want", [
     (0.05, 0.01, ">", "supports"),       # 5 SE in the expected direction
     (0.015, 0.01, ">", "inconclusive"),  # 1.5 SE
@@ -308,6 +324,9 @@ def test_reproduce_end_to_end_tiny(tmp_path, tiny_data):
     assert speed["vit"]["mean"] > speed["vit-deep"]["mean"]
     assert c7["tests"][1]["metric"] == "paired_img_per_s" and c7["tests"][1]["estimate"] == pytest.approx(
         speed["vit-deep"]["mean"] - speed["axial"]["mean"])
+    rounds = {r["arm"]: r["rounds"] for r in c7["arms"]}  # paired by round: SE of the per-round differences
+    assert c7["tests"][1]["se"] == pytest.approx(
+        stats.summary([d - a for d, a in zip(rounds["vit-deep"], rounds["axial"])])["se"])
     assert "side by side" in md
     assert "training images / s" not in md  # the logs' speeds (any thread count, any day) stay out of the tables
     # claim 2's selection ran on validation numbers
@@ -320,8 +339,10 @@ def test_reproduce_end_to_end_tiny(tmp_path, tiny_data):
     assert init.config.img_size == (28, 28) and pre.config.img_size == (20, 20)
     assert torch.equal(init.blocks[0].mlp.fc1.weight, pre.blocks[0].mlp.fc1.weight)
     assert init.pos_embed.shape[1] == 49
-    # a second call trains nothing: every run is reused, and the report is the same
+    # a second call trains nothing: every run is reused, and the report is the same, also after the folder
+    # moved (the fine-tunes' recipes name their parents' folders by the old path)
     lines = []
+    out = out.rename(tmp_path / "moved")
     rep2 = reproduce(out, ids, budget, command="test", log=lines.append)
     assert not any("training" in line or "resumed" in line for line in lines)
     assert [c["verdict"] for c in rep2["claims"]] == [c["verdict"] for c in rep["claims"]]

@@ -59,6 +59,8 @@ def build(claims: Sequence[Claim], arms: Dict[str, Arm], measures: Dict[str, Lis
                 row["params"], row["macs"] = ms[0]["params"], ms[0]["macs"]
             for metric in SHOWN + (c.metric,):
                 row[metric] = stats.summary(speeds.get(name, []) if metric == SPEED else [m.get(metric) for m in ms])
+            if name in speeds and any(t.metric == SPEED for t in c.tests):
+                row["rounds"] = list(speeds[name])  # the side-by-side timing, one rate per round
             if c.figure == "distance":
                 row["distance"] = _mean_matrix([m.get("distance") for m in ms])
                 row["uniform_distance"] = ms[0].get("uniform_distance") if ms else None
@@ -72,7 +74,8 @@ def build(claims: Sequence[Claim], arms: Dict[str, Arm], measures: Dict[str, Lis
                 rec["tests"].append({"text": t.text, "error": str(err), "verdict": "inconclusive"})
                 verdicts.append("inconclusive")
                 continue
-            cst = stats.contrast(weights, metric_vals)
+            paired = t.metric == SPEED and all(len(metric_vals.get(n, [])) for n, _ in weights)
+            cst = stats.contrast(weights, metric_vals, paired=paired)
             margin = stats.MARGIN if t.metric in PERCENT else float("inf")
             v = stats.verdict(cst["estimate"], cst["se"], t.expect, t.ref, margin)
             rec["tests"].append({"text": t.text, "metric": t.metric, "expect": t.expect, "ref": t.ref,
@@ -213,6 +216,8 @@ def _fmt(s: Dict[str, Any], metric: str) -> str:
     if metric in PERCENT:
         txt = f"{100 * s['mean']:.2f}"
         return txt + (f" ± {100 * s['std']:.2f}" if s.get("std") is not None else "")
+    if metric == SPEED:  # images per second: whole numbers
+        return f"{s['mean']:,.0f}" + (f" ± {s['std']:,.0f}" if s.get("std") is not None else "")
     txt = f"{s['mean']:.3g}"
     return txt + (f" ± {s['std']:.2g}" if s.get("std") is not None else "")
 
@@ -220,6 +225,8 @@ def _fmt(s: Dict[str, Any], metric: str) -> str:
 def _num(v: Optional[float], metric: str) -> str:
     if v is None:
         return "-"
+    if metric == SPEED:
+        return f"{v:+,.1f}"
     return f"{100 * v:+.2f} pt" if metric in PERCENT else f"{v:+.3g}"
 
 

@@ -157,12 +157,25 @@ def run_arm(arm: Arm, seed: int, budget: Budget, root: PathLike, *, progress: bo
 def _check_same_recipe(out: Path, recipe) -> None:
     import yaml
 
+    from ..errors import ConfigError
+
     saved, now = yaml.safe_load((out / "recipe.yaml").read_text()), yaml.safe_load(recipe.to_yaml())
     for d in (saved, now):  # the MPP trainer records its head-less model (num_classes 0) itself
         d["model"].pop("num_classes", None)
+    # a fine-tune starts from a run of the same OUT folder: the same run whatever OUT is called now (moved,
+    # reached through a link, given relative or absolute)
+    root = out.parent.parent.parent
+    init_saved, init_now = (d.get("init") or {} for d in (saved, now))
+    if init_saved.get("checkpoint") and init_now.get("checkpoint"):
+        try:
+            tail = Path(init_now["checkpoint"]).relative_to(root).parts
+        except ValueError:
+            tail = None
+        if tail and Path(init_saved["checkpoint"]).parts[-len(tail):] == tail:
+            init_saved["checkpoint"] = init_now["checkpoint"]
     if saved != now:
-        raise ValueError(f"{out} holds a run of another configuration (a different budget or vitkit version?): "
-                         f"give another --out, or delete that folder to run it again")
+        raise ConfigError(f"{out} holds a run of another configuration (a different budget or vitkit version?): "
+                          f"give another --out, or delete that folder to run it again")
 
 
 def _prepare(arm: Arm, seed: int, root: Path, recipe) -> None:

@@ -11,6 +11,9 @@ SE = sqrt(sum_i w_i^2 * s_i^2 / n_i). With K = 2:
   |C - ref| > margin, otherwise **inconclusive**;
 * fewer than 2 seeds in any arm: no standard error, **inconclusive**.
 
+Speeds timed side by side (one value per round and arm, the arms alternated within each round) are paired:
+the contrast is taken per round and SE is the standard error of its mean over the rounds.
+
 A claim supports when every comparison supports, contradicts when any contradicts, and is inconclusive
 otherwise. Claim 10 is a Spearman rank correlation rho over models (the seed means): supports when rho > 0
 with p < 0.05, contradicts when rho < 0 with p < 0.05, otherwise inconclusive.
@@ -33,7 +36,8 @@ RULE = (f"A comparison is a contrast of arm means over seeds (a difference, or a
         f"SE and {100 * MARGIN:g} point; anything else, or a single seed, is inconclusive. A claim supports when "
         f"all its comparisons do, contradicts when any does, and is otherwise inconclusive. Claim 10: Spearman "
         f"rho over the models, supports when rho > 0 with p < {P_LEVEL}, contradicts when rho < 0 with "
-        f"p < {P_LEVEL}.")
+        f"p < {P_LEVEL}. Speeds timed side by side are paired by round: their SE is that of the mean per-round "
+        f"contrast.")
 
 
 def summary(values: Sequence[float]) -> Dict[str, Optional[float]]:
@@ -47,9 +51,19 @@ def summary(values: Sequence[float]) -> Dict[str, Optional[float]]:
     return {"mean": mean, "std": std, "n": n, "se": std / math.sqrt(n) if std is not None else None}
 
 
-def contrast(weights: Sequence[Tuple[str, float]], values: Dict[str, Sequence[float]]
+def contrast(weights: Sequence[Tuple[str, float]], values: Dict[str, Sequence[float]], *, paired: bool = False
              ) -> Dict[str, Optional[float]]:
-    """Estimate and pooled standard error of sum_i w_i * mean(values[arm_i])."""
+    """Estimate and pooled standard error of sum_i w_i * mean(values[arm_i]). ``paired``: the j-th values of
+    the arms were measured together (one round of side-by-side timing), so the standard error is that of the
+    mean of the per-round contrasts sum_i w_i * values[arm_i][j], from which what drifts between rounds
+    (the machine's load, its clock) cancels."""
+    if paired:
+        cols = [[v for v in values.get(arm, [])] for arm, _ in weights]
+        n = min((len(c) for c in cols), default=0)
+        if not n or len({len(c) for c in cols}) != 1 or any(v is None for c in cols for v in c):
+            raise ValueError("paired values need one value per round for every arm")
+        s = summary([sum(w * c[j] for (_, w), c in zip(weights, cols)) for j in range(n)])
+        return {"estimate": s["mean"], "se": s["se"], "n_min": n}
     est, var, n_min = 0.0, 0.0, None
     for arm, w in weights:
         s = summary(values.get(arm, []))
