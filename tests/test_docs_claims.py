@@ -97,3 +97,24 @@ def test_hybrid_cost_table_is_what_the_cost_model_computes():
         c = cost(config_from_name(name))
         assert (params, gmacs, resnet) == (f"{c.params:,}", f"{c.macs / 1e9:.2f}",
                                            f"{c.macs_breakdown['backbone'] / 1e9:.2f}"), name
+
+
+def test_committed_reproduction_report_is_its_json():
+    """docs/reproduction/report.md is what `vitkit reproduce` renders from the report.json beside it, and every
+    figure it shows is there: no number in it was typed by hand."""
+    from vitkit.reproduce.report import markdown
+
+    folder = ROOT / "docs" / "reproduction"
+    report = json.loads((folder / "report.json").read_text())
+    figures = {rec["id"]: rec["figure_file"] for rec in report["claims"] if rec.get("figure_file")}
+    assert (folder / "report.md").read_text() == markdown(report, figures)
+    from vitkit.reproduce import get_budget, plan
+
+    full = get_budget("full")
+    _, _, names = plan(None, full)
+    assert report["budget"] == "full" and report["seeds"] == list(full.seeds)
+    assert report["compute"]["runs"] == len(names) * len(full.seeds), "commit a report on every run of the full budget"
+    assert len(report["claims"]) == 10 and all(c["verdict"] in ("supports", "contradicts", "inconclusive")
+                                               for c in report["claims"])
+    for name in figures.values():
+        assert (folder / name).is_file(), name
