@@ -130,7 +130,7 @@ def run_arm(arm: Arm, seed: int, budget: Budget, root: PathLike, *, progress: bo
     out = run_folder(root, arm.name, seed)
     recipe = load_recipe(arm.recipe, recipe_overrides(arm, seed, budget, root))
     if is_done(out):
-        _check_same_recipe(out, recipe)
+        _check_same_recipe(out, recipe, root)
         return json.loads((out / "results.json").read_text())
     # one process per run folder: a second invocation (or a worker left over from a killed one) stops here
     with exclusive(out.parent / f"{out.name}.lock", wait=False,
@@ -141,7 +141,7 @@ def run_arm(arm: Arm, seed: int, budget: Budget, root: PathLike, *, progress: bo
             _prepare(arm, seed, root, recipe)
         resume = (out / "checkpoints" / "last.pt").is_file()
         if resume:
-            _check_same_recipe(out, recipe)
+            _check_same_recipe(out, recipe, root)
         if arm.kind == "mpp":
             from ..train.mpp import MPPTrainer as trainer_class
         else:
@@ -154,7 +154,7 @@ def run_arm(arm: Arm, seed: int, budget: Budget, root: PathLike, *, progress: bo
             D.teardown()
 
 
-def _check_same_recipe(out: Path, recipe) -> None:
+def _check_same_recipe(out: Path, recipe, root: Path) -> None:
     import yaml
 
     from ..errors import ConfigError
@@ -162,9 +162,8 @@ def _check_same_recipe(out: Path, recipe) -> None:
     saved, now = yaml.safe_load((out / "recipe.yaml").read_text()), yaml.safe_load(recipe.to_yaml())
     for d in (saved, now):  # the MPP trainer records its head-less model (num_classes 0) itself
         d["model"].pop("num_classes", None)
-    # a fine-tune starts from a run of the same OUT folder: the same run whatever OUT is called now (moved,
-    # reached through a link, given relative or absolute)
-    root = out.parent.parent.parent
+    # a fine-tune starts from a run of the same OUT folder (root): the same run whatever OUT is called now
+    # (moved, reached through a link, given relative or absolute)
     init_saved, init_now = (d.get("init") or {} for d in (saved, now))
     if init_saved.get("checkpoint") and init_now.get("checkpoint"):
         try:

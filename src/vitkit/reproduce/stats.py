@@ -58,12 +58,13 @@ def contrast(weights: Sequence[Tuple[str, float]], values: Dict[str, Sequence[fl
     mean of the per-round contrasts sum_i w_i * values[arm_i][j], from which what drifts between rounds
     (the machine's load, its clock) cancels."""
     if paired:
-        cols = [[v for v in values.get(arm, [])] for arm, _ in weights]
-        n = min((len(c) for c in cols), default=0)
-        if not n or len({len(c) for c in cols}) != 1 or any(v is None for c in cols for v in c):
+        cols = [list(values.get(arm, [])) for arm, _ in weights]
+        if not all(cols):  # an arm not timed: nothing to compare, as below
+            return {"estimate": None, "se": None, "n_min": 0}
+        if len({len(c) for c in cols}) != 1 or any(v is None for c in cols for v in c):
             raise ValueError("paired values need one value per round for every arm")
-        s = summary([sum(w * c[j] for (_, w), c in zip(weights, cols)) for j in range(n)])
-        return {"estimate": s["mean"], "se": s["se"], "n_min": n}
+        s = summary([sum(w * v for (_, w), v in zip(weights, rnd)) for rnd in zip(*cols)])
+        return {"estimate": s["mean"], "se": s["se"], "n_min": s["n"]}
     est, var, n_min = 0.0, 0.0, None
     for arm, w in weights:
         s = summary(values.get(arm, []))
