@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..config import SIZES, ViTConfig
+from ..models.adapt import fold_class_slots
 
 Tensor = torch.Tensor
 
@@ -55,7 +56,8 @@ def square_grid(n: int) -> Optional[int]:
     return side if side * side == n and n > 0 else None
 
 
-PREFIX_KEYS = ("cls_token", "dist_token")  # the tokens before the patches, in order
+PREFIX_KEYS = ("cls_token", "dist_token")
+LAYER_SCALE_INIT = 1e-5  # LayerScale's initial value where weights carry a scale (timm's and DINOv2's default)  # the tokens before the patches, in order
 
 
 def add_class_slot(state: Dict[str, Tensor]) -> bool:
@@ -76,17 +78,9 @@ def add_class_slot(state: Dict[str, Tensor]) -> bool:
 def drop_class_slot(state: Dict[str, Tensor]) -> Dict[str, Tensor]:
     """The inverse of :func:`add_class_slot` for writing: each slot's value is folded into its token (the
     sum is what the model adds), so the function computed is unchanged."""
-    out = dict(state)
-    pe = out.get("pos_embed")
-    if pe is None or out.get("cls_token") is None:
-        return out
-    keys = [k for k in PREFIX_KEYS if k in out]
-    for j, key in enumerate(keys):
-        slot = pe[:, j:j + 1]
-        if bool(slot.any()):
-            out[key] = out[key] + slot
-    out["pos_embed"] = pe[:, len(keys):].contiguous()
-    return out
+    if state.get("pos_embed") is None or state.get("cls_token") is None:
+        return dict(state)
+    return fold_class_slots(state, sum(k in state for k in PREFIX_KEYS))
 
 
 def infer_config(state: Dict[str, Tensor], *, num_heads: Optional[int] = None, img_size=None,
@@ -115,8 +109,16 @@ def infer_config(state: Dict[str, Tensor], *, num_heads: Optional[int] = None, i
         num_heads=num_heads or guess_num_heads(width), class_token=class_token, distill_token=distill_token,
         # a distilled model with a class head but no distillation head reads out the class token only
         distill_head=not distill_token or "head_dist.weight" in state or "head.weight" not in state,
-        pool="token" if class_token else "gap",
-        qkv_bias="blocks.0.attn.qkv.bias" in state)
+        pool="token" if class_token else "map" if "attn_pool.latent" in state else "gap",
+        qkv_bias="blocks.0.attn.qkv.bias" in state, patch_bias="patch_embed.proj.bias" in state,
+        norm_pre="norm_pre.weight" in state,
+        final_norm="tokens" if "norm.weight" in state else "pooled" if "fc_norm.weight" in state else "none")
+    if "reg_token" in state:
+        fields["reg_tokens"] = int(state["reg_token"].shape[1])
+    if "blocks.0.ls1.gamma" in state:  # LayerScale: the weights do not say its initial value; timm's default
+        fields["layer_scale"] = LAYER_SCALE_INIT
+    if "attn_pool.latent" in state and class_token:
+        fields["pool"] = "map"
     from .formats.hybrid import backbone_fields
     hybrid = backbone_fields(state)  # a hybrid's ResNet: stages, width, input channels
     fields.update(hybrid)

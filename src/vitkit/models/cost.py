@@ -40,13 +40,14 @@ def param_count(cfg: ViTConfig) -> int:
     d, m, c, r = cfg.width, cfg.mlp_dim, cfg.num_classes, cfg.representation_size
     gh, gw = cfg.grid_size
     ph, pw = cfg.patch_size
-    n = cfg.in_chans * ph * pw * d + d  # patch embedding (conv kernel + bias)
+    bias = d if cfg.patch_bias else 0
+    n = cfg.in_chans * ph * pw * d + bias  # patch embedding (conv kernel + bias)
     if cfg.backbone:  # hybrid: the ResNet, then the projection of its feature-map patches
         rc = resnet_cost(cfg.in_chans, cfg.backbone_layers, cfg.backbone_width, cfg.img_size)
-        n = rc["params"] + rc["out_chans"] * ph * pw * d + d
-    n += d * cfg.num_prefix_tokens  # class (and distillation) token
+        n = rc["params"] + rc["out_chans"] * ph * pw * d + bias
+    n += d * cfg.num_prefix_tokens  # class (and distillation) token, register tokens
     if cfg.posemb == "learn":
-        n += cfg.num_posemb_tables * cfg.seq_len * d
+        n += cfg.num_posemb_tables * cfg.posemb_len * d  # registers have no slot
     elif cfg.posemb == "learn2d":
         n += cfg.num_posemb_tables * (gh + gw) * (d // 2)
     elif cfg.posemb == "relative":
@@ -55,8 +56,13 @@ def param_count(cfg: ViTConfig) -> int:
     block = 4 * d  # two LayerNorms
     block += 3 * d * d + (3 * d if cfg.qkv_bias else 0) + d * d + d  # qkv + out projection
     block += d * m + m + m * d + d  # MLP
+    if cfg.layer_scale is not None:
+        block += 2 * d  # LayerScale on both residual branches
     per_layer = 2 if cfg.attention == "axial" else 1  # axial: a row block and a column block per layer
-    n += cfg.depth * per_layer * block + 2 * d  # blocks + final LayerNorm
+    n += cfg.depth * per_layer * block
+    n += 2 * d * (int(cfg.final_norm != "none") + int(cfg.norm_pre))  # final LayerNorm, CLIP's ln_pre
+    if cfg.pool == "map":  # query, q / kv / output projections, LayerNorm, MLP
+        n += d + (d * d + d) + (2 * d * d + 2 * d) + (d * d + d) + 2 * d + (d * m + m + m * d + d)
     if r:
         n += d * r + r
     if c:
@@ -93,6 +99,7 @@ def cost(cfg: ViTConfig, img_size: Union[None, int, Sequence[int]] = None) -> Co
         "attn_values": L * t * span * d,  # AV over all heads
         "attn_proj": dense * L * t * d * d,
         "mlp": dense * L * 2 * t * d * m,
+        **({"attn_pool": 2 * d * d + n * 2 * d * d + 2 * n * d + 2 * d * m} if cfg.pool == "map" else {}),
         "head": ((d * cfg.representation_size) if cfg.representation_size else 0)
         + (cfg.representation_size or d) * cfg.num_classes * (2 if cfg.distill_token and cfg.distill_head else 1),
     }

@@ -61,11 +61,11 @@ class PatchEmbed(nn.Module):
     training, benchmarks/cpu_kernels.py), so there is one path.
     """
 
-    def __init__(self, patch_size: Tuple[int, int], in_chans: int, width: int, pad: bool = False):
+    def __init__(self, patch_size: Tuple[int, int], in_chans: int, width: int, pad: bool = False, bias: bool = True):
         super().__init__()
         self.patch_size = tuple(patch_size)
         self.pad = pad
-        self.proj = nn.Conv2d(in_chans, width, kernel_size=self.patch_size, stride=self.patch_size)
+        self.proj = nn.Conv2d(in_chans, width, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pad:
@@ -150,19 +150,45 @@ class Attention(nn.Module):
         return self.proj_drop(_apply(out, self.proj)).view(b, t, d), weights
 
 
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x): OpenAI CLIP's approximation of GELU (its checkpoints were trained with it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
 class Mlp(nn.Module):
-    """The MLP of Eq. 3: Linear -> GELU -> Linear, dropout after each dense layer."""
+    """The MLP of Eq. 3: Linear -> GELU -> Linear, dropout after each dense layer. ``gelu``: exact (erf),
+    tanh (its tanh approximation) or quick (QuickGELU)."""
 
     def __init__(self, width: int, hidden: int, gelu: str = "exact", drop: float = 0.0):
         super().__init__()
         self.fc1 = nn.Linear(width, hidden)
-        self.act = nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
+        self.act = QuickGELU() if gelu == "quick" else nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
         self.fc2 = nn.Linear(hidden, width)
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.drop(self.act(_apply(x, self.fc1)))
         return self.drop(_apply(h, self.fc2))
+
+    def act_(self, h: torch.Tensor) -> torch.Tensor:
+        """The activation in place (inference: no autograd)."""
+        if isinstance(self.act, QuickGELU):
+            return h.mul_(torch.sigmoid(1.702 * h))
+        return torch.ops.aten.gelu_(h, approximate=self.act.approximate)
+
+
+class LayerScale(nn.Module):
+    """A learned per-channel scale of a residual branch (Touvron et al. 2021; DeiT III, DINOv2)."""
+
+    def __init__(self, width: int, init: float):
+        super().__init__()
+        self.init = float(init)
+        self.gamma = nn.Parameter(torch.full((width,), self.init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
 
 
 def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
@@ -192,21 +218,29 @@ class Block(nn.Module):
 
     def __init__(self, width: int, num_heads: int, mlp_dim: int, *, qkv_bias: bool = True,
                  dropout: float = 0.0, attn_dropout: float = 0.0, drop_path: float = 0.0,
-                 ln_eps: float = 1e-6, gelu: str = "exact"):
+                 ln_eps: float = 1e-6, gelu: str = "exact", layer_scale: Optional[float] = None):
         super().__init__()
         self.norm1 = nn.LayerNorm(width, eps=ln_eps)
         self.attn = Attention(width, num_heads, qkv_bias, attn_dropout, dropout)
         self.norm2 = nn.LayerNorm(width, eps=ln_eps)
         self.mlp = Mlp(width, mlp_dim, gelu, dropout)
         self.drop_path = drop_path
+        # LayerScale on both residual branches (DeiT III, DINOv2); None: the paper's block
+        self.ls1 = LayerScale(width, layer_scale) if layer_scale is not None else None
+        self.ls2 = LayerScale(width, layer_scale) if layer_scale is not None else None
 
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
                 need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         if not need_weights and fast_inference(self):
             return self.forward_inference(x, bias), None
         y, weights = self.attn(self.norm1(x), bias, need_weights)
+        if self.ls1 is not None:
+            y = self.ls1(y)
         x = x + drop_path(y, self.drop_path, self.training)
-        x = x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training)
+        y = self.mlp(self.norm2(x))
+        if self.ls2 is not None:
+            y = self.ls2(y)
+        x = x + drop_path(y, self.drop_path, self.training)
         return x, weights
 
     def forward_inference(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -231,12 +265,43 @@ class Block(nn.Module):
                 res.copy_(src)
             heads, _ = self.attn.mix(dense(y, *qkv), n, t, bias)
             del y
-            dense_add_(res, heads, proj[0], None, proj[2])
+            if self.ls1 is not None:  # res = src + gamma * (heads W^T + b): no add inside the GEMM
+                res.copy_(src).addcmul_(dense(heads, *proj), self.ls1.gamma)
+            else:
+                dense_add_(res, heads, proj[0], None, proj[2])
             del heads
             h = dense(F.layer_norm(res, (d,), self.norm2.weight, self.norm2.bias, self.norm2.eps), *fc1)
-            h = torch.ops.aten.gelu_(h, approximate=self.mlp.act.approximate)
-            dense_add_(res, h, *fc2)
+            h = self.mlp.act_(h)
+            if self.ls2 is not None:
+                res.addcmul_(dense(h, *fc2), self.ls2.gamma)
+            else:
+                dense_add_(res, h, *fc2)
         return out.view(b, t, d)
+
+
+class AttentionPool(nn.Module):
+    """Multihead attention pooling (MAP; SigLIP's head): one learned query attends over the tokens, then
+    an LN + MLP residual: z = MHA(q, x, x) W_o; out = z + MLP(LN(z)). Tokens [B, N, D] -> [B, D]."""
+
+    def __init__(self, width: int, num_heads: int, mlp_dim: int, *, ln_eps: float = 1e-6, gelu: str = "exact"):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = width // num_heads
+        self.latent = nn.Parameter(torch.zeros(1, 1, width))
+        self.q = nn.Linear(width, width)
+        self.kv = nn.Linear(width, 2 * width)
+        self.proj = nn.Linear(width, width)
+        self.norm = nn.LayerNorm(width, eps=ln_eps)
+        self.mlp = Mlp(width, mlp_dim, gelu)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        h, dh = self.num_heads, self.head_dim
+        q = _apply(self.latent.expand(b, -1, -1).to(x.dtype), self.q).view(b, 1, h, dh).transpose(1, 2)
+        k, v = (t.transpose(1, 2) for t in _apply(x, self.kv).view(b, n, 2, h, dh).unbind(2))
+        z = _apply(attention(q, k, v).transpose(1, 2).reshape(b, 1, d), self.proj)
+        z = z + self.mlp(self.norm(z))
+        return z[:, 0]
 
 
 def lecun_normal_(t: torch.Tensor) -> torch.Tensor:

@@ -23,18 +23,27 @@ from . import hybrid, timm_folder
 NAME = "timm"
 B = "blocks.{i}."
 RULES: List[Rule] = [
-    *linear("patch_embed.proj", "patch_embed.proj"),
+    rule("patch_embed.proj.weight", "patch_embed.proj.weight"),
+    rule("patch_embed.proj.bias", "patch_embed.proj.bias", optional=True),  # OpenAI CLIP has none
     rule("cls_token", "cls_token", optional=True),
     rule("dist_token", "dist_token", optional=True),  # VisionTransformerDistilled (DeiT)
+    rule("reg_token", "reg_token", optional=True),  # register tokens (DINOv2 with registers)
     rule("pos_embed", "pos_embed", optional=True),
+    *linear("norm_pre", "norm_pre", optional=True),  # CLIP's ln_pre
     *linear("blocks.{i}.norm1", B + "norm1"),
     rule("blocks.{i}.attn.qkv.weight", B + "attn.qkv.weight"),
     rule("blocks.{i}.attn.qkv.bias", B + "attn.qkv.bias", optional=True),
     *linear("blocks.{i}.attn.proj", B + "attn.proj"),
+    rule("blocks.{i}.ls1.gamma", B + "ls1.gamma", optional=True),  # LayerScale (DeiT III, DINOv2)
     *linear("blocks.{i}.norm2", B + "norm2"),
     *linear("blocks.{i}.mlp.fc1", B + "mlp.fc1"),
     *linear("blocks.{i}.mlp.fc2", B + "mlp.fc2"),
-    *linear("norm", "norm"),
+    rule("blocks.{i}.ls2.gamma", B + "ls2.gamma", optional=True),
+    *linear("norm", "norm", optional=True),
+    *linear("fc_norm", "fc_norm", optional=True),  # the final norm after pooling
+    rule("attn_pool.latent", "attn_pool.latent", optional=True),  # MAP head (SigLIP)
+    *(r for name in ("q", "kv", "proj", "norm", "mlp.fc1", "mlp.fc2")
+      for r in linear(f"attn_pool.{name}", f"attn_pool.{name}", optional=True)),
     *linear("pre_logits.fc", "pre_logits.fc", optional=True),
     *linear("head", "head", optional=True),
     *linear("head_dist", "head_dist", optional=True),
