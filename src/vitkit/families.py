@@ -72,11 +72,6 @@ _LOWER = {k.lower(): k for k in FAMILIES}
 
 
 def family_fields(name: str):
-    """(canonical name, config fields) of a descendant's name (case-insensitive, ``hf-hub:`` / ``timm/``
-    prefixes and timm's ``.tag`` suffix allowed), or None."""
-    s = name.strip()
-    for prefix in ("hf-hub:", "timm/"):
-        if s.lower().startswith(prefix):
-            s = s[len(prefix):]
-    key = _LOWER.get(s.lower()) or _LOWER.get(s.split(".", 1)[0].lower())
+    """(canonical name, config fields) of a descendant's name (case-insensitive), or None."""
+    key = _LOWER.get(name.strip().lower())
     return (key, dict(FAMILIES[key])) if key else None

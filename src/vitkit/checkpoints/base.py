@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -31,6 +31,9 @@ class Checkpoint:
     layout: Dict[str, Any] = field(default_factory=dict)
     source: Optional[str] = None
     notes: List[str] = field(default_factory=list)
+    # config fields the source does not store, which the reader assumed (e.g. a timm state dict's GELU and
+    # LayerNorm epsilon, a head count): a model name asked for with the weights supplies them
+    assumed: Tuple[str, ...] = ()
 
     def describe(self) -> str:
         c = self.config

@@ -114,13 +114,13 @@ def layout_error(source: str, fmt: str, mapped: Mapped) -> ValueError:
     """The error for tensors recognised as ``fmt`` whose keys do not all map: which are foreign, which missing."""
     parts = [f"{source}: recognised as the {fmt} layout ({len(mapped.state)} tensors mapped)"]
     if mapped.unused:
-        parts.append(f"but {len(mapped.unused)} key(s) are not part of the paper's ViT in that layout: "
+        parts.append(f"but {len(mapped.unused)} key(s) are not part of vitkit's ViT in that layout: "
                      f"{show_keys(mapped.unused)}")
     if mapped.missing:
         parts.append(f"{'and' if mapped.unused else 'but'} {len(mapped.missing)} expected key(s) are missing: "
                      f"{show_keys(mapped.missing)}")
-    parts.append("(a different architecture, e.g. a hybrid ResNet stem, register tokens, layer scale or MAP "
-                 "pooling, or an incomplete file)")
+    parts.append("(a different architecture, e.g. QK normalisation, a SwiGLU MLP or a text tower, or an "
+                 "incomplete file)")
     return ValueError(", ".join(parts[:-1]) + " " + parts[-1])
 
 

@@ -147,7 +147,7 @@ def load_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike]
                  representation_size: Any = _KEEP, head: str = "auto", resize: Optional[str] = None,
                  num_heads: Optional[int] = None, strict: bool = True, return_state: bool = False,
                  cache_dir: Optional[PathLike] = None, check_hash: bool = False, offline: Optional[bool] = None,
-                 progress: bool = True, **overrides: Any):
+                 progress: bool = True, model_name: Optional[str] = None, **overrides: Any):
     """Load weights from a path (any format), a known name, a Hub id or a URL, adapted to the model you want.
 
     - ``name_or_path``: see :func:`vitkit.checkpoints.sources.resolve_weights`; what is not on disk
@@ -164,6 +164,10 @@ def load_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike]
     - ``model``: load into this existing model (its config is the target).
     - other keyword arguments override config fields (``drop_path=0.1``, ...).
     - ``strict``: missing, unexpected or mis-shaped keys raise, listed by name.
+    - ``model_name``: the model the weights are for (``vit_base_patch16_clip_quickgelu_224``, a timm or
+      Hub name): its config supplies what the keys cannot say (GELU flavour, LayerNorm epsilon, heads,
+      position-table resize); a part the weights and the name disagree on raises, naming both
+      (:mod:`vitkit.checkpoints.named`).
 
     Returns the model in eval mode, its :class:`~vitkit.models.meta.ModelMeta` (``model.meta``: labels,
     preprocessing for its resolution, format, source, notes) filled; with ``return_state=True`` returns
@@ -171,6 +175,9 @@ def load_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike]
     """
     ckpt = read_weights(name_or_path, file=file, num_heads=num_heads, cache_dir=cache_dir, check_hash=check_hash,
                         offline=offline, progress=progress)
+    if model_name is not None:
+        from .named import name_fields
+        overrides = {**name_fields(model_name, ckpt), **overrides}
     return build(ckpt, model=model, img_size=img_size, num_classes=num_classes, labels=labels,
                  representation_size=representation_size, head=head, resize=resize, strict=strict,
                  return_state=return_state, **overrides)

@@ -8,7 +8,7 @@ against torch's FlopCounterMode.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Dict, Sequence, Union
+from typing import Dict, Optional, Sequence, Union
 
 from ..config import ViTConfig, grid_for
 from .resnet import resnet_cost
@@ -118,10 +118,23 @@ def cost(cfg: ViTConfig, img_size: Union[None, int, Sequence[int]] = None) -> Co
                 state_train_bytes=4 * f32 * params)
 
 
-def format_cost(name: str, c: Cost, batch: int = 1) -> str:
+# the fields by which the descendants (DeiT III, DINOv2, CLIP, SigLIP) differ from the paper's ViT
+VARIANT_FIELDS = ("reg_tokens", "layer_scale", "norm_pre", "final_norm", "pool", "class_token", "gelu", "ln_eps",
+                  "patch_bias", "qkv_bias", "posemb_class_slot")
+
+
+def variant_fields(cfg: ViTConfig) -> Dict[str, object]:
+    """The fields of :data:`VARIANT_FIELDS` that ``cfg`` sets to other than the paper's values."""
+    default = ViTConfig()
+    return {k: getattr(cfg, k) for k in VARIANT_FIELDS if getattr(cfg, k) != getattr(default, k)}
+
+
+def format_cost(name: str, c: Cost, batch: int = 1, cfg: Optional[ViTConfig] = None) -> str:
     mib = 1024 ** 2
+    variant = variant_fields(cfg) if cfg is not None else {}
     return "\n".join([
         f"model            {name}",
+        *([f"differs from ViT {', '.join(f'{k}={v}' for k, v in variant.items())}"] if variant else []),
         f"image size       {c.img_size[0]}x{c.img_size[1]}  (patch grid {c.grid[0]}x{c.grid[1]})",
         f"tokens           {c.tokens}",
         f"parameters       {c.params:,}",

@@ -117,7 +117,8 @@ def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, nu
     return Checkpoint(mapped.state, cfg, NAME, labels=labels, preprocessing=preprocessing(cfg),
                       layout={"flavour": "hf", "model_type": "deit" if deit else "vit",
                               "model_class": "classification" if "head.weight" in mapped.state else "model"},
-                      source=source, notes=notes)
+                      source=source, notes=notes,
+                      assumed=(() if config else ("ln_eps", "gelu")) + (() if num_heads else ("num_heads",)))
 
 
 def labels_from_config(config: Dict[str, Any], state) -> Optional[List[str]]:

@@ -6,8 +6,11 @@ exact GELU; heads are not stored (the standard size for the width is assumed).
 Files written with ``no_embed_class=True`` (no class slot in ``pos_embed``)
 are read too. A GAP model corresponds to timm's ``global_pool='avg',
 fc_norm=False`` (final norm, then the mean of the patch tokens). DeiT's distilled models
-(``VisionTransformerDistilled``: ``dist_token``, ``head_dist``) are read and written. Layer scale,
-register tokens, ``fc_norm`` and other timm extensions are not the paper's model and are reported as
+(``VisionTransformerDistilled``: ``dist_token``, ``head_dist``) are read and written, and so are the
+descendants' parts: LayerScale (``ls1/ls2.gamma``), register tokens (``reg_token``), CLIP's
+``norm_pre`` and bias-less patch projection, ``fc_norm`` and the MAP head (``attn_pool``). What the keys
+cannot say (QuickGELU, CLIP's eps 1e-5 beside its ``norm_pre``) comes from a model name
+(``vitkit.create_model(NAME, weights=FILE)``). QK norm, SwiGLU and other extensions are reported as
 unrecognised.
 """
 from __future__ import annotations
@@ -62,9 +65,26 @@ def read(tensors: Dict[str, Any], *, num_heads: Optional[int] = None, source: st
     check_mapped(mapped, source, NAME)
     state = mapped.state
     slot_added = add_class_slot(state)
-    cfg = infer_config(state, num_heads=num_heads, img_size=img_size, ln_eps=1e-6, gelu="exact", **numerics)
+    notes = []
+    eps = 1e-6
+    if "norm_pre.weight" in state:  # timm's towers with a LayerNorm before the blocks are CLIP's: eps 1e-5
+        eps = 1e-5
+        notes.append("a LayerNorm before the blocks (CLIP's ln_pre): LayerNorm eps 1e-5 and exact GELU assumed "
+                     "(OpenAI's CLIP computes QuickGELU: ask for a *_quickgelu_* name or pass gelu='quick')")
+    cfg = infer_config(state, num_heads=num_heads, img_size=img_size, ln_eps=eps, gelu="exact", **numerics)
     layout = {"flavour": "timm", "posemb_class_slot": not slot_added}
-    return Checkpoint(state, cfg, NAME, layout=layout, source=source, notes=[] if num_heads else [heads_note(cfg)])
+    if not num_heads:
+        notes.append(heads_note(cfg))
+    assumed = ("ln_eps", "gelu") + (() if num_heads else ("num_heads",))
+    return Checkpoint(state, cfg, NAME, layout=layout, source=source, notes=notes, assumed=assumed)
+
+
+def numerics(cfg) -> Dict[str, Any]:
+    """The LayerNorm epsilon and GELU timm computes a model of this shape with: its CLIP towers (a norm
+    before the blocks) use eps 1e-5 and exact or QuickGELU (by name), every other ViT eps 1e-6, exact GELU."""
+    if cfg.norm_pre:
+        return {"ln_eps": 1e-5, "gelu": cfg.gelu if cfg.gelu in ("exact", "quick") else "exact"}
+    return {"ln_eps": 1e-6, "gelu": "exact"}
 
 
 def read_folder(tensors: Dict[str, Any], config: Dict[str, Any], *, num_heads: Optional[int] = None,
@@ -102,7 +122,7 @@ def write(ckpt: Checkpoint, dst: Path, *, safetensors: bool = False) -> Path:
         raise ValueError("timm's distilled DeiT reads out both tokens (head and head_dist); this model reads out "
                          "the class token only (distill_head=False, e.g. from HF's DeiTForImageClassification): "
                          "use --to vitkit or hf")
-    warn_numerics(cfg, "timm", ln_eps=1e-6, gelu="exact")
+    warn_numerics(cfg, "timm", **numerics(cfg))
     state = ckpt.state
     if layout_for(ckpt, NAME).get("posemb_class_slot") is False:
         state = drop_class_slot(state)

@@ -45,7 +45,8 @@ def read(tensors: Dict[str, Any], *, num_heads: Optional[int] = None, source: st
     check_mapped(mapped, source, NAME)
     cfg = infer_config(mapped.state, num_heads=num_heads, ln_eps=1e-6, gelu="exact")
     notes = [] if num_heads else [heads_note(cfg)]
-    return Checkpoint(mapped.state, cfg, NAME, layout={"flavour": "torchvision"}, source=source, notes=notes)
+    return Checkpoint(mapped.state, cfg, NAME, layout={"flavour": "torchvision"}, source=source, notes=notes,
+                      assumed=() if num_heads else ("num_heads",))
 
 
 def write(ckpt: Checkpoint, dst: Path, *, safetensors: bool = False) -> Path:
