@@ -86,6 +86,27 @@ def drop_class_slot(state: Dict[str, Tensor]) -> Dict[str, Tensor]:
     return fold_class_slots(state, sum(k in state for k in PREFIX_KEYS))
 
 
+def descendant_parts(cfg: ViTConfig) -> List[str]:
+    """The parts of ``cfg`` beyond the paper's ViT (which the torchvision, .npz and HF ViT layouts cannot
+    hold; timm's can, and HF's DINOv2 / CLIP / SigLIP towers each hold theirs)."""
+    parts = [what for what, on in (
+        (f"{cfg.reg_tokens} register tokens", cfg.reg_tokens), ("layer scale", cfg.layer_scale is not None),
+        ("a LayerNorm before the blocks", cfg.norm_pre), (f"final_norm={cfg.final_norm!r}", cfg.final_norm != "tokens"),
+        ("attention pooling (pool='map')", cfg.pool == "map"), ("QuickGELU", cfg.gelu == "quick"),
+        ("no patch-embedding bias", not cfg.patch_bias)) if on]
+    return parts
+
+
+def with_class_slots(state: Dict[str, Tensor], cfg: ViTConfig) -> Dict[str, Tensor]:
+    """For a layout whose position table has slots for the class (and distillation) token: a model without
+    them (``posemb_class_slot=False``) gets zero ones, the same function."""
+    tokens = int(cfg.class_token) + int(cfg.distill_token)
+    pe = state.get("pos_embed")
+    if cfg.posemb_class_slot or not tokens or pe is None:
+        return state
+    return {**state, "pos_embed": torch.cat([pe.new_zeros(pe.shape[0], tokens, pe.shape[-1]), pe], dim=1)}
+
+
 def infer_config(state: Dict[str, Tensor], *, num_heads: Optional[int] = None, img_size=None,
                  **fixed: Any) -> ViTConfig:
     """Build the ViTConfig a vitkit-keyed state dict implies (shapes only), plus ``fixed`` fields.

@@ -29,7 +29,7 @@ from .validate import validate_checkpoint
 
 TARGETS = ("vitkit", "npz", "torchvision", "timm", "hf")
 _KEEP = object()
-DEFAULT_PRESET = {"torchvision": "torchvision", "timm": "timm", "npz": "authors", "hf": "hf"}
+DEFAULT_PRESET = {"torchvision": "torchvision", "timm": "timm", "npz": "authors", "hf": "hf", "hf_towers": "hf"}
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
@@ -64,7 +64,8 @@ def _read_folder(p: Path, num_heads: Optional[int]) -> Checkpoint:
         tensors = _read_hf_weights(p)
         if timm_folder.is_timm_config(config):  # a timm Hub folder: timm names, timm's config.json
             return FORMATS["timm"].read_folder(tensors, config, num_heads=num_heads, source=str(p))
-        ckpt = FORMATS["hf"].read(tensors, config=config, num_heads=num_heads, source=str(p))
+        fmt = "hf_towers" if FORMATS["hf_towers"].is_tower_config(config) else "hf"
+        ckpt = FORMATS[fmt].read(tensors, config=config, num_heads=num_heads, source=str(p))
         pre = p / "preprocessor_config.json"
         if pre.is_file():
             ckpt.preprocessing = _hf_preprocessing(read_json(pre), ckpt) or ckpt.preprocessing
@@ -133,7 +134,7 @@ def _read_file(p: Path, num_heads: Optional[int]) -> Checkpoint:
         return FORMATS["npz"].read(tensors, num_heads=num_heads, source=str(p))
     fmt = detect_layout(tensors, str(p))
     kwargs: Dict[str, Any] = {"num_heads": num_heads, "source": str(p)}
-    if fmt == "hf":
+    if fmt in ("hf", "hf_towers"):
         sibling = p.with_name("config.json")
         if sibling.is_file():
             kwargs["config"] = read_json(sibling)

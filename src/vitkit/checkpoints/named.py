@@ -59,5 +59,10 @@ def name_fields(name: str, ckpt: Checkpoint) -> Dict[str, Any]:
         raise ConfigError(f"{ckpt.source or 'the weights'} ({ckpt.format} layout) have {theirs}, but the model "
                           f"{label!r} has {ours}: pass the weights under the name of their model, or without a "
                           f"name (vitkit.load_weights) to build what the weights describe")
+    given = [k for k in ckpt.assumed if k in out]
+    if given and len(given) == len(ckpt.assumed):  # the readers' notes on what they assumed no longer apply
+        ckpt.notes = [n for n in ckpt.notes if "assumed" not in n]
+    if given:
+        ckpt.notes.append(f"from the model name {label!r}: " + ", ".join(f"{k}={out[k]!r}" for k in given))
     out["name"] = label
     return out

@@ -124,7 +124,7 @@ def write(ckpt: Checkpoint, dst: Path, *, safetensors: bool = False) -> Path:
                          "use --to vitkit or hf")
     warn_numerics(cfg, "timm", **numerics(cfg))
     state = ckpt.state
-    if layout_for(ckpt, NAME).get("posemb_class_slot") is False:
+    if cfg.posemb_class_slot and layout_for(ckpt, NAME).get("posemb_class_slot") is False:
         state = drop_class_slot(state)
     mapped = from_vitkit(state, RULES + hybrid.write_rules(cfg, NAME), cfg.depth, Context(cfg.width, cfg.num_heads))
     if mapped.unused:
