@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from ..config import ConfigError, check_fields, parse_model_name
+from ..config import ConfigError, check_fields, config_from_name, parse_model_name
 from .base import Checkpoint
 
 # sizes come from the weights (a smaller or re-headed model of a family loads under its name)
@@ -21,6 +21,8 @@ PART_FIELDS = ("class_token", "distill_token", "reg_tokens", "pool", "norm_pre",
                "qkv_bias", "representation_size", "posemb", "backbone")
 # what no weights file stores: always the name's (the class-token slot is folded or added exactly)
 NAME_FIELDS = ("posemb_class_slot", "posemb_resize", "posemb_antialias")
+# how the readers' notes on assumed fields begin (dropped once the name has supplied the fields)
+ASSUMED_NOTES = ("num_heads=", "a LayerNorm before the blocks", "no config.json")
 
 
 def name_fields(name: str, ckpt: Checkpoint) -> Dict[str, Any]:
@@ -30,16 +32,13 @@ def name_fields(name: str, ckpt: Checkpoint) -> Dict[str, Any]:
     asked = parse_model_name(name)
     label = asked.pop("name", name)
     asked = check_fields(asked)
+    full = config_from_name(name)  # what the name means, defaults included: it fills what the reader assumed
     have = ckpt.config
-    out: Dict[str, Any] = {}
+    out: Dict[str, Any] = {k: getattr(full, k) for k in ckpt.assumed}
     clashes = []
     for key, want in asked.items():
         got = getattr(have, key)
-        if key == "num_heads":
-            if "num_heads" in ckpt.assumed:
-                out[key] = want
-            continue
-        if key in SIZE_FIELDS:
+        if key in SIZE_FIELDS or key in ckpt.assumed:
             continue
         if key == "layer_scale":  # the weights show whether there is a scale, not its initial value
             if (want is None) != (got is None):
@@ -59,10 +58,8 @@ def name_fields(name: str, ckpt: Checkpoint) -> Dict[str, Any]:
         raise ConfigError(f"{ckpt.source or 'the weights'} ({ckpt.format} layout) have {theirs}, but the model "
                           f"{label!r} has {ours}: pass the weights under the name of their model, or without a "
                           f"name (vitkit.load_weights) to build what the weights describe")
-    given = [k for k in ckpt.assumed if k in out]
-    if given and len(given) == len(ckpt.assumed):  # the readers' notes on what they assumed no longer apply
-        ckpt.notes = [n for n in ckpt.notes if "assumed" not in n]
-    if given:
-        ckpt.notes.append(f"from the model name {label!r}: " + ", ".join(f"{k}={out[k]!r}" for k in given))
+    if ckpt.assumed:  # the readers' notes on what they assumed no longer apply
+        ckpt.notes = [n for n in ckpt.notes if not n.startswith(ASSUMED_NOTES)]
+        ckpt.notes.append(f"from the model name {label!r}: " + ", ".join(f"{k}={out[k]!r}" for k in ckpt.assumed))
     out["name"] = label
     return out

@@ -367,8 +367,9 @@ class VisionTransformer(nn.Module):
         return sorted(set(out))
 
     def forward_intermediates(self, x: torch.Tensor, indices: Union[None, int, Sequence[int]] = None, *,
-                              return_attention: bool = False, norm: bool = False,
-                              stop_early: bool = False) -> Dict[str, Any]:
+                              return_attention: bool = False, norm: bool = False, stop_early: bool = False,
+                              output_fmt: Optional[str] = None, return_prefix_tokens: bool = False,
+                              intermediates_only: bool = False) -> Any:
         """Outputs of chosen blocks (and their attention maps), keyed by name.
 
         ``indices``: None for every block, an int n for the last n, or a list
@@ -377,17 +378,61 @@ class VisionTransformer(nn.Module):
         LN applied if ``norm``), ``attention`` (maps [B, heads, T, T] of the
         chosen blocks, when asked), ``grid`` and ``features`` (final normed
         tokens; None when ``stop_early`` stops after the last chosen block).
+
+        With ``output_fmt`` ("NCHW" or "NLC") the return value is timm's instead: ``(features,
+        intermediates)``, or the intermediates alone with ``intermediates_only``; each intermediate is the
+        patch tokens as a map [B, D, rows, cols] (NCHW) or [B, N, D] (NLC), paired with its prefix tokens
+        [B, prefix, D] (class, registers) as ``(map, prefix)`` when ``return_prefix_tokens``.
         """
+        if output_fmt is not None and output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt={output_fmt!r}: use 'NCHW' (maps) or 'NLC' (token sequences)")
         idx = self._resolve_indices(indices)
         tokens, grid = self.embed(x)
-        last = max(idx) if stop_early else None
+        last = max(idx) if stop_early or intermediates_only else None
         tokens, saved, maps = self._run_blocks(tokens, grid, idx, return_attention, last)
         inter = [self.norm(saved[i]) if norm else saved[i] for i in idx]
-        feats = None if stop_early and last < len(self.blocks) - 1 else self.norm(tokens)
+        feats = None if last is not None and last < len(self.blocks) - 1 else self.norm(tokens)
+        if output_fmt is not None:
+            p = self.config.num_prefix_tokens
+            out = [y[:, p:] for y in inter]
+            if output_fmt == "NCHW":
+                out = [y.reshape(y.shape[0], *grid, -1).permute(0, 3, 1, 2).contiguous() for y in out]
+            if return_prefix_tokens and p:
+                out = [(y, t[:, :p]) for y, t in zip(out, inter)]
+            return out if intermediates_only else (feats, out)
         out = {"indices": idx, "intermediates": inter, "grid": grid, "features": feats}
         if return_attention:
             out["attention"] = [maps[i] for i in idx]
         return out
+
+    def forward_feature_maps(self, x: torch.Tensor, indices: Union[int, Sequence[int]] = 4,
+                             scales: Optional[Sequence[float]] = None, norm: bool = False) -> List[torch.Tensor]:
+        """Feature maps for dense tasks (timm's ``features_only``): the patch tokens of the chosen blocks
+        (default: the last 4) as maps [B, D, rows, cols], all at the patch stride. ``scales`` makes them a
+        pyramid, one scale per map (e.g. ``(4, 2, 1, 0.5)``: strides P/4 ... 2P, as ViTDet's simple feature
+        pyramid but without parameters): up by bilinear interpolation, down by average pooling."""
+        maps = self.forward_intermediates(x, indices, norm=norm, output_fmt="NCHW", intermediates_only=True)
+        if scales is None:
+            return maps
+        if len(scales) != len(maps):
+            raise ValueError(f"{len(scales)} scales for {len(maps)} feature maps: give one per map")
+        out = []
+        for m, s in zip(maps, scales):
+            if s > 1:
+                m = torch.nn.functional.interpolate(m, scale_factor=float(s), mode="bilinear", align_corners=False)
+            elif s < 1:
+                k = round(1 / s)
+                if abs(k * s - 1) > 1e-9:
+                    raise ValueError(f"scale {s}: a down-scale must be 1/k for a whole k")
+                m = torch.nn.functional.avg_pool2d(m, k, ceil_mode=True)
+            out.append(m)
+        return out
+
+    def feature_info(self, indices: Union[int, Sequence[int]] = 4) -> List[Dict[str, Any]]:
+        """timm-style description of :meth:`forward_feature_maps`: the block, channels and stride of each map."""
+        stride = self.config.pixel_patch_size[0]
+        return [{"module": f"blocks.{i}", "num_chs": self.config.width, "reduction": stride}
+                for i in self._resolve_indices(indices)]
 
     def reset_classifier(self, num_classes: int) -> "VisionTransformer":
         """A new zero-initialised head (the paper's fine-tuning head) for ``num_classes`` classes (0: none);
