@@ -157,3 +157,23 @@ def test_hf_combined_models_give_their_image_tower(tmp_path, cls):
         theirs = getattr(theirs, "pooler_output", theirs)
         mine = ours(x)
     assert rel_err(mine, theirs) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch14_reg4_dinov2", "vit_base_patch16_clip_quickgelu_224",
+                                  "vit_base_patch16_siglip_224", "deit3_small_patch16_224"])
+def test_timm_hub_folders_both_ways(tmp_path, name):
+    """timm's Hub folder (save_for_hf: config.json names the architecture) -> vitkit without a name: the
+    architecture's numerics (QuickGELU, eps, no_embed_class) are read from the folder; vitkit -> folder ->
+    timm.create_model('local-dir:...', pretrained=True): the same outputs."""
+    timm = pytest.importorskip("timm")
+    from timm.models import save_for_hf
+    ref = randomize(timm.create_model(name, pretrained=False, depth=2, img_size=56 if "14" in name else 64))
+    save_for_hf(ref, tmp_path / "theirs", safe_serialization=True)
+    ours = load_weights(tmp_path / "theirs")
+    x = torch.randn(2, 3, *ours.config.img_size)
+    out = save_weights(ours, tmp_path / "ours", "timm")
+    back = timm.create_model(f"local-dir:{out}", pretrained=True).eval()
+    with torch.no_grad():
+        errs = rel_err(ours(x), ref(x)), rel_err(back(x), ref(x))
+    print(f"{name} timm folder: in {errs[0]:.1e}, out {errs[1]:.1e}")
+    assert max(errs) < 1e-5

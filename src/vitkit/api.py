@@ -88,7 +88,13 @@ def _same_model(e: KnownCheckpoint, cfg: ViTConfig) -> bool:
     except ConfigError:
         return False
     return (known.width, known.depth, known.patch_size, known.distill_token) == \
-        (cfg.width, cfg.depth, cfg.patch_size, cfg.distill_token) and (e.img_size, e.img_size) == cfg.img_size
+        (cfg.width, cfg.depth, cfg.patch_size, cfg.distill_token) and (e.img_size, e.img_size) == cfg.img_size \
+        and all(getattr(known, k) == getattr(cfg, k) for k in _PARTS) and (known.layer_scale is None) == \
+        (cfg.layer_scale is None)
+
+
+# the parts and numerics by which a descendant's published weights differ from the paper's ViT
+_PARTS = ("reg_tokens", "norm_pre", "pool", "final_norm", "gelu", "class_token", "patch_bias")
 
 
 __all__ = ["create_model", "default_weights"]

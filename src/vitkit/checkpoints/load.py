@@ -196,7 +196,8 @@ def read_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike]
     ckpt = read_checkpoint(where.path, num_heads=num_heads)
     if entry is not None:
         from ..data.preprocess import get_preset, imagenet_classes
-        ckpt.preprocessing = get_preset(entry.preset, ckpt.config.img_size).to_dict()
+        if entry.preset:  # else the folder's own config said it
+            ckpt.preprocessing = get_preset(entry.preset, ckpt.config.img_size).to_dict()
         if entry.labels == "imagenet1k" and ckpt.config.num_classes == 1000 and ckpt.labels is None:
             ckpt.labels = imagenet_classes()
     if where.origin != str(where.path):

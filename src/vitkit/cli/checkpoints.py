@@ -164,11 +164,13 @@ def _weights(args) -> int:
         for e in rows:
             print(json.dumps(e.to_dict()))
         return 0
-    print(f"{'name':48} {'model':5} {'px':>4} {'preset':16} {'labels':11} {'top-1':>6}  params")
+    w = max(len(e.model) for e in rows)
+    print(f"{'name':48} {'model':{w}} {'px':>4} {'preset':16} {'labels':11} {'top-1':>6}  params")
     for e in rows:
         top1 = f"{e.top1:.2f}" if e.top1 is not None else "-"
         params = f"{e.params / 1e6:.1f}M" if e.params else f"{_computed_params(e) / 1e6:.1f}M*"
-        print(f"{e.name:48} {e.model:5} {e.img_size:>4} {e.preset:16} {e.labels:11} {top1:>6}  {params}")
+        print(f"{e.name:48} {e.model:{w}} {e.img_size:>4} {e.preset or '(its config)':16} {e.labels:11} {top1:>6}"
+              f"  {params}")
     print("\n* computed from the architecture (not published with the file). Any command's -w NAME downloads the "
           "weights on first use\n  (or 'vitkit weights --download NAME'): URL files into TORCH_HOME/hub/checkpoints, "
           "Hub repositories into the Hugging Face cache.")

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional
 
 from ..base import Checkpoint, add_class_slot, drop_class_slot, heads_note, infer_config, layout_for, warn_numerics
 from ..files import write_safetensors, write_torch
+from ...models.adapt import fold_class_slots
 from ..keymap import Context, Rule, check_mapped, count_blocks, from_vitkit, linear, rule, to_vitkit
 from . import hybrid, timm_folder
 
@@ -101,6 +102,10 @@ def read_folder(tensors: Dict[str, Any], config: Dict[str, Any], *, num_heads: O
                      f"{ckpt.config.img_size} is used")
     if fields:
         ckpt.config = ckpt.config.replace(**fields)
+        pe = ckpt.state.get("pos_embed")
+        extra = 0 if pe is None else pe.shape[-2] - ckpt.config.posemb_len
+        if extra > 0 and not ckpt.config.posemb_class_slot:  # no_embed_class: the zero slot read() added goes
+            ckpt.state = fold_class_slots(ckpt.state, extra)
     ckpt.notes.extend(notes)
     ckpt.labels = timm_folder.labels(config, ckpt.config.num_classes)
     ckpt.preprocessing = timm_folder.preprocessing(config, ckpt.notes)
