@@ -19,6 +19,8 @@ SIZE_FIELDS = ("width", "depth", "mlp_dim", "patch_size", "in_chans", "img_size"
 # what the keys show: the weights and the name must agree
 PART_FIELDS = ("class_token", "distill_token", "reg_tokens", "pool", "norm_pre", "final_norm", "patch_bias",
                "qkv_bias", "representation_size", "posemb", "backbone")
+# the parts every name implies (by default: the paper's), compared whether the name states them or not
+STRUCTURE = ("class_token", "distill_token", "reg_tokens", "pool", "norm_pre", "final_norm", "patch_bias")
 # what no weights file stores: always the name's (the class-token slot is folded or added exactly)
 NAME_FIELDS = ("posemb_class_slot", "posemb_resize", "posemb_antialias")
 # how the readers' notes on assumed fields begin (dropped once the name has supplied the fields)
@@ -46,12 +48,15 @@ def name_fields(name: str, ckpt: Checkpoint) -> Dict[str, Any]:
             elif want is not None:
                 out[key] = want
         elif key in PART_FIELDS:
-            if want != got:
+            if want != got and key not in STRUCTURE:
                 clashes.append((key, got, want))
         elif key in NAME_FIELDS or key in ckpt.assumed or want == got:
             out[key] = want
         else:
             clashes.append((key, got, want))
+    for key in STRUCTURE:  # the parts the name's model has, stated or by default
+        if getattr(full, key) != getattr(have, key):
+            clashes.append((key, getattr(have, key), getattr(full, key)))
     if clashes:
         theirs = ", ".join(f"{k}={g!r}" for k, g, _ in clashes)
         ours = ", ".join(f"{k}={w!r}" for k, _, w in clashes)

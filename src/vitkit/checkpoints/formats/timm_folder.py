@@ -106,7 +106,7 @@ def model_fields(config: Dict[str, Any]) -> Tuple[Optional[int], Dict[str, Any],
     if pool:
         if pool not in POOLS:
             raise ValueError(f"timm model {arch} pools with global_pool={pool!r}; vitkit reads out the class "
-                             f"token ('token') or the patch-token mean ('avg')")
+                             f"token ('token'), the patch-token mean ('avg') or attention-pools them ('map')")
         fields["pool"] = POOLS[pool]
     for key in ("dynamic_img_size", "dynamic_img_pad"):
         if args.get(key):
