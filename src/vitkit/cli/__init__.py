@@ -23,7 +23,7 @@ from typing import List, Optional, Tuple
 from .. import __version__
 from ..errors import EXIT_BUG, EXIT_ERROR, VitkitError, VitkitWarning, describe_os_error
 
-COMMAND_MODULES = ["model", "checkpoints", "analysis", "train", "mpp", "bench", "reproduce"]
+COMMAND_MODULES = ["model", "checkpoints", "analysis", "train", "mpp", "bench", "reproduce", "serve"]
 _PACKAGE = Path(__file__).resolve().parent.parent  # src/vitkit
 
 
