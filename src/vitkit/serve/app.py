@@ -561,7 +561,7 @@ def build_app(service: Service, *, on_failure: Optional[Callable[[str], None]] =
     app.state.service = service
 
     def fault_response(request: Request, fault: Fault):
-        log.warning("%s %s -> %d %s: %s", request.method, request.url.path[:200], fault.status, fault.error,
+        (log.warning if fault.status < 500 else log.info)("%s %s -> %d %s: %s", request.method, request.url.path[:200], fault.status, fault.error,
                     fault.detail)
         service.metrics.faults.labels(fault.error).inc()
         return _json_error(fault.status, fault.error, fault.detail, fault.headers)
