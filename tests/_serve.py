@@ -19,21 +19,21 @@ from vitkit.data.preprocess import get_preset
 LABELS = ["tabby", "espresso", "teapot", "tench", "kite"]
 
 
-def tiny_model(num_classes: int = len(LABELS), seed: int = 0):
-    """A small random ViT at 32 px (2 blocks) whose logits vary with the image."""
+def tiny_model(num_classes: int = len(LABELS), seed: int = 0, img_size: int = 32):
+    """A small random ViT at 32 px (2 blocks) whose logits vary with the image (at 224 px: 16 px patches)."""
     torch.manual_seed(seed)
-    model = vitkit.create_model("Ti/16", img_size=32, patch_size=8, depth=2, num_classes=num_classes,
-                                width=64, num_heads=2, mlp_dim=128)
+    model = vitkit.create_model("Ti/16", img_size=img_size, patch_size=8 if img_size < 224 else 16, depth=2,
+                                num_classes=num_classes, width=64, num_heads=2, mlp_dim=128)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(std=0.2)
     return model.eval()
 
 
-def tiny_checkpoint(folder, num_classes: int = len(LABELS)):
-    model = tiny_model(num_classes)
+def tiny_checkpoint(folder, num_classes: int = len(LABELS), img_size: int = 32):
+    model = tiny_model(num_classes, img_size=img_size)
     return save_model(model, folder, labels=LABELS[:num_classes] if num_classes else None,
-                      preprocessing=get_preset("torchvision", 32))
+                      preprocessing=get_preset("torchvision", img_size))
 
 
 def image_bytes(fmt: str = "PNG", size=(80, 60), seed: int = 0) -> bytes:
