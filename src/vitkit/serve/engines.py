@@ -225,6 +225,15 @@ def time_engine(engine: Engine, x: torch.Tensor, budget_s: float = 2.0, min_runs
     return {"batch": int(x.shape[0]), "runs": len(times), "median_s": med, "img_per_s": x.shape[0] / med}
 
 
+def _release_freed_memory() -> None:
+    """Hand the memory of the engines not chosen back to the system (glibc keeps freed blocks otherwise)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def reference_batch(model, batch: int, seed: int = 0) -> torch.Tensor:
     cfg = model.config
     g = torch.Generator().manual_seed(seed)
@@ -291,6 +300,8 @@ def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int =
     if best is None:
         raise RuntimeError(f"no engine can serve this model in {dtype}: "
                            + "; ".join(f"{r['engine']}: {r.get('skipped')}" for r in report["candidates"]))
+    gc.collect()
+    _release_freed_memory()
     report["chosen"] = best.name
     if engine == "auto":
         log.info("--engine auto chose %s (%s) among %s", best.name, dtype,
