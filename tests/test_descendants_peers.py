@@ -177,3 +177,29 @@ def test_timm_hub_folders_both_ways(tmp_path, name):
         errs = rel_err(ours(x), ref(x)), rel_err(back(x), ref(x))
     print(f"{name} timm folder: in {errs[0]:.1e}, out {errs[1]:.1e}")
     assert max(errs) < 1e-5
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_open_clip_visual_tower_both_ways(tmp_path, quick):
+    """An OpenCLIP model's state dict (image and text towers) -> vitkit under a CLIP name: the image
+    embedding (ln_post, then the projection) equals encode_image; vitkit -> open_clip layout -> the tower
+    loads it strictly, same embedding."""
+    open_clip = pytest.importorskip("open_clip")
+    cfg = dict(embed_dim=32, quick_gelu=quick,
+               vision_cfg=dict(image_size=56, patch_size=14, width=64, layers=2, head_width=16, mlp_ratio=2.0),
+               text_cfg=dict(context_length=8, vocab_size=64, width=32, heads=2, layers=1))
+    ref = randomize(open_clip.CLIP(**cfg))
+    torch.save(ref.state_dict(), tmp_path / "clip.pth")
+    name = "vit_base_patch16_clip_quickgelu_224" if quick else "vit_base_patch16_clip_224"
+    ours = vitkit.create_model(name, weights=tmp_path / "clip.pth", num_heads=4)
+    assert ours.config.gelu == ("quick" if quick else "exact") and ours.config.num_classes == 32
+    assert any("text tower" in n for n in ours.meta.notes)
+    x = torch.randn(2, 3, 56, 56)
+    out = save_weights(ours, tmp_path / "visual.safetensors", "open_clip")
+    back = randomize(open_clip.CLIP(**cfg))
+    back.visual.load_state_dict(load_file(out), strict=True)
+    with torch.no_grad():
+        theirs = ref.encode_image(x)
+        errs = rel_err(ours(x), theirs), rel_err(back.encode_image(x), theirs)
+    print(f"OpenCLIP (quick_gelu={quick}): in {errs[0]:.1e}, out {errs[1]:.1e}")
+    assert max(errs) < 1e-5

@@ -66,6 +66,9 @@ QKV_HEADS_BIAS = Codec(
     lambda t, c: [p.reshape(c.num_heads, c.head_dim) for p in t.chunk(3, 0)])
 # separate torch q/k/v Linear weights or biases <-> fused (rows q; k; v)
 QKV_CAT = Codec("qkv_cat", lambda ts, c: torch.cat(list(ts), 0), lambda t, c: list(t.chunk(3, 0)))
+# a token [D] or a position table [tokens, D] stored without the batch axis <-> [1, 1, D] / [1, tokens, D]
+UNBATCHED = _one(lambda t, c: t.reshape(1, -1, t.shape[-1]),
+                 lambda t, c: t.reshape(-1, t.shape[-1]).squeeze(0) if t.shape[1] == 1 else t[0], "unbatched")
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,10 @@ from .download import check_sha256
 from .sources import resolve_weights
 from .validate import validate_checkpoint
 
-TARGETS = ("vitkit", "npz", "torchvision", "timm", "hf")
+TARGETS = ("vitkit", "npz", "torchvision", "timm", "hf", "open_clip")
 _KEEP = object()
-DEFAULT_PRESET = {"torchvision": "torchvision", "timm": "timm", "npz": "authors", "hf": "hf", "hf_towers": "hf"}
+DEFAULT_PRESET = {"torchvision": "torchvision", "timm": "timm", "npz": "authors", "hf": "hf", "hf_towers": "hf",
+                  "open_clip": "clip"}
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
@@ -263,8 +264,8 @@ def checkpoint_of(model: VisionTransformer) -> Checkpoint:
 
 def save_weights(obj: Union[VisionTransformer, Checkpoint], dst: PathLike, to: str = "vitkit", *,
                  safetensors: bool = False, flavour: Optional[str] = None, prefix: Optional[str] = None) -> Path:
-    """Write a model (or Checkpoint) in format ``to``: vitkit (folder), npz, torchvision / timm (.pth, or
-    .safetensors with ``safetensors=True``), hf (folder). ``flavour`` / ``prefix`` choose the npz layout
+    """Write a model (or Checkpoint) in format ``to``: vitkit (folder), npz, torchvision / timm / open_clip (.pth,
+    or .safetensors with ``safetensors=True``; open_clip: the image tower's state dict), hf (folder). ``flavour`` / ``prefix`` choose the npz layout
     ("vit_jax" or "big_vision"; e.g. "params/"); by default the layout it was read in is kept."""
     ckpt = obj if isinstance(obj, Checkpoint) else checkpoint_of(obj)
     to = to.lower()
@@ -282,7 +283,7 @@ def save_weights(obj: Union[VisionTransformer, Checkpoint], dst: PathLike, to: s
                                  extra={"source_layout": layout})
     writer = FORMATS[to].write
     kwargs: Dict[str, Any] = {}
-    if to in ("torchvision", "timm"):
+    if to in ("torchvision", "timm", "open_clip"):
         kwargs["safetensors"] = safetensors
     if to == "npz":
         kwargs.update(flavour=flavour, prefix=prefix)
@@ -297,9 +298,9 @@ def _check_name(dst: Path, to: str, safetensors: bool) -> bool:
     """Whether to write safetensors: the file name's extension decides (``.safetensors``), and a name
     whose extension says another format than the one written is refused. Returns the safetensors flag."""
     suffix = dst.suffix.lower()
-    if to in ("torchvision", "timm") and suffix == ".safetensors":
+    if to in ("torchvision", "timm", "open_clip") and suffix == ".safetensors":
         return True
-    if to in ("torchvision", "timm") and suffix in _TORCH_SUFFIXES and safetensors:
+    if to in ("torchvision", "timm", "open_clip") and suffix in _TORCH_SUFFIXES and safetensors:
         raise ValueError(f"{dst}: safetensors asked for, but {suffix} names a PyTorch pickle file; "
                          f"name the file {dst.with_suffix('.safetensors').name}")
     if (to == "npz") != (suffix == ".npz") and suffix in _FILE_SUFFIXES:

@@ -24,7 +24,7 @@ def register(sub) -> None:
     p.add_argument("src", help="weights file or folder (any format), a known checkpoint name, Hub id or URL")
     p.add_argument("dst", help="output file (npz, torchvision, timm) or folder (vitkit, hf; timm when DST is not a "
                    ".pth / .bin / .safetensors name: timm's Hub folder)")
-    p.add_argument("--to", required=True, choices=["vitkit", "npz", "torchvision", "timm", "hf"])
+    p.add_argument("--to", required=True, choices=["vitkit", "npz", "torchvision", "timm", "hf", "open_clip"])
     p.add_argument("--safetensors", action="store_true",
                    help="torchvision/timm: write safetensors, not a pickle (implied by a .safetensors DST)")
     p.add_argument("--force", "--overwrite", action="store_true", help="replace DST if it exists")

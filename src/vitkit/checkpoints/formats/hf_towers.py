@@ -23,13 +23,10 @@ import torch
 from ...utils import write_json_atomic
 from ..base import Checkpoint, heads_note, infer_config, with_class_slots
 from ..files import write_safetensors
-from ..keymap import QKV_CAT, Codec, Context, Rule, check_mapped, count_blocks, from_vitkit, linear, rule, to_vitkit
+from ..keymap import QKV_CAT, UNBATCHED, Context, Rule, check_mapped, count_blocks, from_vitkit, linear, rule, to_vitkit
 
 NAME = "hf_towers"
 KINDS = ("dinov2", "clip", "siglip")
-# stored without the batch axis: [D] / [tokens, D] there, [1, 1, D] / [1, tokens, D] here
-BATCHED = Codec("batched", lambda ts, c: ts[0].reshape(1, -1, ts[0].shape[-1]),
-                lambda t, c: [t.reshape(-1, t.shape[-1]).squeeze(0) if t.shape[1] == 1 else t[0]])
 D = "encoder.layer.{i}."  # DINOv2
 N5 = "encoder.layer.{i}.attention."  # transformers 5 in-memory names of DINOv2's attention
 L = "encoder.layers.{i}."  # CLIP, SigLIP
@@ -66,8 +63,8 @@ _ENCODER: List[Rule] = [
 ]
 CLIP: List[Rule] = [
     rule("patch_embed.proj.weight", "embeddings.patch_embedding.weight"),
-    rule("cls_token", "embeddings.class_embedding", BATCHED),
-    rule("pos_embed", "embeddings.position_embedding.weight", BATCHED),
+    rule("cls_token", "embeddings.class_embedding", UNBATCHED),
+    rule("pos_embed", "embeddings.position_embedding.weight", UNBATCHED),
     *linear("norm_pre", "pre_layrnorm"),
     *_ENCODER,
     *linear("fc_norm", "post_layernorm", optional=True),  # on the pooled class token (CLIPVisionModel)
@@ -75,7 +72,7 @@ CLIP: List[Rule] = [
 ]
 SIGLIP: List[Rule] = [
     *linear("patch_embed.proj", "embeddings.patch_embedding"),
-    rule("pos_embed", "embeddings.position_embedding.weight", BATCHED),
+    rule("pos_embed", "embeddings.position_embedding.weight", UNBATCHED),
     *_ENCODER,
     *linear("norm", "post_layernorm"),
     rule("attn_pool.latent", "head.probe", optional=True),
