@@ -87,6 +87,7 @@ TABLES = {"dinov2": DINOV2, "clip": CLIP, "siglip": SIGLIP}
 DEPTH_KEYS = {"dinov2": D + "norm1.weight", "clip": L + "layer_norm1.weight", "siglip": L + "layer_norm1.weight"}
 ACTS = {"gelu": "exact", "quick_gelu": "quick", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu_fast": "tanh"}
 TEXT = ("text_model.", "text_projection.", "logit_scale", "logit_bias")
+PRESETS = {"dinov2": "timm-imagenet", "clip": "clip", "siglip": "hf"}
 MODEL_TYPES = {"dinov2": "dinov2", "dinov2_with_registers": "dinov2", "clip": "clip", "clip_vision_model": "clip",
                "siglip": "siglip", "siglip_vision_model": "siglip"}
 
@@ -185,8 +186,10 @@ def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, nu
     if not num_heads:
         notes.append(heads_note(cfg))
     assumed = (() if vc else ("ln_eps", "gelu")) + (() if num_heads else ("num_heads",))
-    from .hf import preprocessing
-    return Checkpoint(state, cfg, NAME, preprocessing=preprocessing(cfg), source=source, notes=notes,
+    from ...data.preprocess import get_preset
+    # without preprocessor_config.json (read beside config.json when there): each tower's usual pipeline
+    pre = get_preset(PRESETS[kind], cfg.img_size).to_dict()
+    return Checkpoint(state, cfg, NAME, preprocessing=pre, source=source, notes=notes,
                       layout={"flavour": kind, "kind": kind, "projection": head is not None}, assumed=assumed)
 
 
