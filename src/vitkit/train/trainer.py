@@ -101,7 +101,7 @@ class Trainer:
             recipe.save(self.out / "recipe.yaml")
         self.log = MetricsLog(self.out / "metrics.jsonl", self.dist.main,
                               truncate_after_step=self.step if resume else None, resume_rows=self.resume_rows,
-                              loggers=recipe.train.log)
+                              loggers=recipe.train.log, config=recipe.to_dict() if recipe.train.log else None)
         if not resume and self.dist.main and (self.out / "metrics.jsonl").exists():
             (self.out / "metrics.jsonl").unlink()
 
@@ -288,7 +288,11 @@ class Trainer:
     def fit(self) -> Dict[str, Any]:
         """Train to the end (or the time budget), then evaluate and export; under the run's backend."""
         with use_backend(self.backend):
-            return self._fit()
+            try:
+                return self._fit()
+            finally:
+                if self.log is not None:
+                    self.log.close()
 
     def _fit(self) -> Dict[str, Any]:
         r, d = self.recipe, self.dist
