@@ -117,8 +117,12 @@ class Trainer:
         if not given and not dc.dataset:
             raise ValueError(f"recipe {r.name!r} names no dataset: pass --data (e.g. --data folder:/data/pets, whose "
                              f"sub-folders are the classes, or shards:/data/train-{{000..015}}.tar)")
-        if given:
-            train_full, test = given["train"], given.get("test")
+        if given:  # vitkit's datasets, or any torch / Hugging Face dataset (wrapped by data.external)
+            from ..data.external import from_dataset
+            wrap = lambda ds, cls=None: ds if ds is None or hasattr(ds, "gather") else from_dataset(  # noqa: E731
+                ds, classes=cls, load_size=load_size, channels=chans)
+            train_full = wrap(given["train"])
+            test = wrap(given.get("test"), train_full.classes)
         else:
             train_full = open_dataset(dc.dataset, dc.train_split, root=dc.root, load_size=load_size, channels=chans)
             test = open_dataset(dc.dataset, dc.eval_split, root=dc.root, load_size=load_size, channels=chans,
