@@ -269,10 +269,12 @@ class ViTConfig:
 
     # --- (de)serialisation ----------------------------------------------------
     def replace(self, **overrides: Any) -> "ViTConfig":
+        """A copy with ``overrides`` (config fields, checked for type) set."""
         checked = check_fields(overrides)
         return dataclasses.replace(self, **{k: checked[k] if v is None else v for k, v in overrides.items()})
 
     def to_dict(self) -> Dict[str, Any]:
+        """The fields as plain JSON values (pairs as lists): what vitkit.json stores."""
         d = dataclasses.asdict(self)
         d["img_size"] = list(self.img_size)
         d["patch_size"] = list(self.patch_size)

@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+from torch import Tensor
 
 from ..config import SIZES, ViTConfig
 from ..models.adapt import fold_class_slots
-
-Tensor = torch.Tensor
 
 
 @dataclass
@@ -36,6 +35,7 @@ class Checkpoint:
     assumed: Tuple[str, ...] = ()
 
     def describe(self) -> str:
+        """One line: format, flavour, sizes, resolution, classes and extra tokens."""
         c = self.config
         return (f"{self.format} checkpoint{' ' + self.layout.get('flavour') if self.layout.get('flavour') else ''}: "
                 f"width {c.width}, depth {c.depth}, heads {c.num_heads}, patch {c.patch_size[0]}, "

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
+from torch import Tensor
 
-Tensor = torch.Tensor
 State = Dict[str, Tensor]
 
 

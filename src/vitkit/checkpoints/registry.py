@@ -46,6 +46,7 @@ class KnownCheckpoint:
         return None
 
     def to_dict(self) -> Dict[str, Any]:
+        """The entry as plain JSON values (``vitkit weights NAME --json``)."""
         return asdict(self)
 
 
@@ -158,6 +159,7 @@ KNOWN: Dict[str, KnownCheckpoint] = {k.name: k for k in (
 
 
 def list_known() -> List[KnownCheckpoint]:
+    """Every known checkpoint, in the order ``vitkit weights`` lists them."""
     return list(KNOWN.values())
 
 

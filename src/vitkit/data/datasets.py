@@ -70,9 +70,11 @@ class TensorImages:
         return int(self.images.shape[2]), int(self.images.shape[3])
 
     def gather(self, index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(images uint8 [len(index), C, H, W], labels [len(index)]) of these indices."""
         return self.images[index], self.labels[index]
 
     def subset(self, index: Sequence[int], name: Optional[str] = None) -> "TensorImages":
+        """The images at ``index``, as a new dataset."""
         index = torch.as_tensor(index, dtype=torch.int64)
         return TensorImages(self.images[index], self.labels[index], self.classes, name or self.name)
 
@@ -108,6 +110,7 @@ class FileImages:
         return self.load_size, self.load_size
 
     def decode(self, i: int) -> torch.Tensor:
+        """Image ``i`` decoded to uint8 [channels, load_size, load_size] (shorter side, centre crop)."""
         from PIL import Image
 
         src, _ = self.items[i]
@@ -132,10 +135,12 @@ class FileImages:
         return self.decode(i), int(self.items[i][1])
 
     def gather(self, index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(images uint8 [len(index), C, S, S], labels) of these indices, decoded now."""
         images, labels = zip(*(self[int(i)] for i in index))
         return torch.stack(images), torch.tensor(labels, dtype=torch.int64)
 
     def subset(self, index: Sequence[int], name: Optional[str] = None) -> "FileImages":
+        """The images at ``index``, as a new dataset (nothing decoded)."""
         return FileImages([self.items[int(i)] for i in index], self.classes, self.load_size, self.channels,
                           name or self.name, self.reader, self.skip_unreadable)
 
@@ -174,6 +179,7 @@ def fashion_mnist(split: str = "train", root: Optional[PathLike] = None) -> Tens
 
 
 def mnist(split: str = "train", root: Optional[PathLike] = None) -> TensorImages:
+    """MNIST from its IDX files (``root``, else /usr/share/datasets/mnist), in memory."""
     x, y = load_idx_split(split, root, defaults=MNIST_DIRS)
     return TensorImages(torch.from_numpy(x.copy()), torch.from_numpy(y), list(MNIST_CLASSES), f"mnist/{split}")
 

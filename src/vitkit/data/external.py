@@ -50,10 +50,12 @@ class ExternalImages:
             int(self.labels[i])
 
     def gather(self, index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(images uint8 [len(index), C, S, S], labels) of these indices, decoded now."""
         images = [self[int(i)][0] for i in index]
         return torch.stack(images), self.labels[index]
 
     def subset(self, index: Sequence[int], name: Optional[str] = None) -> "ExternalImages":
+        """The items at ``index``, as a new dataset over the same source (nothing decoded)."""
         index = [int(i) for i in index]
         return ExternalImages(self.dataset, self.labels[torch.as_tensor(index, dtype=torch.int64)], self.classes,
                               self.load_size, self.channels, self.image_key, self.label_key, name or self.name,

@@ -60,6 +60,7 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, width, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Images [B, C, H, W] -> the patch grid [B, D, rows, cols] (right / bottom padded first with ``pad``)."""
         if self.pad:
             ph, pw = self.patch_size
             h, w = x.shape[-2:]
@@ -116,6 +117,8 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
                 need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Tokens [B, T, D] -> (attended tokens [B, T, D], the attention weights [B, heads, T, T] when
+        ``need_weights``, else None)."""
         b, t, d = x.shape
         out, weights = self.mix(_apply(x, self.qkv, self), b, t, bias, need_weights)
         return self.proj_drop(_apply(out, self.proj, self)).view(b, t, d), weights
@@ -125,6 +128,7 @@ class QuickGELU(nn.Module):
     """x * sigmoid(1.702 x): OpenAI CLIP's approximation of GELU (its checkpoints were trained with it)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x * sigmoid(1.702 x), elementwise."""
         return x * torch.sigmoid(1.702 * x)
 
 
@@ -140,6 +144,7 @@ class Mlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Tokens [..., D] -> [..., D] through the two dense layers."""
         h = _apply(x, self.fc1, self)
         if fast_inference(self) and type(self.act) is nn.GELU:
             h = torch.ops.aten.gelu_(h, approximate=self.act.approximate)
@@ -157,6 +162,7 @@ class LayerScale(nn.Module):
         self.gamma = nn.Parameter(torch.full((width,), self.init))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x times the learned per-channel scale."""
         return x * self.gamma
 
 
@@ -199,6 +205,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
                 need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Eq. 2-3 on tokens [B, T, D] (each residual branch scaled by LayerScale where the block has it);
+        returns (tokens, attention weights or None)."""
         y, weights = self.attn(self.norm1(x), bias, need_weights)
         if self.ls1 is not None:
             y = self.ls1(y)
@@ -226,6 +234,7 @@ class AttentionPool(nn.Module):
         self.mlp = Mlp(width, mlp_dim, gelu)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Tokens [B, N, D] -> one pooled vector per image [B, D]."""
         b, n, d = x.shape
         h, dh = self.num_heads, self.head_dim
         q = _apply(self.latent.expand(b, -1, -1).to(x.dtype), self.q, self).view(b, 1, h, dh).transpose(1, 2)

@@ -93,6 +93,8 @@ class VisionTransformer(nn.Module):
 
     # --- initialisation (the authors' Flax initialisers) ---------------------
     def reset_parameters(self) -> None:
+        """Initialise every weight as the authors' Flax code does (zero head, LeCun-normal patch projection,
+        Xavier-uniform dense layers), and the descendants' parts as their papers do."""
         d = self.config.width
         if isinstance(self.patch_embed, HybridEmbed):
             self.patch_embed.backbone.reset_parameters()
@@ -461,6 +463,7 @@ class VisionTransformer(nn.Module):
 
     # --- bookkeeping ------------------------------------------------------------------
     def num_params(self, trainable_only: bool = False) -> int:
+        """The number of parameters (only those that train, with ``trainable_only``)."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
 
     def no_weight_decay(self) -> set:
@@ -470,6 +473,7 @@ class VisionTransformer(nn.Module):
                 or n.endswith(".cls") or n == "attn_pool.latent"}
 
     def extra_repr(self) -> str:
+        """The config in one line of ``print(model)``."""
         c = self.config
         return (f"name={c.name}, img_size={c.img_size}, patch_size={c.patch_size}, width={c.width}, "
                 f"depth={c.depth}, heads={c.num_heads}, posemb={c.posemb}, pool={c.pool}"
