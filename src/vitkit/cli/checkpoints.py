@@ -69,6 +69,21 @@ def register(sub) -> None:
     p.add_argument("--download", action="store_true", help="fetch NAME (any name -w takes) into the cache now")
     p.set_defaults(func=_weights)
 
+    p = sub.add_parser("push", help="upload weights to a Hugging Face Hub repository (timm's or transformers' folder)",
+                       description="Write WEIGHTS (any format or name vitkit reads) as a timm or transformers folder "
+                       "with a model card and upload it to REPO_ID in one commit (the repository is created if "
+                       "needed; token from --token, HF_TOKEN or huggingface-cli login; endpoint HF_ENDPOINT).")
+    p.add_argument("weights", help="checkpoint path (any format), known name, Hub id or URL")
+    p.add_argument("repo_id", help="OWNER/NAME of the Hub repository")
+    p.add_argument("--to", choices=["timm", "hf"], default="timm",
+                   help="timm: model.safetensors + timm's config.json (default); hf: transformers' save_pretrained files")
+    p.add_argument("--private", action="store_true", help="create the repository private")
+    p.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
+    p.add_argument("--revision", help="branch to commit to (default: main)")
+    p.add_argument("--message", help="commit message")
+    p.add_argument("--num-heads", type=positive_int, help="heads, for torchvision/timm files of non-standard sizes")
+    p.set_defaults(func=_push)
+
     p = sub.add_parser("inspect", help="recognise a checkpoint's format and show its config (reads nothing else)")
     p.add_argument("weights")
     p.add_argument("--json", action="store_true")
@@ -93,6 +108,15 @@ def _convert(args) -> int:
         out = convert(src, tmp, args.to, num_heads=args.num_heads, safetensors=args.safetensors,
                       flavour=args.flavour, prefix=args.prefix, overwrite=args.force)
     print(f"wrote {args.dst if out == tmp else out} ({args.to})")
+    return 0
+
+
+def _push(args) -> int:
+    from ..checkpoints import push_to_hub
+
+    url = push_to_hub(args.weights, args.repo_id, to=args.to, private=args.private, token=args.token,
+                      revision=args.revision, message=args.message, num_heads=args.num_heads)
+    print(f"pushed {args.weights} to {args.repo_id} ({args.to}): {url}")
     return 0
 
 
