@@ -1,7 +1,7 @@
 """PNG figures for the analysis and few-shot results (matplotlib, an optional dependency).
 
 matplotlib is imported only when a figure is drawn; without it the drawing
-functions raise :class:`MissingDependencyError` saying how to install it.
+functions raise :class:`~vitkit.errors.MissingDependency` saying how to install it.
 Figures are built with ``matplotlib.figure.Figure`` (no pyplot global state,
 no display needed) and written atomically.
 """
@@ -14,10 +14,7 @@ import numpy as np
 import torch
 
 from ..utils import PathLike, atomic_path
-
-
-class MissingDependencyError(ImportError, RuntimeError):
-    """An optional dependency (here matplotlib) is not installed."""
+from ..errors import InputError, MissingDependency
 
 
 def _mpl():
@@ -25,9 +22,7 @@ def _mpl():
         import matplotlib
         from matplotlib.figure import Figure
     except ImportError:
-        raise MissingDependencyError(
-            "drawing figures needs matplotlib, which is not installed: pip install 'vitkit[plots]' "
-            "(or pip install matplotlib)") from None
+        raise MissingDependency("drawing figures needs matplotlib, which is not installed", extra="plots") from None
     return matplotlib, Figure
 
 
@@ -57,7 +52,7 @@ def overlay(image: torch.Tensor, heat: torch.Tensor, cmap: str = "jet", alpha: f
     img = _to_hwc(image)
     h = torch.as_tensor(heat).detach().float().cpu().numpy()
     if h.shape != img.shape[:2]:
-        raise ValueError(f"heat map {h.shape} and image {img.shape[:2]} differ in size")
+        raise InputError(f"heat map {h.shape} and image {img.shape[:2]} differ in size")
     return (1.0 - alpha) * img + alpha * colorize(h, cmap)
 
 
@@ -67,7 +62,7 @@ def plot_rollout(images: torch.Tensor, maps: torch.Tensor, path: PathLike, *, ti
     _, Figure = _mpl()
     b = len(images)
     if len(maps) != b:
-        raise ValueError(f"{b} images but {len(maps)} maps")
+        raise InputError(f"{b} images but {len(maps)} maps")
     ncols = max(1, min(ncols, b))
     nrows = math.ceil(b / ncols)
     fig = Figure(figsize=(2 * 2.1 * ncols, 2.3 * nrows + 0.4), constrained_layout=True)

@@ -14,6 +14,7 @@ from .distance import mean_attention_distance, patch_distances
 from .filters import embedding_filters
 from .posemb_similarity import near_far_similarity, posemb_similarity, similarity_by_distance
 from .rollout import normalize_maps, rollout_maps
+from ..errors import InputError
 
 
 def load_images(sources: Sequence[Union[PathLike, Any]], model: torch.nn.Module
@@ -52,7 +53,7 @@ def load_images(sources: Sequence[Union[PathLike, Any]], model: torch.nn.Module
         inputs.append(x[0])
         names.append(name)
     if not inputs:
-        raise ValueError("no images given")
+        raise InputError("no images given")
     return torch.stack(shown), torch.stack(inputs), names
 
 

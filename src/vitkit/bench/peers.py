@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..models import VisionTransformer
+from ..errors import ConfigError
 
 PEERS = ("timm", "hf", "torchvision", "onnxruntime")
 _MODULE = {"timm": "timm", "hf": "transformers", "torchvision": "torchvision", "onnxruntime": "onnxruntime"}
@@ -50,7 +51,7 @@ class Peer:
 def peer_version(library: str) -> Optional[str]:
     """The installed version of a peer library, or None."""
     if library not in _MODULE:
-        raise ValueError(f"unknown peer {library!r}: use one of {', '.join(PEERS)}")
+        raise ConfigError(f"unknown peer {library!r}: use one of {', '.join(PEERS)}")
     try:
         importlib.import_module(_MODULE[library])
     except Exception:  # noqa: BLE001 - a broken install counts as missing
@@ -69,7 +70,7 @@ def parse_peers(names: Optional[List[str]]) -> List[str]:
         return []
     bad = [n for n in names if n not in PEERS]
     if bad:
-        raise ValueError(f"unknown peer(s) {bad}: use some of {', '.join(PEERS)}, 'all' or 'none'")
+        raise ConfigError(f"unknown peer(s) {bad}: use some of {', '.join(PEERS)}, 'all' or 'none'")
     return list(dict.fromkeys(names))
 
 
@@ -170,7 +171,7 @@ class OrtModel(nn.Module):
         from ..export import export_onnx
 
         if quantize not in (None, "int8"):
-            raise ValueError(f"ONNX Runtime quantisation {quantize!r}: use None or 'int8'")
+            raise ConfigError(f"ONNX Runtime quantisation {quantize!r}: use None or 'int8'")
         with tempfile.TemporaryDirectory(prefix="vitkit-onnx-") as tmp:
             path = str(Path(tmp) / "model.onnx")
             export_onnx(model.float().cpu().eval(), path, opset=17, validate=False)  # vitkit's own exporter

@@ -23,6 +23,7 @@ from .models import build_model, clone, example_batch, model_config
 from .peers import PEERS, PeerUnavailable, build_peer
 from .roofline import roofline
 from .timing import alternate, synchronizer
+from ..errors import ConfigError
 
 
 @dataclass
@@ -259,7 +260,7 @@ def run_training(models: List[str], img_sizes: List[Optional[int]], batches: Lis
             base = build_model(cfg, opts.seed)
             for dtype in dtypes:
                 if dtype not in ("fp32", "bf16"):
-                    raise ValueError(f"training precision {dtype!r}: use fp32 or bf16 (autocast)")
+                    raise ConfigError(f"training precision {dtype!r}: use fp32 or bf16 (autocast)")
                 bounds: Dict[int, Any] = {}
                 for compiled in compiles:
                     contenders, why = training_contenders(base, dtype, compiled, opts)

@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
-from ..errors import NotFoundError
+from ..errors import CheckpointError, NotFoundError
 from ..utils import PathLike, exclusive
 
 CHUNK = 1 << 20
@@ -63,7 +63,7 @@ def check_sha256(path: PathLike, expected: str, what: str) -> None:
     """Raise a ValueError if the file's SHA-256 does not start with ``expected`` (a full digest or a prefix)."""
     digest = sha256_of(path)
     if not digest.startswith(expected.lower()):
-        raise ValueError(f"{what}: SHA-256 {digest[:16]}... does not match the published {expected[:16]}...: "
+        raise CheckpointError(f"{what}: SHA-256 {digest[:16]}... does not match the published {expected[:16]}...: "
                          f"the file is corrupt or a different one")
 
 
@@ -114,7 +114,7 @@ def _download(url: str, dst: Path, part: Path, expected: Optional[str], progress
             check_sha256(part, expected, url)
         except ValueError as err:
             part.unlink()
-            raise ValueError(f"{err}; the download was deleted, try again") from None
+            raise CheckpointError(f"{err}; the download was deleted, try again") from None
     os.replace(part, dst)
 
 

@@ -31,6 +31,7 @@ from typing import List, Optional, Tuple
 from ..utils import PathLike
 from .download import WeightsUnavailable, download_url, is_offline
 from .registry import DEFAULT_CACHE, JAX, KNOWN, KnownCheckpoint, get_known
+from ..errors import InputError
 
 HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 HUB_OPTIONAL = ("preprocessor_config.json",)
@@ -141,7 +142,7 @@ def _cache_name(url: str) -> str:
         return f"{stem}-imagenet2012.npz"
     name = base.rstrip("/").rsplit("/", 1)[-1]
     if not name:
-        raise ValueError(f"{url} names no file")
+        raise InputError(f"{url} names no file")
     return name
 
 

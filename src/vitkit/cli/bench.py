@@ -6,7 +6,7 @@ import shlex
 import sys
 
 from ..errors import UsageError
-from ._util import parse_overrides, positive_int
+from ._util import nonneg_int, parse_overrides, positive_int
 
 WHAT = ("inference", "latency", "train", "memory", "roofline")
 
@@ -45,7 +45,7 @@ def register(sub) -> None:
                    help="also time vitkit's plain nn.Module (without the inference engine)")
     p.add_argument("--threads", type=positive_int, help="intra-op threads for every library (default: torch's)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    p.add_argument("--warmup", type=int, default=1, help="untimed calls per contender first (default 1)")
+    p.add_argument("--warmup", type=nonneg_int, default=1, help="untimed calls per contender first (default 1)")
     p.add_argument("--repeats", type=positive_int, default=5, help="timed repeats per contender, alternated (default 5)")
     p.add_argument("--no-roofline", action="store_true", help="skip measuring the GEMM roofline")
     p.add_argument("--no-copy-weights", action="store_true",

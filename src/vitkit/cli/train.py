@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ..errors import UsageError
-from ._util import ManyFiles, parse_overrides, positive_int
+from ._util import ManyFiles, nonneg_int, parse_overrides, positive_float, positive_int
 
 
 def _common(p, default_recipe: str) -> None:
@@ -21,9 +21,9 @@ def _common(p, default_recipe: str) -> None:
                    help="override a recipe value: optim.lr=3e-4, schedule.epochs=20, width=192 ... (repeatable)")
     p.add_argument("--data", metavar="SPEC", help="dataset: fashion-mnist[:DIR], mnist[:DIR], cifar10:DIR, "
                    "cifar100:DIR, folder:DIR, shards:PATTERN, tensors:FILE")
-    p.add_argument("--epochs", type=float, help="schedule.epochs")
+    p.add_argument("--epochs", type=positive_float, help="schedule.epochs")
     p.add_argument("--steps", type=positive_int, help="schedule.steps (wins over epochs)")
-    p.add_argument("--lr", type=float, help="optim.lr (peak)")
+    p.add_argument("--lr", type=positive_float, help="optim.lr (peak)")
     p.add_argument("--batch-size", type=positive_int, help="optim.batch_size (global)")
     p.add_argument("--device", help="train.device: auto, cpu, cuda, cuda:N")
     p.add_argument("--out", "-o", help="run folder (default: runs/<recipe>-<time>)")
@@ -52,7 +52,7 @@ def register(sub) -> None:
     p.add_argument("--root", help="dataset folder for specs without a path")
     p.add_argument("--batch-size", type=positive_int, default=500)
     p.add_argument("--device", default="auto")
-    p.add_argument("--workers", type=int, default=0, help="decoding processes for image folders / shards")
+    p.add_argument("--workers", type=nonneg_int, default=0, help="decoding processes for image folders / shards")
     p.add_argument("--tta", choices=["none", "flip"], default="none",
                    help="test-time augmentation: flip scores each image by the mean probability of it and its "
                         "mirror image (default: none)")

@@ -29,6 +29,7 @@ import warnings
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from ..keymap import CONV_HWIO, COPY, Rule, rule
+from ...errors import CheckpointError
 
 BACKBONE = "patch_embed.backbone."
 NUMERICS = {
@@ -51,7 +52,7 @@ def _layers_from(keys: Iterable[str], rx: "re.Pattern", base: int) -> Tuple[int,
             s, u = int(m.group(1)) - base, int(m.group(2)) - base
             units[s] = max(units.get(s, 0), u + 1)
     if sorted(units) != list(range(len(units))):
-        raise ValueError(f"the ResNet stages in the weights are not numbered consecutively: {sorted(units)}")
+        raise CheckpointError(f"the ResNet stages in the weights are not numbered consecutively: {sorted(units)}")
     return tuple(units[s] for s in range(len(units)))
 
 
@@ -103,7 +104,7 @@ def backbone_rules(fmt: str, layers: Tuple[int, ...]) -> List[Rule]:
                     same(f"{o}conv_proj", f"{t}downsample.conv")
                     same(f"{o}gn_proj", f"{t}downsample.norm", ("weight", "bias"))
         return out
-    raise ValueError(f"{fmt} has no hybrid ResNet+ViT layout: write hybrids as vitkit, npz or timm")
+    raise CheckpointError(f"{fmt} has no hybrid ResNet+ViT layout: write hybrids as vitkit, npz or timm")
 
 
 def read_rules(keys: Iterable[str], fmt: str) -> Tuple[List[Rule], Dict[str, Any]]:
@@ -120,7 +121,7 @@ def write_rules(cfg, fmt: str) -> List[Rule]:
     if not cfg.backbone:
         return []
     if fmt not in NUMERICS:
-        raise ValueError(f"{fmt} has no hybrid ResNet+ViT layout: write hybrids as vitkit, npz or timm")
+        raise CheckpointError(f"{fmt} has no hybrid ResNet+ViT layout: write hybrids as vitkit, npz or timm")
     want = NUMERICS[fmt]
     have = {k: getattr(cfg, k) for k in want}
     if have != want:
