@@ -289,16 +289,16 @@ def test_cli_bench_rejects_bad_arguments(argv, msg, capsys):
 
 
 def test_peers_without_patch_dropout_are_refused_not_mismatched(tiny_cfg):
-    from vitkit.bench.peers import _problems
+    from vitkit.bench.peers import peer_problems
 
     cfg = tiny_cfg.replace(patch_drop=0.5)
-    assert "patch dropout" in _problems("hf", cfg) and "patch dropout" in _problems("torchvision", cfg)
-    assert "patch dropout" not in _problems("timm", cfg)  # timm has patch_drop_rate: built with it
-    assert "patch dropout" not in _problems("hf", tiny_cfg)
+    assert "patch dropout" in peer_problems("hf", cfg) and "patch dropout" in peer_problems("torchvision", cfg)
+    assert "patch dropout" not in peer_problems("timm", cfg)  # timm has patch_drop_rate: built with it
+    assert "patch dropout" not in peer_problems("hf", tiny_cfg)
     deit = tiny_cfg.replace(distill_token=True)  # timm and HF build DeiT; torchvision has no such model
-    assert "a distillation token" in _problems("torchvision", deit)
-    assert not _problems("timm", deit) and not _problems("hf", deit)
-    assert "a distillation token read out by the class token only" in _problems(
+    assert "a distillation token" in peer_problems("torchvision", deit)
+    assert not peer_problems("timm", deit) and not peer_problems("hf", deit)
+    assert "a distillation token read out by the class token only" in peer_problems(
         "timm", deit.replace(distill_head=False))
 
 

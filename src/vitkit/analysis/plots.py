@@ -17,7 +17,9 @@ from ..utils import PathLike, atomic_path
 from ..errors import InputError, MissingDependency
 
 
-def _mpl():
+def matplotlib_figure():
+    """(matplotlib, its Figure class), imported on first use; :class:`~vitkit.errors.MissingDependency`
+    naming the ``plots`` extra when matplotlib is not installed."""
     try:
         import matplotlib
         from matplotlib.figure import Figure
@@ -28,7 +30,7 @@ def _mpl():
 
 def colorize(values: np.ndarray, cmap: str = "jet") -> np.ndarray:
     """Map values in [0, 1] to RGB [..., 3] floats with a matplotlib colormap."""
-    matplotlib, _ = _mpl()
+    matplotlib, _ = matplotlib_figure()
     return np.asarray(matplotlib.colormaps[cmap](np.clip(values, 0.0, 1.0)))[..., :3]
 
 
@@ -59,7 +61,7 @@ def overlay(image: torch.Tensor, heat: torch.Tensor, cmap: str = "jet", alpha: f
 def plot_rollout(images: torch.Tensor, maps: torch.Tensor, path: PathLike, *, titles: Optional[Sequence[str]] = None,
                  ncols: int = 4, cmap: str = "jet", alpha: float = 0.5, suptitle: Optional[str] = None) -> None:
     """A grid of (input, rollout overlay) pairs, as in Figure 6. ``maps`` [B, H, W] already in [0, 1]."""
-    _, Figure = _mpl()
+    _, Figure = matplotlib_figure()
     b = len(images)
     if len(maps) != b:
         raise InputError(f"{b} images but {len(maps)} maps")
@@ -85,7 +87,7 @@ def plot_rollout(images: torch.Tensor, maps: torch.Tensor, path: PathLike, *, ti
 def plot_attention_distance(distance: torch.Tensor, path: PathLike, *, uniform: Optional[float] = None,
                             title: Optional[str] = None) -> None:
     """Figure 7 (right): layer on the x-axis, one dot per head, mean attention distance in pixels."""
-    matplotlib, Figure = _mpl()
+    matplotlib, Figure = matplotlib_figure()
     d = torch.as_tensor(distance).detach().float().cpu().numpy()
     layers, heads = d.shape
     fig = Figure(figsize=(5.0, 3.8))
@@ -122,7 +124,7 @@ def plot_posemb_similarity(sim: torch.Tensor, path: PathLike, *, title: Optional
                            cmap: str = "viridis") -> None:
     """Figure 7 (centre): tile (r, c) is the cosine similarity of patch (r, c)'s position embedding
     with every other patch's."""
-    _, Figure = _mpl()
+    _, Figure = matplotlib_figure()
     gh, gw = sim.shape[:2]
     mosaic = posemb_mosaic(sim)
     fig = Figure(figsize=(5.2, 4.6))
@@ -145,7 +147,7 @@ def plot_filters(components: torch.Tensor, path: PathLike, *, ncols: int = 7,
                  explained: Optional[torch.Tensor] = None, title: Optional[str] = None) -> None:
     """Figure 7 (left): principal components of the patch embedding as C x P x P patches, each rescaled
     to [0, 1] by its own range."""
-    _, Figure = _mpl()
+    _, Figure = matplotlib_figure()
     comps = torch.as_tensor(components).detach().float().cpu()
     k = comps.shape[0]
     ncols = max(1, min(ncols, k))
@@ -168,7 +170,7 @@ def plot_filters(components: torch.Tensor, path: PathLike, *, ncols: int = 7,
 def plot_fewshot(results: Dict[str, Dict[str, Any]], path: PathLike, *, title: Optional[str] = None) -> None:
     """Few-shot accuracy against shots per class (mean and spread over seeds), one line per model;
     the linear probe on all training data, when present, as a dashed line."""
-    matplotlib, Figure = _mpl()
+    matplotlib, Figure = matplotlib_figure()
     fig = Figure(figsize=(5.0, 3.8))
     ax = fig.add_subplot(1, 1, 1)
     colors = matplotlib.colormaps["tab10"]

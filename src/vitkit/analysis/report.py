@@ -77,8 +77,8 @@ def analyze(model: torch.nn.Module, inputs: torch.Tensor, out_dir: PathLike, *,
     ``"tensors"``, which are not written to JSON).
     """
     if plots:
-        from .plots import _mpl
-        _mpl()  # fail now, before the work, when matplotlib is missing
+        from .plots import matplotlib_figure
+        matplotlib_figure()  # fail now, before the work, when matplotlib is missing
     from . import plots as P
 
     out = Path(out_dir)

@@ -84,7 +84,8 @@ def _common_problems(cfg) -> List[str]:
     return out
 
 
-def _problems(library: str, cfg) -> List[str]:
+def peer_problems(library: str, cfg) -> List[str]:
+    """Why ``library`` cannot build the model of ``cfg`` (empty: it can)."""
     if library == "onnxruntime":  # runs vitkit's own model, exported: every configuration
         return []
     p = _common_problems(cfg)
@@ -232,13 +233,13 @@ def build_peer(library: str, model: VisionTransformer, *, copy_weights: bool = T
     if version is None:
         raise PeerUnavailable(f"{library} is not installed ({_MODULE[library]} cannot be imported)")
     cfg = model.config
-    problems = _problems(library, cfg)
+    problems = peer_problems(library, cfg)
     if problems:
         raise PeerUnavailable(f"{library} cannot build this configuration: {', '.join(problems)}")
     src = model.float().cpu().eval()
     if library == "onnxruntime":  # vitkit's own model, exported: its weights by construction
         module = OrtModel(src)
-        forward = _forward_fn(library, module)
+        forward = forward_fn(library, module)
         weights = "vitkit's model exported to ONNX"
         if check:
             weights += _agreement(model, forward, cfg)
@@ -259,7 +260,7 @@ def build_peer(library: str, model: VisionTransformer, *, copy_weights: bool = T
                 raise PeerUnavailable(f"HF model could not be built from vitkit's weights: {err}") from err
             weights = f"own random init (copying vitkit's weights failed: {err})"
     module = module.eval()
-    forward = _forward_fn(library, module)
+    forward = forward_fn(library, module)
     if check and weights == "vitkit's weights":
         weights += _agreement(model, forward, cfg)
     return Peer(library, version, module, forward, weights)
@@ -274,7 +275,8 @@ def _agreement(model, forward, cfg) -> str:
     return f" (logits agree to {diff:.1e} relative)"
 
 
-def _forward_fn(library: str, module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+def forward_fn(library: str, module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The call that runs a built peer ``module`` of ``library`` on a batch of pixels and returns its logits."""
     def dtype_of() -> torch.dtype:
         return next(module.parameters()).dtype
 

@@ -104,12 +104,12 @@ def inference_contenders(model, dtype: str, compiled: bool, opts: BenchOptions) 
         module = _cast_peer(peer, dt, dev, opts.peer_bf16)
         if compiled:
             module = torch.compile(module, mode=opts.compile_mode)
-        from .peers import _forward_fn
+        from .peers import forward_fn
 
         info = {"version": peer.version, "weights": peer.weights,
                 "precision": "fp32" if dt == torch.float32 else
                 ("bf16 weights" if opts.peer_bf16 == "weights" else "fp32 weights + bf16 autocast")}
-        out.append(Contender(peer.label, _forward_fn(lib, module), info, _peer_context(dt, dev, opts.peer_bf16)))
+        out.append(Contender(peer.label, forward_fn(lib, module), info, _peer_context(dt, dev, opts.peer_bf16)))
     return out, notes
 
 

@@ -28,6 +28,7 @@ from typing import Optional
 
 from ..errors import CheckpointError, NotFoundError
 from ..utils import PathLike, exclusive
+from ..version import __version__
 
 CHUNK = 1 << 20
 _HASH_IN_NAME = re.compile(r"-([0-9a-f]{8,64})\.[A-Za-z0-9]+$")  # torch.hub's convention: name-<sha256 prefix>.ext
@@ -121,7 +122,6 @@ def _download(url: str, dst: Path, part: Path, expected: Optional[str], progress
 def _fetch(url: str, part: Path, progress: bool, timeout: float) -> None:
     """One request: the rest of ``part`` (or all of it) appended to ``part``."""
     have = part.stat().st_size if part.exists() else 0
-    from .. import __version__
     headers = {"User-Agent": f"vitkit/{__version__}", "Accept-Encoding": "identity"}
     if have:
         headers["Range"] = f"bytes={have}-"

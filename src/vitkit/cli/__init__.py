@@ -19,7 +19,7 @@ import traceback
 import warnings
 from typing import List, Optional, Tuple
 
-from .. import __version__
+from ..version import __version__
 from ..errors import EXIT_BUG, EXIT_ERROR, VitkitError, VitkitWarning, describe_os_error
 
 COMMAND_MODULES = ["model", "checkpoints", "analysis", "train", "mpp", "bench", "reproduce"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import NotFoundError, UsageError, require
+from ..errors import InputError, NotFoundError, UsageError, require
 from ._util import ManyFiles, positive_int
 
 
@@ -85,7 +85,7 @@ def _convert(args) -> int:
         check_sha256(src, where.entry.sha256, str(src))
     dst = Path(args.dst)
     if (dst.exists() or dst.is_symlink()) and not args.force:  # before staging: staging writes in place then
-        raise UsageError(f"{dst} already exists: choose another name, or pass --force to replace it")
+        raise InputError(f"{dst} already exists: choose another name, or pass --force to replace it")
     with staged_output(args.dst) as tmp:  # a failed conversion leaves no partial folder
         out = convert(src, tmp, args.to, num_heads=args.num_heads, safetensors=args.safetensors,
                       flavour=args.flavour, prefix=args.prefix, overwrite=args.force)

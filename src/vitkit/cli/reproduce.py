@@ -4,8 +4,6 @@ from __future__ import annotations
 import shlex
 import sys
 
-from ._util import positive_int
-
 
 def register(sub) -> None:
     from ..reproduce.claims import claims_table
@@ -16,10 +14,10 @@ def register(sub) -> None:
                        description=f"The claims: {listing}.")
     p.add_argument("--claims", default=None, metavar="1,2,...", help="claims to test (default: all ten)")
     p.add_argument("--budget", choices=["quick", "full"], default="quick",
-                   help="quick: 2 seeds, short runs, a first look; full: 3 seeds, the real report (many times "
-                        "longer; resumable). The report records how long each took on which machine")
+                   help="quick: 2 seeds, short runs, <= 45 min on a 2-core CPU; full: 3 seeds, the real report "
+                        "(many hours; resumable)")
     p.add_argument("--out", "-o", required=True, help="folder for the run folders and the report")
-    p.add_argument("--jobs", "-j", type=positive_int, default=1, metavar="N",
+    p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
                    help="train N runs at once, each in its own process with 1/N of the CPU cores (default 1); "
                         "small models use a many-core CPU better this way")
     p.add_argument("--report-only", action="store_true", help="train nothing: report on the finished runs")

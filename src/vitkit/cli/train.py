@@ -12,7 +12,8 @@ from ..errors import UsageError
 from ._util import ManyFiles, nonneg_int, parse_overrides, positive_float, positive_int
 
 
-def _common(p, default_recipe: str) -> None:
+def add_run_args(p, default_recipe: str) -> None:
+    """The options every training command takes (recipe, overrides, data, length, run folder)."""
     p.add_argument("--recipe", "-r", default=None,
                    help=f"built-in recipe name or a .yaml/.json file (default: {default_recipe}, or with --resume the "
                    f"run's own recipe.yaml; list: vitkit recipes)")
@@ -35,14 +36,14 @@ def _common(p, default_recipe: str) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a ViT from a recipe (from scratch, or fine-tune with init.checkpoint)")
-    _common(p, "fmnist-demo")
+    add_run_args(p, "fmnist-demo")
     p.set_defaults(func=_train)
 
     p = sub.add_parser("finetune", help="fine-tune a checkpoint (any format vitkit loads) the paper's way: "
                        "new zero head, position embeddings resized to the new resolution")
     p.add_argument("checkpoint", help="weights to start from: a vitkit folder, timm/torchvision/HF file, .npz")
     p.add_argument("--img-size", type=positive_int, help="fine-tuning resolution (position embeddings are resized)")
-    _common(p, "paper-finetune")
+    add_run_args(p, "paper-finetune")
     p.set_defaults(func=_finetune)
 
     p = sub.add_parser("eval", help="top-1/top-5 accuracy of a checkpoint on a dataset, with its preprocessing")
@@ -67,7 +68,8 @@ def register(sub) -> None:
     p.set_defaults(func=_recipes)
 
 
-def _overrides(args) -> dict:
+def overrides_of(args) -> dict:
+    """The recipe overrides of a training command: ``--set`` pairs plus the shortcut options."""
     ov = parse_overrides(args.set)
     for flag, key in (("data", "data.dataset"), ("epochs", "schedule.epochs"), ("steps", "schedule.steps"),
                       ("lr", "optim.lr"), ("batch_size", "optim.batch_size"), ("device", "train.device")):
@@ -131,11 +133,11 @@ def _report(res: dict, out: Path) -> None:
 
 
 def _train(args) -> int:
-    return _run(args, _overrides(args))
+    return _run(args, overrides_of(args))
 
 
 def _finetune(args) -> int:
-    ov = _overrides(args)
+    ov = overrides_of(args)
     ov["init.checkpoint"] = args.checkpoint
     if args.img_size:
         ov["model.img_size"] = args.img_size
@@ -165,11 +167,11 @@ def _eval(args) -> int:
 
 def _recipes(args) -> int:
     from ..train import list_recipes, load_recipe
-    from ..train.recipe import _raw
+    from ..train.recipe import raw_recipe
 
     if not args.name:
         for name in list_recipes():
-            desc = " ".join(str(_raw(name).get("description", "")).split())
+            desc = " ".join(str(raw_recipe(name).get("description", "")).split())
             print(f"{name:18s} {desc[:100]}{'...' if len(desc) > 100 else ''}")
         return 0
     recipe = load_recipe(args.name, parse_overrides(args.set))

@@ -349,7 +349,8 @@ def _one_line(err: Exception) -> str:
     return " ".join(str(err).split())
 
 
-def _raw(name_or_path: Union[str, PathLike], seen: Tuple[str, ...] = ()) -> Dict[str, Any]:
+def raw_recipe(name_or_path: Union[str, PathLike], seen: Tuple[str, ...] = ()) -> Dict[str, Any]:
+    """A recipe as the plain dict its file holds, ``base:`` resolved; nothing validated (see :func:`load_recipe`)."""
     key = str(name_or_path)
     if key in seen:
         raise ConfigError(f"recipe inheritance loops: {' -> '.join(seen + (key,))}")
@@ -370,7 +371,7 @@ def _raw(name_or_path: Union[str, PathLike], seen: Tuple[str, ...] = ()) -> Dict
         d.setdefault("name", key)
     base = d.get("base")
     if base:
-        parent = _raw(base, seen + (key,))
+        parent = raw_recipe(base, seen + (key,))
         d = merge(parent, {k: v for k, v in d.items() if k != "base"})
     return d
 
@@ -429,7 +430,7 @@ def apply_overrides(d: Dict[str, Any], overrides: Dict[str, Any]) -> Dict[str, A
 def load_recipe(name_or_path: Union[str, PathLike] = "fmnist-fast", overrides: Optional[Dict[str, Any]] = None
                 ) -> Recipe:
     """A built-in recipe by name or a recipe file, with ``overrides`` applied and everything validated."""
-    d = _raw(name_or_path)
+    d = raw_recipe(name_or_path)
     if overrides:
         d = apply_overrides(d, overrides)
     return Recipe.from_dict(d)
