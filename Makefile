@@ -11,7 +11,7 @@ PEERS_LOCK ?= requirements/peers.txt
 PEERS_MB ?= 5300
 PYTEST_ARGS ?=
 
-.PHONY: venv venv-test data demo analysis-figures test test-fast test-peers peers clean
+.PHONY: venv venv-test lint data demo analysis-figures test test-fast test-peers peers clean
 FMNIST ?= /usr/share/datasets/fashion-mnist
 
 # The demo needs only the core and matplotlib (about a minute to install); the tests add their extras
@@ -28,6 +28,9 @@ $(VENV)/.installed-test: $(VENV)/.installed
 
 venv: $(VENV)/.installed
 venv-test: $(VENV)/.installed-test
+
+lint: venv-test
+	$(BIN)/ruff check src tests benchmarks
 
 # Fashion-MNIST from Debian's package when it is missing and we are root; fails (with how to get it) when it
 # cannot provide the data, so the tests that need it never skip for want of it.
@@ -52,14 +55,15 @@ demo: venv data
 analysis-figures: venv-test data
 	PATH=$(abspath $(BIN)):$$PATH bash docs/figures/analysis/make_figures.sh $(DEMO_OUT)/model
 
-# The whole suite: the core tests in the main environment, then the comparisons with timm, torchvision and
-# Hugging Face (marked `peers`) in the peers environment. -rs prints every skip with its reason.
-test: venv-test peers data
+# The whole suite: the linter (rules in pyproject.toml, [tool.ruff]), the core tests in the main environment,
+# then the comparisons with timm, torchvision and Hugging Face (marked `peers`) in the peers environment.
+# -rs prints every skip with its reason.
+test: venv-test peers data lint
 	$(BIN)/python -m pytest -q -rs -m "not peers" $(PYTEST_ARGS)
 	$(PEERS)/bin/python -m pytest -q -rs -m peers $(PYTEST_ARGS)
 
 # The core tests only (no peers environment to build), without those marked slow.
-test-fast: venv-test data
+test-fast: venv-test data lint
 	$(BIN)/python -m pytest -q -rs -m "not slow and not peers" $(PYTEST_ARGS)
 
 # timm and torchvision need a torch build that torchvision matches (torch 2.14.1, a CUDA build that runs on

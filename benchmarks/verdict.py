@@ -25,11 +25,16 @@ from typing import Dict, List
 
 LIBRARY_PEERS = ("timm", "HF", "torchvision")
 TARGETS = [
-    dict(kind="inference", model="B/16", dtype="fp32", need=1.10, vs=LIBRARY_PEERS, label="B/16 inference fp32 vs best library"),
-    dict(kind="inference", model="B/16", dtype="bf16", need=1.10, vs=LIBRARY_PEERS, label="B/16 inference bf16 vs best library"),
-    dict(kind="inference", model="B/16", dtype="fp32", need=1.00, vs=("ORT",), label="B/16 inference fp32 vs ONNX Runtime"),
-    dict(kind="inference", model="B/16", dtype="fp32", need=0.90, what="roofline", label="B/16 inference fp32 roofline"),
-    dict(kind="inference", model="B/16", dtype="bf16", need=0.90, what="roofline", label="B/16 inference bf16 roofline"),
+    dict(kind="inference", model="B/16", dtype="fp32", need=1.10, vs=LIBRARY_PEERS,
+         label="B/16 inference fp32 vs best library"),
+    dict(kind="inference", model="B/16", dtype="bf16", need=1.10, vs=LIBRARY_PEERS,
+         label="B/16 inference bf16 vs best library"),
+    dict(kind="inference", model="B/16", dtype="fp32", need=1.00, vs=("ORT",),
+         label="B/16 inference fp32 vs ONNX Runtime"),
+    dict(kind="inference", model="B/16", dtype="fp32", need=0.90, what="roofline",
+         label="B/16 inference fp32 roofline"),
+    dict(kind="inference", model="B/16", dtype="bf16", need=0.90, what="roofline",
+         label="B/16 inference bf16 roofline"),
     dict(kind="train", model="S/16", dtype="fp32", need=1.10, vs=("timm",), label="S/16 training step fp32 vs timm"),
     dict(kind="train", model="S/16", dtype="bf16", need=1.10, vs=("timm",), label="S/16 training step bf16 vs timm"),
     dict(kind="train", model="recipe:fmnist-demo", dtype="fp32", need=1.10, vs=("timm",),

@@ -309,10 +309,10 @@ def test_corrupt_pickle_is_not_called_hostile(corpus, capsys):
 
 # --- many files: report each, skip it, go on, say so in the exit code ---------------------------------------
 def test_predict_skips_every_kind_of_bad_file_and_exits_3(corpus, capsys):
-    bad = [corpus.corrupt_img, corpus.truncated_img, corpus.zero_img, corpus.bomb, corpus.d / "missing.png", corpus.empty_dir, corpus.loop,
-           corpus.dir_named_png]
-    code, out, err = run(capsys, ["predict", corpus.good, *bad, corpus.odd_exif, corpus.bad_orientation, "-w", corpus.model,
-                                  "--no-progress", "--json"])
+    bad = [corpus.corrupt_img, corpus.truncated_img, corpus.zero_img, corpus.bomb, corpus.d / "missing.png",
+           corpus.empty_dir, corpus.loop, corpus.dir_named_png]
+    code, out, err = run(capsys, ["predict", corpus.good, *bad, corpus.odd_exif, corpus.bad_orientation,
+                                  "-w", corpus.model, "--no-progress", "--json"])
     assert code == 3 and "Traceback" not in err
     skipped = [ln for ln in err.splitlines() if "vitkit predict: skipped" in ln]
     assert len(skipped) == len(bad), err
@@ -321,12 +321,14 @@ def test_predict_skips_every_kind_of_bad_file_and_exits_3(corpus, capsys):
     assert any("implausibly large" in ln for ln in skipped if "bomb.png" in ln)
     rows = [json.loads(ln) for ln in out.splitlines()]
     classified = [r["path"] for r in rows if "top" in r]
-    assert classified == [str(corpus.good), str(corpus.odd_exif), str(corpus.bad_orientation)]  # odd EXIF is not an error
+    # odd EXIF is not an error
+    assert classified == [str(corpus.good), str(corpus.odd_exif), str(corpus.bad_orientation)]
     assert "classified 3 of 11 images, 8 skipped" in err
 
 
 def test_predict_with_nothing_usable_exits_1(corpus, capsys):
-    code, _, err = run(capsys, ["predict", corpus.d / "missing.png", corpus.empty_dir, "-w", corpus.model, "--no-progress"])
+    code, _, err = run(capsys, ["predict", corpus.d / "missing.png", corpus.empty_dir, "-w", corpus.model,
+                                "--no-progress"])
     assert code == 1 and "Traceback" not in err and err.count("skipped") >= 2
 
 
@@ -339,8 +341,8 @@ def test_predict_non_finite_weights_warn_and_outputs_are_refused(corpus, capsys)
 
 def test_analyze_skips_a_bad_image_like_predict(corpus, capsys):
     out_dir = corpus.d / "analysis"
-    code, _, err = run(capsys, ["analyze", corpus.model, corpus.good, corpus.corrupt_img, corpus.d / "missing.png", "--out", out_dir,
-                                "--filters", "4"])
+    code, _, err = run(capsys, ["analyze", corpus.model, corpus.good, corpus.corrupt_img, corpus.d / "missing.png",
+                                "--out", out_dir, "--filters", "4"])
     assert code == 3 and "Traceback" not in err, err
     assert err.count("vitkit analyze: skipped") == 2 and (out_dir / "summary.json").is_file()
 
@@ -370,8 +372,8 @@ def test_non_utf8_file_names_print(corpus, tmp_path):
     name = os.fsencode(folder) + b"/caf\xe9-\xff.png"  # Latin-1 bytes: not valid UTF-8
     with open(name, "wb") as f:
         f.write(corpus.good.read_bytes())
-    r = subprocess.run([sys.executable, "-m", "vitkit", "predict", str(folder), "-w", str(corpus.model), "--no-progress",
-                        "--topk", "1"], capture_output=True, env=ENV, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "vitkit", "predict", str(folder), "-w", str(corpus.model),
+                        "--no-progress", "--topk", "1"], capture_output=True, env=ENV, timeout=120)
     assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr
     assert b"caf" in r.stdout and b"1." in r.stdout
 

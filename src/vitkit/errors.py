@@ -173,5 +173,5 @@ def describe_os_error(err: OSError) -> str:
 
 __all__ = ["EXIT_BUG", "EXIT_ERROR", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "BusyError", "CheckpointError",
            "ConfigError", "DataError", "ExportError", "InputError", "MissingDependency", "NotFoundError", "OutputError",
-           "TrainingDiverged", "UnsafeCheckpointError", "UsageError", "VitkitError", "VitkitWarning", "describe_os_error",
-           "os_error_hint", "require"]
+           "TrainingDiverged", "UnsafeCheckpointError", "UsageError", "VitkitError", "VitkitWarning",
+           "describe_os_error", "os_error_hint", "require"]

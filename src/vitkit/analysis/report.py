@@ -139,7 +139,8 @@ def analyze(model: torch.nn.Module, inputs: torch.Tensor, out_dir: PathLike, *,
     heads = dist.shape[1]
     lo, hi = int(dist.argmin()), int(dist.argmax())  # the most and least local heads, 1-based like the paper's plots
     extremes = {"most_local_head": {"layer": lo // heads + 1, "head": lo % heads + 1, "distance_px": float(dist.min())},
-                "least_local_head": {"layer": hi // heads + 1, "head": hi % heads + 1, "distance_px": float(dist.max())}}
+                "least_local_head": {"layer": hi // heads + 1, "head": hi % heads + 1,
+                                     "distance_px": float(dist.max())}}
     dist_json.update(extremes)
     write_json_atomic(out / "attention_distance.json", dist_json)
     summary["attention_distance"] = {"mean_per_layer": per_layer.tolist(), "uniform_attention_px": uniform,

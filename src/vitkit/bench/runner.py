@@ -59,7 +59,7 @@ def _freezing(compiled: bool, device: str):
     """Inductor's weight freezing (constant folding, pre-packed CPU GEMM weights) for every compiled
     contender alike; it applies to inference graphs only."""
     if compiled and device == "cpu":
-        import torch._inductor.config as inductor_config
+        import torch._inductor.config as inductor_config  # noqa: PLC2701 (torch's only way to set it)
 
         return inductor_config.patch(freezing=True)
     return contextlib.nullcontext()

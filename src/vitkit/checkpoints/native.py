@@ -71,10 +71,11 @@ def read_meta(path: PathLike) -> Dict[str, Any]:
         raise NotFoundError(f"not found: a vitkit checkpoint is a folder with {WEIGHTS} and {META}",
                             path=meta) from None
     except json.JSONDecodeError as err:  # its message names the line and column
-        raise CheckpointError(f"not valid JSON ({err})", path=meta,
-                              hint="the checkpoint's description is damaged: restore it or save the model again") from None
+        raise CheckpointError(f"not valid JSON ({err})", path=meta, hint="the checkpoint's description is damaged: "
+                              "restore it or save the model again") from None
     except UnicodeDecodeError as err:
-        raise CheckpointError(f"not UTF-8 text ({err})", path=meta, hint="the checkpoint's description is damaged") from None
+        raise CheckpointError(f"not UTF-8 text ({err})", path=meta,
+                              hint="the checkpoint's description is damaged") from None
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise CheckpointError(f"not a vitkit checkpoint description (format="
                               f"{d.get('format') if isinstance(d, dict) else None!r})", path=meta)

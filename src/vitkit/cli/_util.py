@@ -76,7 +76,8 @@ class ManyFiles:
 
     def skip(self, path: Any, reason: Any) -> None:
         from ..errors import describe_os_error
-        text = describe_os_error(reason) if isinstance(reason, OSError) and getattr(reason, "errno", None) else str(reason)
+        is_os = isinstance(reason, OSError) and getattr(reason, "errno", None)
+        text = describe_os_error(reason) if is_os else str(reason)
         text = " ".join(text.split())
         shown = str(path)
         if text.startswith(shown):  # the reason already names the file

@@ -70,7 +70,8 @@ def register(sub) -> None:
     p.add_argument("--head-fusion", default="mean", choices=["mean", "max", "min"])
     p.add_argument("--img-size", type=positive_int, nargs="+", metavar="N",
                    help="analyse at another resolution: N or H W (position embeddings resized)")
-    p.add_argument("--filters", type=positive_int, default=28, help="principal components of the embedding (default 28)")
+    p.add_argument("--filters", type=positive_int, default=28,
+                   help="principal components of the embedding (default 28)")
     p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument("--device", default="cpu")
     p.add_argument("--title", help="model name shown in the figures")

@@ -25,7 +25,7 @@ import torch
 
 from ..utils import atomic_path
 from .datasets import IMAGE_SUFFIXES, FileImages, TensorImages
-from ..errors import DataError, InputError
+from ..errors import DataError, InputError, NotFoundError
 
 CLASSES_FILE = "classes.txt"
 
@@ -106,8 +106,8 @@ def tar_shards(pattern: str, *, load_size: int = 256, channels: int = 3,
     paths = expand_pattern(pattern)
     missing = [p for p in paths if not os.path.isfile(p)]
     if not paths or missing:
-        raise FileNotFoundError(f"tar shards {pattern!r}: {'missing ' + ', '.join(missing[:3]) if missing else 'no file matches'}"
-                                f" (write them with vitkit.data.shards.write_shards)")
+        what = "missing " + ", ".join(missing[:3]) if missing else "no file matches"
+        raise NotFoundError(f"tar shards {pattern!r}: {what} (write them with vitkit.data.shards.write_shards)")
     items: List[Tuple[Member, int]] = []
     for p in paths:
         items += index_shard(p)

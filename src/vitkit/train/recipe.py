@@ -2,9 +2,10 @@
 
 A recipe is a YAML (or JSON) file with the sections ``model``, ``data``, ``augment``, ``optim``,
 ``schedule``, ``train``, ``init`` (and ``mpp`` / ``distill`` for those objectives). ``base: NAME``
-inherits another recipe and changes only what it lists. Built-in recipes live in ``vitkit/recipes/*.yaml`` (``paper-pretrain``, ``paper-finetune``,
-``deit``, ``plain-baseline``, ``fmnist-*``). Overrides are dotted keys (``optim.lr=3e-4``) or, when
-unambiguous, bare field names (``lr=3e-4``). The resolved recipe is saved in every run folder.
+inherits another recipe and changes only what it lists. Built-in recipes live in ``vitkit/recipes/*.yaml``
+(``paper-pretrain``, ``paper-finetune``, ``deit``, ``plain-baseline``, ``fmnist-*``). Overrides are dotted
+keys (``optim.lr=3e-4``) or, when unambiguous, bare field names (``lr=3e-4``). The resolved recipe is saved
+in every run folder.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ _RECIPE_PACKAGE = "vitkit.recipes"
 
 @dataclass
 class DataConfig:
-    dataset: Optional[str] = "fashion-mnist"  # fashion-mnist | mnist | cifar10:DIR | cifar100:DIR | folder:DIR | shards:PATTERN | tensors:FILE
+    # fashion-mnist | mnist | cifar10:DIR | cifar100:DIR | folder:DIR | shards:PATTERN | tensors:FILE
+    dataset: Optional[str] = "fashion-mnist"
     root: Optional[str] = None  # folder for specs without a path (e.g. Fashion-MNIST elsewhere)
     train_split: str = "train"
     eval_split: Optional[str] = "test"  # the test split, read once at the end (null: none)
@@ -101,7 +103,8 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     export: str = "auto"  # exported weights: auto (raw or EMA, the better on the validation split) | ema | raw
     predictions: int = 16  # test images shown in predictions.png
-    log: List[str] = field(default_factory=list)  # the metrics also to: tensorboard (RUN/tensorboard), csv (RUN/metrics.csv)
+    # the metrics also to: tensorboard (RUN/tensorboard), csv (RUN/metrics.csv)
+    log: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -234,7 +237,6 @@ class Recipe:
         if not 0 <= s.patch_drop_from < 1:
             raise ConfigError(f"schedule.patch_drop_from must be in [0, 1) (a fraction of the run), got "
                              f"{s.patch_drop_from}")
-        dc = self.data
         if t.precision not in ("fp32", "bf16"):
             raise ConfigError(f"train.precision={t.precision!r}: use fp32 or bf16")
         if t.distributed not in ("ddp", "fsdp"):

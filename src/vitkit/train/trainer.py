@@ -415,7 +415,8 @@ class Trainer:
         return {"name": f"vitkit-train:{dc.dataset.split(':')[0]}", "size": list(cfg.img_size),
                 "resize": None if in_mem else self.load_size, "resize_mode": "squash" if in_mem else "shorter",
                 "interpolation": "bilinear", "backend": "tensor" if in_mem else "pil", "mean": mean, "std": std,
-                "description": f"as trained by vitkit ({'resize to the model size' if in_mem else 'shorter side ' + str(self.load_size) + ', centre crop'})"}
+                "description": "as trained by vitkit (" + ("resize to the model size" if in_mem else
+                                                           f"shorter side {self.load_size}, centre crop") + ")"}
 
     def finish(self, wall: float) -> Dict[str, Any]:
         """Choose the weights on the validation split, test them once, export, report

@@ -76,7 +76,8 @@ def _is_deit(tensors: Dict[str, Any], config: Optional[Dict[str, Any]]) -> bool:
 def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, num_heads: Optional[int] = None,
          source: str = "") -> Checkpoint:
     tensors = strip_prefix(tensors)
-    depth = max(count_blocks(tensors, E + "layernorm_before.weight"), count_blocks(tensors, N + "layernorm_before.weight"))
+    depth = max(count_blocks(tensors, E + "layernorm_before.weight"),
+                count_blocks(tensors, N + "layernorm_before.weight"))
     notes = []
     deit = _is_deit(tensors, config)
     table = RULES

@@ -40,7 +40,8 @@ _UNIT = {  # format -> regex over a foreign key giving (stage, unit) and the ind
     "npz": (re.compile(r"(?:^|/)block(\d+)/unit(\d+)/conv1/kernel$"), 1),
     "timm": (re.compile(r"^patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.conv1\.weight$"), 0),
 }
-_ROOT = {"npz": "conv_root/kernel", "timm": ("patch_embed.backbone.stem.conv.weight", "patch_embed.backbone.conv.weight")}
+_ROOT = {"npz": "conv_root/kernel",
+         "timm": ("patch_embed.backbone.stem.conv.weight", "patch_embed.backbone.conv.weight")}
 _OURS_UNIT = re.compile(r"^patch_embed\.backbone\.stages\.(\d+)\.(\d+)\.conv1\.weight$")
 
 

@@ -128,7 +128,8 @@ def write(ckpt: Checkpoint, dst: Path, *, flavour: Optional[str] = None, prefix:
         raise CheckpointError(f"the .npz layouts hold a learned 1D position table at the input; this model has "
                          f"posemb={cfg.posemb}, posemb_where={cfg.posemb_where}: use --to vitkit")
     if cfg.distill_token:
-        raise CheckpointError("the .npz layouts have no distillation token (DeiT): write this model as vitkit, timm or hf")
+        raise CheckpointError("the .npz layouts have no distillation token (DeiT): write this model as vitkit, timm "
+                              "or hf")
     layout = layout_for(ckpt, NAME)
     if flavour:
         if flavour not in FLAVOURS:

@@ -207,7 +207,8 @@ def pretrained_cfg(ckpt: Checkpoint) -> Dict[str, Any]:
         tries = [pre.crop_pct, round(size / pre.resize, 4), size / pre.resize, size / (pre.resize + 0.5)]
         crop_pct = next(c for c in tries if c and math.floor(size / c) == pre.resize)
     return {"input_size": [cfg.in_chans, *cfg.img_size], "interpolation": pre.interpolation,
-            "mean": list(pre.mean[:cfg.in_chans]), "std": list(pre.std[:cfg.in_chans]), "crop_pct": crop_pct, "crop_mode": mode,
+            "mean": list(pre.mean[:cfg.in_chans]), "std": list(pre.std[:cfg.in_chans]), "crop_pct": crop_pct,
+            "crop_mode": mode,
             "num_classes": cfg.num_classes, "first_conv": "patch_embed.proj", "classifier": "head",
             "fixed_input_size": not cfg.dynamic_img_size, "custom_load": False}
 
