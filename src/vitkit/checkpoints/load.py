@@ -26,7 +26,7 @@ from .formats import FORMATS, timm_folder
 from .download import check_sha256
 from .sources import resolve_weights
 from .validate import validate_checkpoint
-from ..errors import CheckpointError, InputError
+from ..errors import CheckpointError, InputError, NotFoundError
 
 TARGETS = ("vitkit", "npz", "torchvision", "timm", "hf")
 _KEEP = object()
@@ -38,7 +38,8 @@ def read_checkpoint(path: PathLike, *, num_heads: Optional[int] = None) -> Check
     """Read weights in any supported format (recognised from the contents) as a vitkit-layout Checkpoint."""
     p = Path(path).expanduser()
     if not p.exists():
-        raise FileNotFoundError(f"{p} does not exist")
+        raise NotFoundError("does not exist", path=p,
+                            hint="read_checkpoint takes a local file or folder; load_weights also takes names and URLs")
     if p.is_dir():
         ckpt = _read_folder(p, num_heads)
     elif native.is_native(p) and p.name == native.WEIGHTS:

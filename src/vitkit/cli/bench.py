@@ -39,11 +39,11 @@ def register(sub) -> None:
     p.add_argument("--compile-mode", default=None,
                    help="torch.compile mode, e.g. reduce-overhead (CUDA graphs) or max-autotune")
     p.add_argument("--peers", nargs="+", default=["all"], metavar="LIB",
-                   help="timm hf torchvision, 'all' (default) or 'none'")
+                   help="timm hf torchvision onnxruntime, 'all' (default) or 'none'")
     p.add_argument("--peer-bf16", choices=("weights", "autocast"), default="weights",
                    help="how peers run bf16: bf16 weights (model.to(bfloat16), default) or fp32 weights + autocast")
     p.add_argument("--vitkit-module", action="store_true",
-                   help="also time vitkit's plain nn.Module (without the inference engine)")
+                   help="also time vitkit's model called directly (without prepare_inference's wrapper)")
     p.add_argument("--threads", type=positive_int, help="intra-op threads for every library (default: torch's)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--warmup", type=nonneg_int, default=1, help="untimed calls per contender first (default 1)")

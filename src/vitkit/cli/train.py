@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ..errors import UsageError
+from ..train.recipe import DEFAULT_RECIPE
 from ._util import ManyFiles, nonneg_int, parse_overrides, positive_float, positive_int
 
 
@@ -36,7 +37,7 @@ def add_run_args(p, default_recipe: str) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a ViT from a recipe (from scratch, or fine-tune with init.checkpoint)")
-    add_run_args(p, "fmnist-demo")
+    add_run_args(p, DEFAULT_RECIPE)
     p.set_defaults(func=_train)
 
     p = sub.add_parser("finetune", help="fine-tune a checkpoint (any format vitkit loads) the paper's way: "

@@ -29,6 +29,7 @@ from ..utils import PathLike, atomic_path
 from .loggers import LOGGERS
 
 _RECIPE_PACKAGE = "vitkit.recipes"
+DEFAULT_RECIPE = "fmnist-demo"  # what `vitkit train` and load_recipe() train without a recipe (make demo)
 
 
 @dataclass
@@ -429,7 +430,7 @@ def apply_overrides(d: Dict[str, Any], overrides: Dict[str, Any]) -> Dict[str, A
     return out
 
 
-def load_recipe(name_or_path: Union[str, PathLike] = "fmnist-fast", overrides: Optional[Dict[str, Any]] = None
+def load_recipe(name_or_path: Union[str, PathLike] = DEFAULT_RECIPE, overrides: Optional[Dict[str, Any]] = None
                 ) -> Recipe:
     """A built-in recipe by name or a recipe file, with ``overrides`` applied and everything validated."""
     d = raw_recipe(name_or_path)
