@@ -1,7 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   - the main job (creates .venv, installs vitkit, runs it)
 #   make test   - the test suite (same environment, plus the peers environment for the comparisons)
-# The CPU build of torch is pinned for the install (TORCH_PIN); the package itself accepts torch>=2.1.
+# The CPU build of torch is pinned for the install (TORCH_PIN); the package accepts torch>=2.13, the oldest build CI tests.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -55,12 +55,20 @@ demo: venv data
 analysis-figures: venv-test data
 	PATH=$(abspath $(BIN)):$$PATH bash docs/figures/analysis/make_figures.sh $(DEMO_OUT)/model
 
-# The whole suite: the linter (rules in pyproject.toml, [tool.ruff]), the core tests in the main environment,
+# The whole suite: the linter (rules in pyproject.toml, [tool.ruff]), the core tests in the main environment
+# (with $$VITKIT_BACKEND unset: every choice auto), then the tests whose numbers or graphs depend on the kernels
+# once per fixed backend (so a machine kind whose measurement picks the other library is covered here too),
 # then the comparisons with timm, torchvision and Hugging Face (marked `peers`) in the peers environment.
 # -rs prints every skip with its reason.
+BACKEND_TESTS ?= tests/test_backend.py tests/test_inference.py tests/test_export.py tests/test_axial.py \
+	tests/test_config.py tests/test_model.py
+FIXED_BACKENDS ?= gemm=aten,attention=fused gemm=onednn,attention=explicit
 test: venv-test peers data lint
-	$(BIN)/python -m pytest -q -rs -m "not peers" $(PYTEST_ARGS)
-	$(PEERS)/bin/python -m pytest -q -rs -m peers $(PYTEST_ARGS)
+	env -u VITKIT_BACKEND $(BIN)/python -m pytest -q -rs -m "not peers" $(PYTEST_ARGS)
+	for b in $(FIXED_BACKENDS); do echo "== VITKIT_BACKEND=$$b"; \
+	  VITKIT_BACKEND=$$b $(BIN)/python -m pytest -q -m "not peers and not slow" -p no:cacheprovider \
+	    $(BACKEND_TESTS) $(PYTEST_ARGS) || exit 1; done
+	env -u VITKIT_BACKEND $(PEERS)/bin/python -m pytest -q -rs -m peers $(PYTEST_ARGS)
 
 # The core tests only (no peers environment to build), without those marked slow.
 test-fast: venv-test data lint

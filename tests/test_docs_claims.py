@@ -9,7 +9,8 @@ A marker is an HTML comment right after the number (invisible in the rendered pa
 ``FORMAT`` says how
 the value is written: ``pct1`` / ``pct2`` (a fraction as a percentage with 1 / 2 decimals), ``f0`` ...
 ``f4`` (fixed decimals), ``e1`` / ``e2`` (scientific), ``int`` (an integer, thousands separated by commas
-or not), ``min1`` (seconds as minutes, 1 decimal), ``ms0`` (seconds as whole milliseconds), ``x2`` (a ratio with 2 decimals, written 1.23x).
+or not), ``min1`` (seconds as minutes, 1 decimal), ``ms0`` (seconds as whole milliseconds), ``x2`` (a ratio
+with 2 decimals, written 1.23x).
 ``KEY`` may also be ``KEY_A / KEY_B``: the ratio of two values of the same JSON (a speed-up, "1.31x").
 
 A number that looks measured (a figure with a unit - %, ms, s, min, hours, MiB, GB, img/s - or a ratio such as

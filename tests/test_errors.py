@@ -24,7 +24,6 @@ ALLOWED = {
                        "what the report needs",
     ("models/kernels.py", "*"): "the lead's file while the backend declaration (issue 31) is rewritten: migrate "
                                 "its one option check when that lands",
-    ("models/precision.py", "*"): "the lead's file (issue 31): migrate its option check when that lands",
     ("models/layers.py", "*"): "the lead's file (issue 31): migrate its option check when that lands",
     ("models/inference.py", "*"): "the lead's file (issue 31): migrate prepare_inference's option checks when "
                                   "that lands",
