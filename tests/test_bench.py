@@ -1,9 +1,11 @@
 """The benchmark harness and the fast paths it measures: mechanics and numerics, never timings."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
+import vitkit
 from conftest import randomize_head
 from vitkit import VisionTransformer, cost, create_model
 from vitkit.config import config_from_name
@@ -84,6 +86,24 @@ def test_machine_line_names_cores_threads_torch():
     busy = dict(info, load_avg=[info["cores"] + 3.0, 0, 0])
     assert "other processes" in busy_warning(busy)
     assert busy_warning(dict(info, load_avg=[0.1, 0, 0])) is None
+
+
+def test_machine_info_records_the_code_version(tmp_path):
+    """Every benchmark JSON carries machine_info (or its line): the commit and dirty flag of the code."""
+    import subprocess
+
+    from vitkit import __version__
+    from vitkit.version import describe_code
+
+    code = machine_info()["code"]
+    root = Path(vitkit.__file__).resolve().parents[2]
+    if (root / ".git").exists():  # the tests run from the checkout
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+        assert code["commit"] == head.stdout.strip() and isinstance(code["dirty"], bool)
+    assert code["vitkit"] == __version__ and describe_code(code) in machine_line(dict(machine_info(), code=code))
+    assert describe_code({"vitkit": "1.2", "commit": "0123456789abcdef", "dirty": True}) == \
+        "vitkit 1.2 0123456789ab (dirty)"
+    assert describe_code({"vitkit": "1.2", "commit": None, "dirty": None}) == "vitkit 1.2"
 
 
 # --- roofline ----------------------------------------------------------------------------------------
