@@ -34,6 +34,15 @@ def test_every_builtin_recipe_loads_and_builds_its_model():
     assert deit.augment.randaugment == (2, 9.0) and deit.augment.repeats == 3 and deit.augment.mixup == 0.8
 
 
+def test_the_demo_is_a_step_budget():
+    """make demo reports the same accuracy on every machine: its length is steps, never a time budget."""
+    from vitkit.train.recipe import DEFAULT_RECIPE
+
+    r = load_recipe()
+    assert r.name == DEFAULT_RECIPE == "fmnist-demo"
+    assert r.schedule.minutes is None and r.schedule.steps == 5584 and r.schedule.warmup_steps == 258
+
+
 def test_inheritance_and_overrides():
     base = load_recipe("fmnist-fast")
     long = load_recipe("fmnist-long")
