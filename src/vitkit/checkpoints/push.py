@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from ..errors import InputError
 from ..utils import PathLike
 from .base import Checkpoint
 from .load import checkpoint_of, read_weights, save_weights
@@ -39,9 +40,9 @@ def push_to_hub(weights: Union[Any, Checkpoint, str, PathLike], repo_id: str, *,
     """Upload ``weights`` (a model, a :class:`Checkpoint`, or anything :func:`load_weights` reads) to the Hub
     repository ``repo_id`` in ``to``'s folder layout (``timm`` or ``hf``); returns the commit's URL."""
     if to not in LAYOUTS:
-        raise ValueError(f"--to {to!r}: the Hub folders are timm's or transformers' ('timm' or 'hf')")
+        raise InputError(f"--to {to!r}: the Hub folders are timm's or transformers' ('timm' or 'hf')")
     if "/" not in repo_id:
-        raise ValueError(f"repository {repo_id!r}: give OWNER/NAME (e.g. acme/vit-small-pets)")
+        raise InputError(f"repository {repo_id!r}: give OWNER/NAME (e.g. acme/vit-small-pets)")
     try:
         from huggingface_hub import HfApi
     except ImportError:

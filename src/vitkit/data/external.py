@@ -16,6 +16,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ..errors import DataError
 from .datasets import fit_square
 
 
@@ -81,10 +82,10 @@ def to_pil(image: Any, where: str = "image"):
     if arr.ndim == 3 and arr.shape[-1] == 1:
         arr = arr[..., 0]
     if arr.ndim not in (2, 3):
-        raise ValueError(f"{where}: an image must be [H, W], [H, W, C] or [C, H, W], got shape {arr.shape}")
+        raise DataError(f"{where}: an image must be [H, W], [H, W, C] or [C, H, W], got shape {arr.shape}")
     if arr.dtype != np.uint8:
         if not np.issubdtype(arr.dtype, np.floating):
-            raise ValueError(f"{where}: image values must be uint8 (0..255) or floats in [0, 1], got {arr.dtype}")
+            raise DataError(f"{where}: image values must be uint8 (0..255) or floats in [0, 1], got {arr.dtype}")
         arr = np.clip(np.round(arr * 255.0), 0, 255).astype(np.uint8)
     return Image.fromarray(arr)
 
@@ -105,7 +106,7 @@ def _labels_and_classes(dataset: Any, label_key: str, classes: Optional[Sequence
         names = [str(c) for c in getattr(dataset, "classes", [])] or \
             [str(i) for i in range(int(labels.max()) + 1 if len(labels) else 0)]
     if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= len(names)):
-        raise ValueError(f"labels must be in [0, {len(names)}) ({len(names)} classes), got "
+        raise DataError(f"labels must be in [0, {len(names)}) ({len(names)} classes), got "
                          f"[{int(labels.min())}, {int(labels.max())}]: pass classes=")
     return labels, names
 
@@ -118,7 +119,7 @@ def from_dataset(dataset: Any, *, classes: Optional[Sequence[str]] = None, load_
     ``Trainer(recipe, out, data={"train": ..., "test": ...})``. ``classes``: the class names (default: the
     dataset's own, else "0", "1", ...); images are decoded to ``load_size`` squares with ``channels``."""
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
-        raise ValueError(f"{type(dataset).__name__} is not an indexable dataset (it needs __len__ and __getitem__; "
+        raise DataError(f"{type(dataset).__name__} is not an indexable dataset (it needs __len__ and __getitem__; "
                          f"an IterableDataset cannot be split into training and validation images)")
     labels, names = _labels_and_classes(dataset, label_key, classes)
     return ExternalImages(dataset, labels, names, int(load_size), int(channels), image_key, label_key,

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from ...errors import CheckpointError
 from ...utils import write_json_atomic
 from ..base import Checkpoint, heads_note, infer_config, with_class_slots
 from ..files import write_safetensors
@@ -140,7 +141,7 @@ def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, nu
     tensors = strip_prefix({k: v for k, v in tensors.items() if k not in text})
     kind = MODEL_TYPES.get((config or {}).get("model_type", "")) or kind_of_keys(tensors)
     if kind is None:
-        raise ValueError(f"{source}: not a DINOv2, CLIP or SigLIP image tower")
+        raise CheckpointError(f"{source}: not a DINOv2, CLIP or SigLIP image tower")
     head = None
     if kind == "dinov2" and "embeddings.mask_token" in tensors:
         tensors = {k: v for k, v in tensors.items() if k != "embeddings.mask_token"}
@@ -168,13 +169,13 @@ def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, nu
     if vc:
         act = vc.get("hidden_act", "gelu")
         if act not in ACTS:
-            raise ValueError(f"{source}: hidden_act={act!r} is not a GELU vitkit computes ({sorted(ACTS)})")
+            raise CheckpointError(f"{source}: hidden_act={act!r} is not a GELU vitkit computes ({sorted(ACTS)})")
         fixed["gelu"] = ACTS[act]
         fixed["ln_eps"] = float(vc.get("layer_norm_eps", fixed["ln_eps"]))
         if kind == "dinov2":
             fixed["layer_scale"] = float(vc.get("layerscale_value", 1.0))
             if vc.get("use_swiglu_ffn"):
-                raise ValueError(f"{source}: a DINOv2 with a SwiGLU MLP (giant) is not a model vitkit builds")
+                raise CheckpointError(f"{source}: a DINOv2 with a SwiGLU MLP (giant) is not a model vitkit builds")
         num_heads = num_heads or int(vc.get("num_attention_heads", 0)) or None
         size = vc.get("image_size")
         if size is not None and kind != "dinov2":  # DINOv2's config says 518 whatever its table holds
@@ -258,12 +259,12 @@ def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
         if bool(bias.any()):
             problems.append("a head without bias (CLIP's projection)")
     if problems:
-        raise ValueError(f"Hugging Face's {kind} tower needs {'; '.join(problems)}: this model cannot be written "
+        raise CheckpointError(f"Hugging Face's {kind} tower needs {'; '.join(problems)}: this model cannot be written "
                          f"as an HF folder")
     state = with_class_slots(state, cfg)  # HF's tables have the class slot
     mapped = from_vitkit(state, TABLES[kind], cfg.depth, Context(cfg.width, cfg.num_heads))
     if mapped.unused:
-        raise ValueError(f"Hugging Face's {kind} tower has no place for {mapped.unused}")
+        raise CheckpointError(f"Hugging Face's {kind} tower has no place for {mapped.unused}")
     out = mapped.state
     if kind == "dinov2":
         out["embeddings.mask_token"] = torch.zeros(1, cfg.width, dtype=out["embeddings.cls_token"].dtype)

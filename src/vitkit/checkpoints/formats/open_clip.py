@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from ...errors import CheckpointError
 from ..base import Checkpoint, heads_note, infer_config, with_class_slots
 from ..files import write_safetensors, write_torch
 from ..keymap import DENSE, UNBATCHED, Context, Rule, check_mapped, count_blocks, from_vitkit, linear, rule, to_vitkit
@@ -90,9 +91,9 @@ def write(ckpt: Checkpoint, dst: Path, *, safetensors: bool = False) -> Path:
     if cfg.num_classes and bool(state.pop("head.bias").any()):
         problems.append("a head without bias (CLIP's projection)")
     if problems:
-        raise ValueError(f"OpenCLIP's image tower needs {'; '.join(problems)}: this model cannot be written in "
+        raise CheckpointError(f"OpenCLIP's image tower needs {'; '.join(problems)}: this model cannot be written in "
                          f"its layout")
     mapped = from_vitkit(state, RULES, cfg.depth, Context(cfg.width, cfg.num_heads))
     if mapped.unused:
-        raise ValueError(f"OpenCLIP's image tower has no place for {mapped.unused}")
+        raise CheckpointError(f"OpenCLIP's image tower has no place for {mapped.unused}")
     return write_safetensors(mapped.state, dst) if safetensors else write_torch(mapped.state, dst)
