@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import vitkit
-from vitkit import ConfigError, ViTConfig, VisionTransformer, load_weights, save_weights
+from vitkit import ConfigError, VisionTransformer, ViTConfig, load_weights, save_weights
 from vitkit.cli import main
 from vitkit.models.cost import cost, param_count
 
@@ -23,7 +23,8 @@ TIMM_PARAMS = {"deit3_small_patch16_224": 22_059_496, "vit_small_patch14_reg4_di
 def tiny(name, **kw):
     """A descendant cut to unit-test size: every part kept, 2 blocks of width 64 on 28 px."""
     patch = vitkit.parse_model_name(name)["patch_size"]
-    return vitkit.create_model(name, **dict(dict(width=64, num_heads=4, mlp_dim=128, depth=2, img_size=2 * patch), **kw))
+    small = dict(width=64, num_heads=4, mlp_dim=128, depth=2, img_size=2 * patch)
+    return vitkit.create_model(name, **dict(small, **kw))
 
 
 @pytest.mark.parametrize("name", FAMILY)
@@ -49,6 +50,7 @@ def test_map_pooling_cost_matches_flop_counter(monkeypatch):
     """The attention pool's multiply-adds as torch counts them (the difference from a GAP model; the pool's
     attention on the explicit path, whose matmuls the counter sees)."""
     from torch.utils.flop_counter import FlopCounterMode
+
     from vitkit.models import layers, precision
     monkeypatch.setattr(layers, "attention", lambda q, k, v: precision.attention(q, k, v, path="explicit"))
 

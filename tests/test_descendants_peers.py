@@ -114,8 +114,10 @@ def test_hf_towers_both_ways(tmp_path, cls, form):
     if form == "folder":
         ours = load_weights(tmp_path / "ref")
     else:  # a bare state dict: the numerics come from the model's Hub name
-        name = {"Dinov2Model": "facebook/dinov2-small", "Dinov2WithRegistersModel": "facebook/dinov2-with-registers-small",
-                "CLIPVisionModel": "openai/clip-vit-base-patch16", "CLIPVisionModelWithProjection": "openai/clip-vit-base-patch16",
+        name = {"Dinov2Model": "facebook/dinov2-small",
+                "Dinov2WithRegistersModel": "facebook/dinov2-with-registers-small",
+                "CLIPVisionModel": "openai/clip-vit-base-patch16",
+                "CLIPVisionModelWithProjection": "openai/clip-vit-base-patch16",
                 "SiglipVisionModel": "google/siglip-base-patch16-224"}[cls]
         ours = vitkit.create_model(name, weights=tmp_path / "ref" / "model.safetensors", num_heads=4)
     x = torch.randn(2, 3, 56, 56)

@@ -62,8 +62,8 @@ def square_grid(n: int) -> Optional[int]:
     return side if side * side == n and n > 0 else None
 
 
-PREFIX_KEYS = ("cls_token", "dist_token")
-LAYER_SCALE_INIT = 1e-5  # LayerScale's initial value where weights carry a scale (timm's and DINOv2's default)  # the tokens before the patches, in order
+PREFIX_KEYS = ("cls_token", "dist_token")  # the tokens before the patches, in order
+LAYER_SCALE_INIT = 1e-5  # LayerScale's initial value where weights carry a scale (timm's and DINOv2's default)
 
 
 def add_class_slot(state: Dict[str, Tensor]) -> bool:

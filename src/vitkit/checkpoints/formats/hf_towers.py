@@ -275,7 +275,8 @@ def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
     if head is not None:
         out["visual_projection.weight"] = head.contiguous()
     arch, model_type = {
-        "dinov2": ("Dinov2WithRegistersModel", "dinov2_with_registers") if cfg.reg_tokens else ("Dinov2Model", "dinov2"),
+        "dinov2": (("Dinov2WithRegistersModel", "dinov2_with_registers") if cfg.reg_tokens
+                   else ("Dinov2Model", "dinov2")),
         "clip": ("CLIPVisionModelWithProjection" if head is not None else "CLIPVisionModel", "clip_vision_model"),
         "siglip": ("SiglipVisionModel", "siglip_vision_model")}[kind]
     config: Dict[str, Any] = {

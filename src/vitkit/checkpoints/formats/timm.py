@@ -19,12 +19,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from ...errors import CheckpointError
+from ...models.adapt import fold_class_slots
 from ..base import Checkpoint, add_class_slot, drop_class_slot, heads_note, infer_config, layout_for, warn_numerics
 from ..files import write_safetensors, write_torch
-from ...models.adapt import fold_class_slots
 from ..keymap import Context, Rule, check_mapped, count_blocks, from_vitkit, linear, rule, to_vitkit
 from . import hybrid, timm_folder
-from ...errors import CheckpointError
 
 NAME = "timm"
 B = "blocks.{i}."
