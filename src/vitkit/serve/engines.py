@@ -33,11 +33,15 @@ TOLERANCE = {"fp32": 1e-3, "bf16": 6e-2, "int8": 1.5e-1}
 
 
 def kernel_choices(engine: "Engine") -> Dict[str, Any]:
-    """The kernel choices in use for ``engine`` (reported by /v1/model and the logs): vitkit's measured GEMM
-    choices for the torch engine (:func:`vitkit.models.inference.inference_summary`), the runtime's own
-    kernels for the others."""
+    """The kernel choices in use for ``engine`` (reported by /v1/model and the logs): for the torch engine,
+    :func:`vitkit.models.inference.inference_summary` (dtype, the declared backend and what its ``auto``
+    resolved to); for the others, the runtime's own kernels, and the declared backend of the vitkit model
+    that /v1/explain runs."""
+    from ..models import backend
+
     if engine.name != "torch":
-        return {"engine": engine.name, "kernels": f"{engine.name}'s own (vitkit's GEMM choices do not apply)"}
+        return {"engine": engine.name, "kernels": f"{engine.name}'s own (vitkit's backend does not apply)",
+                "explain": "the vitkit model (attention rollout)", "backend": backend.record()}
     from ..models.inference import inference_summary
 
     return inference_summary(engine.module)
