@@ -160,6 +160,29 @@ def test_two_concurrent_requests_share_one_batch(server):
     assert a_json["results"][0]["batch"]["size"] == 2
 
 
+def test_request_whose_client_left_is_dropped_from_its_batch(server):
+    """A's client disconnects while A waits for B (on its way): A's image never runs; B's batch holds B alone."""
+    def dropped():
+        text = httpx.get(server.url + "/metrics").text
+        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith("vitkit_dropped_images")))
+
+    before = dropped()
+    b_body, a_body = image_bytes("PNG", seed=7), image_bytes("PNG", seed=8)
+    head = "POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: {}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port)) as b:
+        b.sendall(head.format(len(b_body)).encode() + b_body[:20])  # B on its way: A's batch waits for it
+        time.sleep(0.2)
+        a = socket.create_connection(("127.0.0.1", server.port))
+        a.sendall(head.format(len(a_body)).encode() + a_body)
+        time.sleep(0.3)  # A decoded and queued
+        a.close()  # A's client leaves
+        time.sleep(0.3)
+        b.sendall(b_body[20:])
+        answer = json.loads(read_all(b).partition(b"\r\n\r\n")[2])
+    assert answer["results"][0]["batch"]["size"] == 1
+    assert dropped() == before + 1
+
+
 def test_lone_request_runs_at_once(server):
     """An idle server does not hold a lone request for max_wait (2 s here)."""
     r = httpx.post(server.url + "/v1/classify", content=image_bytes(), headers={"Content-Type": "image/png"})
