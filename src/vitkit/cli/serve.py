@@ -58,6 +58,8 @@ def register(sub) -> None:
     p.add_argument("--access-log", action="store_true", help="also log every request (uvicorn's access log)")
     p.add_argument("--ray", action="store_true", help="run as a Ray Serve deployment (pip install 'ray[serve]')")
     p.add_argument("--replicas", type=positive_int, default=1, help="--ray: number of replicas (default 1)")
+    p.add_argument("--replica-cpus", type=positive_int,
+                   help="--ray: CPUs per replica, also its thread count (default: this machine's cores / replicas)")
     p.add_argument("--ray-address", help="--ray: a running Ray cluster (default: start a local one, or $RAY_ADDRESS)")
     p.set_defaults(func=_serve)
 
@@ -78,7 +80,7 @@ def _serve(args) -> int:
 
         return run_ray(args.weights, host=args.host, port=args.port, options=options, token_file=args.token_file,
                        insecure=args.insecure, replicas=args.replicas, address=args.ray_address,
-                       img_size=args.img_size, offline=args.offline)
+                       img_size=args.img_size, offline=args.offline, replica_cpus=args.replica_cpus)
     from ..serve.server import run
 
     return run(args.weights, host=args.host, port=args.port, options=options, token_file=args.token_file,
