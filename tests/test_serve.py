@@ -349,6 +349,20 @@ def test_feature_extractor_embeds_and_refuses_classify(tmp_path):
         assert httpx.get(srv.url + "/v1/model").json()["has_classifier"] is False
 
 
+def test_model_without_rollout_classifies_and_refuses_explain():
+    """An axial-attention ViT has no [tokens, tokens] map to roll out: /v1/explain says so (409), the rest
+    serves."""
+    torch.manual_seed(0)
+    model = vitkit.create_model("Ti/16", img_size=32, patch_size=8, depth=2, width=64, num_heads=2, mlp_dim=128,
+                                num_classes=3, attention="axial", pool="gap", class_token=False)
+    model.meta.preprocessing = {"mean": [0.5], "std": [0.5]}
+    with serving(create_app(model, **OPTS)) as srv:
+        img = {"Content-Type": "image/png"}
+        assert httpx.post(srv.url + "/v1/classify", content=image_bytes(), headers=img).status_code == 200
+        r = httpx.post(srv.url + "/v1/explain", content=image_bytes(), headers=img)
+        assert r.status_code == 409 and r.json()["error"] == "no_rollout" and "axial" in r.json()["detail"]
+
+
 # --- the token rules --------------------------------------------------------------------------------------
 def test_token_rules(ckpt, monkeypatch, tmp_path):
     assert is_loopback("127.0.0.1") and is_loopback("127.8.9.1") and is_loopback("::1") and is_loopback("localhost")

@@ -162,6 +162,7 @@ class Service:
         self.model_id = self.options.model_id or self.config.name or Path(str(self.meta.source or "model")).name
         self.engine = None
         self.engine_report: Dict[str, Any] = {}
+        self.explain_error: Optional[str] = None
         self.ready = False
         self.failed: Optional[str] = None
         self.batcher = None
@@ -202,6 +203,11 @@ class Service:
         budget = o.engine_budget_s if o.engine == "auto" else 0.0
         self.engine, self.engine_report = choose_engine(self.model, o.engine, o.dtype, o.max_batch, budget)
         self.step([("classify", self._blank())])  # warm-up: batch 1, the path a lone request takes
+        try:  # the rollout of /v1/explain, once: a model it cannot run is refused there, not mid-batch
+            self.step([("explain", self._blank())])
+        except Exception as err:  # noqa: BLE001
+            self.explain_error = f"{type(err).__name__}: {err}"
+            log.warning("/v1/explain is unavailable for this model: %s", self.explain_error)
         self.engine_report["ready_s"] = round(time.perf_counter() - t0, 3)
         self.kernels = kernel_choices(self.engine)
         log.info("engine %s (%s); kernels: %s", self.engine.name, self.engine.dtype, self.kernels)
@@ -250,6 +256,11 @@ class Service:
             raise Fault(400, "bad_topk", f"topk must be between 1 and {self.options.max_topk} (--max-topk), "
                         f"got {topk}")
         return min(topk, max(self.config.num_classes, 1))
+
+    def check_explain(self) -> None:
+        if self.explain_error:
+            raise Fault(409, "no_rollout", f"{self.model_id}: the attention rollout cannot run on this model "
+                        f"({self.explain_error})")
 
     def check_classifier(self, endpoint: str) -> None:
         if not self.has_classifier:
@@ -450,7 +461,7 @@ _ERROR = {"description": "a client fault", "content": {"application/json": {"sch
     "properties": {"error": {"type": "string"}, "detail": {"type": "string"}}}}}}
 _FAULTS = {str(code): dict(_ERROR, description=text) for code, text in (
     (400, "empty body, bad multipart, bad topk"), (401, "missing or wrong token"),
-    (408, "the upload stalled"), (409, "the model has no classifier"), (413, "too many bytes, pixels or images"),
+    (408, "the upload stalled"), (409, "the model has no classifier (or no rollout, for /v1/explain)"), (413, "too many bytes, pixels or images"),
     (415, "not an image / unsupported Content-Type"), (422, "an image that cannot be decoded"),
     (503, "not ready, or busy (Retry-After)"))}
 _TOP = {"type": "array", "items": {"type": "object", "properties": {
@@ -597,6 +608,8 @@ def build_app(service: Service, *, on_failure: Optional[Callable[[str], None]] =
         if kind != "embed":
             if kind == "classify":
                 service.check_classifier("/v1/classify")
+            else:
+                service.check_explain()
             k = service.check_topk(topk)
         else:
             k = 0

@@ -274,6 +274,13 @@ def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int =
             report["candidates"].append(row)
             log.info("engine %s skipped: %s", name, err)
             continue
+        except Exception as err:  # noqa: BLE001 - e.g. an export that fails on this model: auto goes on
+            if engine != "auto" or name == "torch":
+                raise
+            row["skipped"] = f"could not be built: {type(err).__name__}: {err}"
+            report["candidates"].append(row)
+            log.warning("engine %s skipped: %s", name, row["skipped"])
+            continue
         row["version"] = eng.version
         row["build_s"] = round(time.perf_counter() - t0, 3)
         row.update(compare(ref, eng.run(check)[0], dtype))
