@@ -363,6 +363,32 @@ def test_model_without_rollout_classifies_and_refuses_explain():
         assert r.status_code == 409 and r.json()["error"] == "no_rollout" and "axial" in r.json()["detail"]
 
 
+def test_mounted_inside_another_app(ckpt):
+    """create_app mounts under a prefix: the page's assets and API resolve below it, the token still guards
+    the API, and the parent's lifespan runs the app's."""
+    import contextlib
+
+    from fastapi import FastAPI
+
+    vit = create_app(str(ckpt), **OPTS, token="tok")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(parent):
+        async with vit.router.lifespan_context(vit):
+            yield
+
+    parent = FastAPI(lifespan=lifespan)
+    parent.mount("/vit", vit)
+    with serving(parent, ready="/vit/readyz") as srv:
+        page = httpx.get(srv.url + "/vit/")
+        assert page.status_code == 200 and 'src="static/app.js"' in page.text
+        assert httpx.get(srv.url + "/vit/static/app.js").status_code == 200
+        assert httpx.get(srv.url + "/vit/v1/model").status_code == 401
+        r = httpx.post(srv.url + "/vit/v1/classify", content=image_bytes(),
+                       headers={"Content-Type": "image/png", "Authorization": "Bearer tok"})
+        assert r.status_code == 200 and r.json()["results"][0]["top"]
+
+
 # --- the token rules --------------------------------------------------------------------------------------
 def test_token_rules(ckpt, monkeypatch, tmp_path):
     assert is_loopback("127.0.0.1") and is_loopback("127.8.9.1") and is_loopback("::1") and is_loopback("localhost")

@@ -498,6 +498,9 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):  # mounted inside another app: the path below the mount point
+            path = path[len(root):] or "/"
         endpoint = path if path in API_PATHS or path in ("/healthz", "/readyz") else "other"
         status = {"code": 500}
         t0 = time.perf_counter()
