@@ -349,6 +349,25 @@ def test_feature_extractor_embeds_and_refuses_classify(tmp_path):
         assert httpx.get(srv.url + "/v1/model").json()["has_classifier"] is False
 
 
+def test_grayscale_model_matches_predict(tmp_path):
+    """A one-channel model (Fashion-MNIST style): the server converts to luma as vitkit.classify does."""
+    torch.manual_seed(1)
+    model = vitkit.create_model("Ti/16", img_size=28, patch_size=4, in_chans=1, depth=2, width=64, num_heads=2,
+                                mlp_dim=128, num_classes=4)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(std=0.2)
+    model.meta.preprocessing = {"mean": [0.286], "std": [0.353]}
+    (tmp_path / "x.png").write_bytes(image_bytes(size=(28, 28), seed=4))
+    want = vitkit.classify(model, [tmp_path / "x.png"], topk=4, progress=False)[0]
+    with serving(create_app(model, **OPTS)) as srv:
+        r = httpx.post(srv.url + "/v1/classify?topk=4", content=(tmp_path / "x.png").read_bytes(),
+                       headers={"Content-Type": "image/png"})
+    got = r.json()["results"][0]["top"]
+    assert [t["index"] for t in got] == [t["index"] for t in want.top]
+    np.testing.assert_allclose([t["prob"] for t in got], [t["prob"] for t in want.top], atol=1e-5)
+
+
 def test_model_without_rollout_classifies_and_refuses_explain():
     """An axial-attention ViT has no [tokens, tokens] map to roll out: /v1/explain says so (409), the rest
     serves."""
@@ -361,6 +380,31 @@ def test_model_without_rollout_classifies_and_refuses_explain():
         assert httpx.post(srv.url + "/v1/classify", content=image_bytes(), headers=img).status_code == 200
         r = httpx.post(srv.url + "/v1/explain", content=image_bytes(), headers=img)
         assert r.status_code == 409 and r.json()["error"] == "no_rollout" and "axial" in r.json()["detail"]
+
+
+def test_engine_that_cannot_serve_is_reported_not_ready(ckpt):
+    """A named engine that cannot run the dtype: /healthz answers, /readyz and the API say why (503); the
+    command exits 1 with that line (vitkit.serve.server.run's on_failure)."""
+    from _serve import ServerThread
+
+    srv = ServerThread(create_app(str(ckpt), **{**OPTS, "engine": "onnxruntime", "dtype": "int8"}))
+    srv.thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                r = httpx.get(srv.url + "/readyz", timeout=2)
+                if "could not be made ready" in r.text:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        assert r.status_code == 503 and "onnxruntime" in r.json()["detail"]
+        assert httpx.get(srv.url + "/healthz").status_code == 200
+        c = httpx.post(srv.url + "/v1/classify", content=image_bytes(), headers={"Content-Type": "image/png"})
+        assert c.status_code == 503 and c.json()["error"] == "not_ready"
+    finally:
+        srv.stop()
 
 
 def test_mounted_inside_another_app(ckpt):

@@ -155,7 +155,12 @@ def model_input(pre: Preset, img: Image.Image, gray: bool = False):
     """(crop, input): the pixels that reach the model (float [3, H, W], 0..255, after resize and crop) and
     the normalised input tensor (one channel for a grayscale model)."""
     crop = pre.crop(img)
-    return crop, pre.normalize(to_gray(crop) if gray else crop)
+    return crop, normalized(pre, crop, gray)
+
+
+def normalized(pre: Preset, crops: torch.Tensor, gray: bool = False) -> torch.Tensor:
+    """Crops [..., 3, H, W] (0..255, from ``pre.crop``) -> the model's input (one channel for a grayscale model)."""
+    return pre.normalize(to_gray(crops) if gray else crops)
 
 
 def top_classes(logits: torch.Tensor, k: int, labels: Optional[Sequence[str]] = None) -> List[Optional[List[Dict[str, Any]]]]:

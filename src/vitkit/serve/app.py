@@ -214,8 +214,7 @@ class Service:
 
     def _blank(self) -> Decoded:
         h, w = self.config.img_size
-        x = torch.zeros(self.config.in_chans, h, w)
-        return Decoded("warm-up", x, torch.zeros(3, h, w), "-", w, h, "")
+        return Decoded("warm-up", torch.full((3, h, w), 128.0), "-", w, h, "")
 
     async def stop(self) -> None:
         if self.batcher is not None:
@@ -231,7 +230,9 @@ class Service:
     # --- inference (the inference thread) -----------------------------------------------------------------
     def step(self, items: List[Tuple[str, Decoded]]) -> List[Dict[str, Any]]:
         """One batch: the engine's logits and features for every image, the rollout for the explain ones."""
-        x = torch.stack([d.x for _, d in items])
+        from ..predict import normalized
+
+        x = normalized(self.pre, torch.stack([d.crop for _, d in items]), self.gray)
         logits, feats = self.engine.run(x)
         out = [{"logits": logits[i], "features": feats[i]} for i in range(len(items))]
         explain = [i for i, (kind, _) in enumerate(items) if kind == "explain"]
@@ -272,8 +273,7 @@ class Service:
         loop = asyncio.get_running_loop()
         o = self.options
         jobs = [loop.run_in_executor(self.decoder, lambda d=data, n=name: decode(d, self.pre, name=n,
-                                                                                  max_pixels=o.max_pixels,
-                                                                                  gray=self.gray))
+                                                                                  max_pixels=o.max_pixels))
                 for name, data in uploads]
         results = await asyncio.gather(*jobs, return_exceptions=True)
         for i, r in enumerate(results):
