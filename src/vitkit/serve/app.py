@@ -163,6 +163,7 @@ class Service:
         self.engine = None
         self.engine_report: Dict[str, Any] = {}
         self.explain_error: Optional[str] = None
+        self.kernels: Optional[Dict[str, Any]] = None
         self.ready = False
         self.failed: Optional[str] = None
         self.batcher = None
@@ -347,7 +348,7 @@ class Service:
                 "preprocessing": self.pre.to_dict(), "config": cfg.to_dict(),
                 "engine": self.engine.info() if self.engine is not None else None,
                 "dtype": self.options.dtype, "engine_selection": self.engine_report,
-                "kernels": getattr(self, "kernels", None), "ready": self.ready,
+                "kernels": self.kernels, "ready": self.ready,
                 "options": self.options.public(), "vitkit": __version__}
 
 
@@ -616,9 +617,7 @@ def build_app(service: Service, *, on_failure: Optional[Callable[[str], None]] =
             k = service.check_topk(topk)
         else:
             k = 0
-        expect = getattr(service.batcher, "expect", None)
-        if expect is not None:
-            expect(1)
+        service.batcher.expect(1)
         try:
             try:
                 uploads = await read_uploads(request, service.options)
@@ -629,8 +628,7 @@ def build_app(service: Service, *, on_failure: Optional[Callable[[str], None]] =
                 decoded = await service.decode_all(uploads)
                 decode_s = time.perf_counter() - t1
             finally:
-                if expect is not None:
-                    expect(-1)
+                service.batcher.expect(-1)
             watch = (lambda: _wait_disconnect(request)) if service.options.watch_disconnect else None
             done = await service.infer(kind, decoded, watch)
         except ClientGone:

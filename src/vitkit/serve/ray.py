@@ -52,6 +52,9 @@ class RayBatcher:
     def start(self) -> None:
         pass
 
+    def expect(self, n: int = 1) -> None:
+        """Requests on their way: serve.batch waits its own timeout whatever comes (nothing to do)."""
+
     async def call(self, fn):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
 
