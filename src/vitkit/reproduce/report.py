@@ -139,9 +139,9 @@ def _mean_matrix(mats: List[Optional[list]]) -> Optional[list]:
 
 # --- figures ---------------------------------------------------------------------------------------------
 def figure(rec: Dict[str, Any], path: Path) -> Optional[Path]:
-    from ..analysis.plots import _mpl, save_figure
+    from ..analysis.plots import matplotlib_figure, save_figure
 
-    _, Figure = _mpl()
+    _, Figure = matplotlib_figure()
     fig = Figure(figsize=(6.4, 3.8))
     ax = fig.add_subplot(1, 1, 1)
     metric = rec["metric"]
