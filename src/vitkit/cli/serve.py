@@ -65,10 +65,10 @@ def register(sub) -> None:
 
 
 def _serve(args) -> int:
-    try:
-        from ..serve.app import ServeOptions
-    except ImportError as err:
-        raise ValueError(f"vitkit serve needs the serve extra ({err}): pip install 'vitkit[serve]'") from None
+    from ..errors import require
+
+    require("serve", "fastapi", "uvicorn", "prometheus_client", what="vitkit serve")
+    from ..serve.app import ServeOptions
 
     options = ServeOptions(engine=args.engine, dtype=args.dtype, max_batch=args.max_batch,
                            max_wait_ms=args.max_wait_ms, max_queue=args.max_queue, max_bytes=args.max_bytes,

@@ -15,10 +15,10 @@ __all__ = ["Client", "ServeClientError", "ServeOptions", "Service", "create_app"
 
 def __getattr__(name: str) -> Any:  # the server side imports FastAPI: only when asked for
     if name in ("ServeOptions", "Service", "create_app", "build_app"):
-        try:
-            from . import app
-        except ImportError as err:
-            raise ImportError(f"vitkit.serve.{name} needs the serve extra ({err}): pip install 'vitkit[serve]'") from None
+        from ..errors import require
+
+        require("serve", "fastapi", "uvicorn", "prometheus_client", what=f"vitkit.serve.{name}")
+        from . import app
         return getattr(app, name)
     if name == "run":
         from .server import run

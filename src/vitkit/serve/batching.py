@@ -59,7 +59,8 @@ class Batcher:
     def __init__(self, step: Callable[[List[Any]], Sequence[Any]], *, max_batch: int = 16,
                  max_wait_ms: float = 5.0, max_queue: int = 256, on_batch: Optional[Callable[[BatchInfo], None]] = None):
         if max_batch < 1 or max_queue < 1 or max_wait_ms < 0:
-            raise ValueError("max_batch and max_queue must be at least 1, max_wait_ms at least 0")
+            from ..errors import ConfigError
+            raise ConfigError("max_batch and max_queue must be at least 1, max_wait_ms at least 0")
         self.step = step
         self.max_batch, self.max_wait, self.max_queue = max_batch, max_wait_ms / 1000.0, max_queue
         self.on_batch = on_batch

@@ -160,7 +160,8 @@ def run_ray(weights: Any, *, host: str = "127.0.0.1", port: int = 8000, options:
     ``replica_cpus``: the CPUs each replica reserves, which Ray also makes its intra-op thread count
     (``OMP_NUM_THREADS``); default: this machine's cores shared among the replicas."""
     if not ray_serve_installed():
-        raise ValueError("vitkit serve --ray needs Ray Serve: pip install 'ray[serve]'")
+        from ..errors import MissingDependency
+        raise MissingDependency("vitkit serve --ray needs Ray Serve, which is not installed", extra="ray")
     from .server import check_exposure, read_token, setup_logging
 
     setup_logging("info")
