@@ -218,7 +218,9 @@ def main() -> None:
     from vitkit.utils import write_json_atomic
 
     tmp = tempfile.TemporaryDirectory(prefix="vitkit-serve-load-")
-    weights = args.weights or (str(_random_checkpoint(args.model, args.img_size, Path(tmp.name))) if args.model else None)
+    weights = args.weights
+    if args.model:
+        weights = str(_random_checkpoint(args.model, args.img_size, Path(tmp.name)))
     body = _image(224)
     token = os.environ.get("VITKIT_SERVE_TOKEN")
     proc = None

@@ -25,15 +25,13 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 import vitkit  # noqa: E402
+from _serve import LABELS, free_port, image_bytes, raw_request, read_all, rss_mb, serving, tiny_checkpoint  # noqa: E402
 from vitkit.checkpoints import load_weights  # noqa: E402
 from vitkit.cli import main  # noqa: E402
 from vitkit.serve import Client, ServeClientError  # noqa: E402
-from vitkit.serve.app import ServeOptions, create_app  # noqa: E402
+from vitkit.serve.app import create_app  # noqa: E402
 from vitkit.serve.batching import Batcher, QueueFull  # noqa: E402
 from vitkit.serve.server import check_exposure, is_loopback, read_token  # noqa: E402
-
-from _serve import (LABELS, free_port, image_bytes, raw_request, read_all, rss_mb, serving,  # noqa: E402
-                    tiny_checkpoint)
 
 OPTS = dict(engine="torch", engine_budget_s=0, max_batch=8, max_wait_ms=2000, max_bytes=2 * 1024 * 1024,
             max_images=4, read_timeout_s=1.0, body_timeout_s=5.0, max_pixels=10_000_000)
@@ -126,7 +124,8 @@ def test_embed_explain_model_and_probes(server, ckpt, photo):
                  "vitkit_queue_depth"):
         assert name in metrics.text
     schema = httpx.get(server.url + "/openapi.json").json()
-    assert {"/v1/classify", "/v1/embed", "/v1/explain", "/v1/model", "/healthz", "/readyz", "/metrics"} <= set(schema["paths"])
+    paths = {"/v1/classify", "/v1/embed", "/v1/explain", "/v1/model", "/healthz", "/readyz", "/metrics"}
+    assert paths <= set(schema["paths"])
     body = schema["paths"]["/v1/classify"]["post"]["requestBody"]["content"]
     assert {"image/*", "multipart/form-data"} <= set(body)
     page = httpx.get(server.url + "/")
@@ -254,7 +253,8 @@ def _status_and_json(resp):
             return status, None
     if isinstance(resp, Exception):
         return 0, None
-    return resp.status_code, resp.json() if resp.headers.get("content-type", "").startswith("application/json") else None
+    is_json = resp.headers.get("content-type", "").startswith("application/json")
+    return resp.status_code, resp.json() if is_json else None
 
 
 def test_bad_input_corpus(server, caplog):

@@ -17,8 +17,8 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from .utils import PathLike, atomic_path
 from .errors import ConfigError, ExportError, require
+from .utils import PathLike, atomic_path
 
 DEFAULT_ATOL = 1e-4  # fp32: exporters may reorder reductions; logits agree to ~1e-6 in practice
 

@@ -22,8 +22,8 @@ import torch
 from PIL import Image
 
 from .data.preprocess import ImageError, Preset, get_preset, load_image, to_gray
-from .utils import PathLike, atomic_path
 from .errors import ConfigError, InputError, VitkitWarning
+from .utils import PathLike, atomic_path
 
 
 @dataclass
@@ -168,7 +168,8 @@ def normalized(pre: Preset, crops: torch.Tensor, gray: bool = False) -> torch.Te
     return pre.normalize(to_gray(crops) if gray else crops)
 
 
-def top_classes(logits: torch.Tensor, k: int, labels: Optional[Sequence[str]] = None) -> List[Optional[List[Dict[str, Any]]]]:
+def top_classes(logits: torch.Tensor, k: int,
+                labels: Optional[Sequence[str]] = None) -> List[Optional[List[Dict[str, Any]]]]:
     """Per row of ``logits`` [B, classes]: the top-``k`` classes as ``[{"rank", "index", "label", "prob"}]``
     (softmax probabilities), or None where the row is not finite (no meaningful ranking exists)."""
     logits = torch.as_tensor(logits).float()
@@ -176,7 +177,8 @@ def top_classes(logits: torch.Tensor, k: int, labels: Optional[Sequence[str]] = 
     p, idx = probs.topk(min(k, logits.shape[-1]), dim=-1)
     finite = torch.isfinite(logits).all(dim=-1).tolist()
     return [None if not finite[row] else
-            [{"rank": r + 1, "index": int(i), "label": labels[int(i)] if labels else str(int(i)), "prob": round(float(q), 6)}
+            [{"rank": r + 1, "index": int(i), "label": labels[int(i)] if labels else str(int(i)),
+              "prob": round(float(q), 6)}
              for r, (q, i) in enumerate(zip(p[row].tolist(), idx[row].tolist()))]
             for row in range(logits.shape[0])]
 

@@ -78,7 +78,6 @@ def register(sub) -> None:
 
 def _convert(args) -> int:
     from ..checkpoints import convert, resolve_weights
-
     from ..utils import staged_output
 
     where = resolve_weights(args.src, file=args.weights_file, offline=args.offline)

@@ -6,9 +6,13 @@ beyond the standard library.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .client import Client, ServeClientError
+
+if TYPE_CHECKING:  # the server side imports FastAPI: loaded on first use (__getattr__ below)
+    from .app import ServeOptions, Service, create_app
+    from .server import run
 
 __all__ = ["Client", "ServeClientError", "ServeOptions", "Service", "create_app", "run"]
 

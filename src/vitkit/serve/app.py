@@ -464,7 +464,8 @@ _ERROR = {"description": "a client fault", "content": {"application/json": {"sch
     "properties": {"error": {"type": "string"}, "detail": {"type": "string"}}}}}}
 _FAULTS = {str(code): dict(_ERROR, description=text) for code, text in (
     (400, "empty body, bad multipart, bad topk"), (401, "missing or wrong token"),
-    (408, "the upload stalled"), (409, "the model has no classifier (or no rollout, for /v1/explain)"), (413, "too many bytes, pixels or images"),
+    (408, "the upload stalled"), (409, "the model has no classifier (or no rollout, for /v1/explain)"),
+    (413, "too many bytes, pixels or images"),
     (415, "not an image / unsupported Content-Type"), (422, "an image that cannot be decoded"),
     (503, "not ready, or busy (Retry-After)"))}
 _TOP = {"type": "array", "items": {"type": "object", "properties": {
@@ -585,8 +586,8 @@ def build_app(service: Service, *, on_failure: Optional[Callable[[str], None]] =
     app.state.service = service
 
     def fault_response(request: Request, fault: Fault):
-        (log.warning if fault.status < 500 else log.info)("%s %s -> %d %s: %s", request.method, request.url.path[:200], fault.status, fault.error,
-                    fault.detail)
+        say = log.warning if fault.status < 500 else log.info  # 503 not_ready / busy: the server's state
+        say("%s %s -> %d %s: %s", request.method, request.url.path[:200], fault.status, fault.error, fault.detail)
         service.metrics.faults.labels(fault.error).inc()
         return _json_error(fault.status, fault.error, fault.detail, fault.headers)
 
