@@ -29,7 +29,7 @@ from _serve import LABELS, free_port, image_bytes, raw_request, read_all, rss_mb
 from vitkit.checkpoints import load_weights  # noqa: E402
 from vitkit.cli import main  # noqa: E402
 from vitkit.serve import Client, ServeClientError  # noqa: E402
-from vitkit.serve.app import create_app  # noqa: E402
+from vitkit.serve.app import ServeOptions, create_app  # noqa: E402
 from vitkit.serve.batching import Batcher, QueueFull  # noqa: E402
 from vitkit.serve.server import check_exposure, is_loopback, read_token  # noqa: E402
 
@@ -380,6 +380,18 @@ def test_model_without_rollout_classifies_and_refuses_explain():
         assert httpx.post(srv.url + "/v1/classify", content=image_bytes(), headers=img).status_code == 200
         r = httpx.post(srv.url + "/v1/explain", content=image_bytes(), headers=img)
         assert r.status_code == 409 and r.json()["error"] == "no_rollout" and "axial" in r.json()["detail"]
+
+
+def test_options_are_checked():
+    from vitkit.errors import ConfigError
+
+    for bad in ({"engine": "tensorrt"}, {"dtype": "fp8"}, {"max_batch": 0}, {"max_wait_ms": -1},
+                {"device": "gpu0"}, {"token": " "}):
+        with pytest.raises(ConfigError):
+            ServeOptions(**bad).check()
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="not available"):
+            ServeOptions(device="cuda").check()
 
 
 def test_engine_that_cannot_serve_is_reported_not_ready(ckpt):

@@ -50,6 +50,8 @@ def register(sub) -> None:
                    help="on SIGTERM, seconds to finish accepted requests (default 30)")
     p.add_argument("--engine-budget", type=_positive_float, default=2.0,
                    help="--engine auto: seconds to time each engine (default 2)")
+    p.add_argument("--device", default="cpu",
+                   help="where the model runs: cpu (default), cuda, cuda:1, mps (the torch engine only)")
     p.add_argument("--preset", help="preprocessing preset (default: the checkpoint's own)")
     p.add_argument("--img-size", type=positive_int, help="serve at this resolution (position embeddings resized)")
     p.add_argument("--model-id", help="the model name reported (default: the checkpoint's)")
@@ -74,7 +76,7 @@ def _serve(args) -> int:
                            max_wait_ms=args.max_wait_ms, max_queue=args.max_queue, max_bytes=args.max_bytes,
                            max_pixels=args.max_pixels, max_images=args.max_images, max_topk=args.max_topk,
                            read_timeout_s=args.read_timeout, model_id=args.model_id, preset=args.preset,
-                           engine_budget_s=args.engine_budget)
+                           engine_budget_s=args.engine_budget, device=args.device)
     if args.ray:
         from ..serve.ray import run_ray
 

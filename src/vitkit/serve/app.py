@@ -54,6 +54,7 @@ class ServeOptions:
     model_id: Optional[str] = None  # the name reported (default: the checkpoint's)
     preset: Optional[str] = None  # preprocessing preset (default: the checkpoint's own)
     engine_budget_s: float = 2.0  # seconds to time each engine at start-up
+    device: str = "cpu"  # where the model runs (the torch engine: cpu, cuda, cuda:1, mps; the others: cpu)
     decode_threads: int = 2
     watch_disconnect: bool = True  # drop the images of a request whose client has gone
 
@@ -70,6 +71,14 @@ class ServeOptions:
         for name in ("max_wait_ms", "read_timeout_s", "body_timeout_s", "engine_budget_s"):
             if float(getattr(self, name)) < 0:
                 raise ConfigError(f"must not be negative, got {getattr(self, name)}", key=name)
+        try:
+            dev = torch.device(self.device)
+        except RuntimeError as err:
+            raise ConfigError(f"{self.device!r} is not a device ({err}): use cpu, cuda, cuda:1, mps",
+                              key="device") from None
+        if (dev.type == "cuda" and not torch.cuda.is_available()) or (
+                dev.type == "mps" and not torch.backends.mps.is_available()):
+            raise ConfigError(f"{self.device} is not available on this machine", key="device")
         if self.token is not None and not self.token.strip():
             raise ConfigError("the token is empty", key="token")
         return self
@@ -151,7 +160,7 @@ class Service:
         from ..predict import create_transform
 
         self.options = (options or ServeOptions()).check()
-        self.model = model.eval().requires_grad_(False)
+        self.model = model.eval().requires_grad_(False).to(self.options.device)
         self.config = model.config
         self.meta = model.meta
         self.pre = create_transform(model, self.options.preset)
@@ -242,8 +251,8 @@ class Service:
         if explain:
             from ..analysis.rollout import normalize_maps, rollout_maps
 
-            dtype = next(self.model.parameters()).dtype
-            maps = normalize_maps(rollout_maps(self.model, x[explain].to(dtype)).float())
+            p = next(self.model.parameters())
+            maps = normalize_maps(rollout_maps(self.model, x[explain].to(p.device, p.dtype)).float().cpu())
             for j, i in enumerate(explain):
                 out[i]["overlay"] = overlay_png(items[i][1].crop, maps[j])
         return out
@@ -726,4 +735,4 @@ def create_app(weights, options: Optional[ServeOptions] = None, **kwargs: Any):
         options = ServeOptions(**kwargs)
     elif kwargs:
         options = ServeOptions(**{**asdict(options), **kwargs})
-    return build_app(Service(load_model(weights), options))
+    return build_app(Service(load_model(weights, device=options.device), options))

@@ -254,9 +254,10 @@ def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int =
     (an engine whose logits are off fails to start). The report names every candidate with its speed, its
     difference from eager and why any was left out."""
     model.eval().requires_grad_(False)
+    device = next(model.parameters()).device
     check = reference_batch(model, min(batch, 4), seed=1)
     with torch.inference_mode():
-        ref = model.float()(check).float().numpy()
+        ref = model.float()(check.to(device)).float().cpu().numpy()
     timing = reference_batch(model, batch)
     names = list(candidates) if engine == "auto" else [engine]
     # torch last: its bf16 / int8 casts the model in place, which the exporters must not see
@@ -268,6 +269,8 @@ def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int =
         row: Dict[str, Any] = {"engine": name}
         t0 = time.perf_counter()
         try:
+            if name != "torch" and device.type != "cpu":
+                raise EngineUnavailable(f"{name} runs vitkit's export on the CPU; the model is on {device}")
             eng = build_engine(name, model, dtype)
         except EngineUnavailable as err:
             if engine != "auto":

@@ -100,7 +100,7 @@ def make_deployment(max_batch: int = 16, max_wait_ms: float = 5.0, replicas: int
             self.infer.set_max_batch_size(opts.max_batch)
             self.infer.set_batch_wait_timeout_s(opts.max_wait_ms / 1000.0)
             self.batcher = RayBatcher(self, opts.max_batch, opts.max_queue, opts.max_wait_ms)
-            self.service = Service(load_model(weights, img_size=img_size), opts,
+            self.service = Service(load_model(weights, img_size=img_size, device=opts.device), opts,
                                    batcher_factory=lambda service: self.batcher)
 
         def __serve_build_asgi_app__(self):

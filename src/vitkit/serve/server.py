@@ -99,7 +99,7 @@ def run(weights, *, host: str = "127.0.0.1", port: int = 8000, options: Optional
     check_exposure(host, token, insecure)
     options.token = token
     options.check()
-    model = load_model(weights, img_size=img_size, offline=offline)
+    model = load_model(weights, img_size=img_size, offline=offline, device=options.device)
     service = Service(model, options)
     failure = {}
     server_box = {}
