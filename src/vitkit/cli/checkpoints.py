@@ -160,7 +160,7 @@ def _predict_remote(args, files, many) -> int:
             pred.top, pred.geometry = row["top"], row.get("geometry")
         except ServeClientError as err:
             if err.status in (0, 401, 409, 503):  # the server, not this image: stop here
-                raise ValueError(str(err)) from None
+                raise InputError(str(err)) from None
             pred.error = err.detail
         preds.append(pred)
         if pred.ok:
