@@ -349,6 +349,30 @@ def test_feature_extractor_embeds_and_refuses_classify(tmp_path):
         assert httpx.get(srv.url + "/v1/model").json()["has_classifier"] is False
 
 
+@pytest.mark.parametrize("name", ["vit_small_patch14_reg4_dinov2", "vit_base_patch16_siglip_224"])
+def test_descendant_feature_extractors_embed_and_explain(name):
+    """DINOv2 with registers and SigLIP's attention pooling, without a head: the embedding is the model's
+    pooled features, the rollout runs (registers are prefix tokens)."""
+    from vitkit.serve.app import Service
+    from vitkit.serve.images import decode
+
+    torch.manual_seed(0)
+    model = vitkit.create_model(name, img_size=56 if "14" in name else 64, depth=2, num_classes=0)
+    model.meta.preprocessing = {"mean": [0.5], "std": [0.5]}
+    service = Service(model, ServeOptions(engine="torch", engine_budget_s=0))
+    service.prepare()
+    d = decode(image_bytes(), service.pre, max_pixels=10**7)
+    embed, explain = service.step([("embed", d), ("explain", d)])
+    with torch.no_grad():
+        x = service.pre.normalize(d.crop)[None]
+        want = model.forward_head(model.forward_features(x), pre_logits=True)[0]
+    np.testing.assert_allclose(embed["features"], want.numpy(), atol=1e-4)
+    assert service.explain_error is None
+    assert Image.open(io.BytesIO(explain["overlay"])).size == tuple(model.config.img_size)[::-1]
+    with pytest.raises(Exception, match="no classifier"):
+        service.check_classifier("/v1/classify")
+
+
 def test_grayscale_model_matches_predict(tmp_path):
     """A one-channel model (Fashion-MNIST style): the server converts to luma as vitkit.classify does."""
     torch.manual_seed(1)
