@@ -132,7 +132,8 @@ def test_embed_explain_model_and_probes(server, ckpt, photo):
     assert page.status_code == 200 and "vitkit serve" in page.text
     for asset in ("/static/app.js", "/static/style.css", "/favicon.ico"):
         assert httpx.get(server.url + asset).status_code == 200
-    assert "http://" not in page.text.replace('href="/', "")  # no CDN: every asset is the server's own
+    assert "http://" not in page.text and "https://" not in page.text  # no CDN: every asset is the server's own
+    assert httpx.get(server.url + "/docs").status_code == 404  # FastAPI's docs pages would load a CDN's scripts
 
 
 def test_two_concurrent_requests_share_one_batch(server):

@@ -19,7 +19,7 @@ def register(sub) -> None:
     p = sub.add_parser("serve", help="serve a checkpoint over HTTP: classify, embed, explain, a web page",
                        description="Serve WEIGHTS (any checkpoint vitkit reads) with its own preprocessing and "
                        "labels: POST /v1/classify, /v1/embed, /v1/explain; GET /v1/model, /healthz, /readyz, "
-                       "/metrics, /docs, and a web page at /. Concurrent requests are batched dynamically. "
+                       "/metrics, /openapi.json, and a web page at /. Concurrent requests are batched dynamically. "
                        "Binds 127.0.0.1; any other address needs a token (--token-file or $VITKIT_SERVE_TOKEN) "
                        "or an explicit --insecure. SIGTERM drains: no new connections, every accepted request "
                        "is answered, exit 0. Needs the serve extra: pip install 'vitkit[serve]'.")

@@ -33,7 +33,6 @@ from .images import BadImage, Decoded, decode, overlay_png
 log = logging.getLogger("vitkit.serve")
 STATIC = Path(__file__).resolve().parent / "static"
 API_PATHS = ("/v1/classify", "/v1/embed", "/v1/explain", "/v1/model", "/metrics")
-PUBLIC_PATHS = ("/", "/healthz", "/readyz", "/openapi.json", "/docs", "/favicon.ico")
 
 
 @dataclass
@@ -592,8 +591,8 @@ def build_app(service: Service, *, on_failure: Optional[Callable[[str], None]] =
 
     app = FastAPI(title="vitkit serve", version=__version__, lifespan=lifespan,
                   description="A Vision Transformer as an HTTP service: classify, embed and explain images "
-                  "(vitkit). Every client fault is a 4xx JSON body {error, detail}.", docs_url="/docs",
-                  redoc_url=None)
+                  "(vitkit). Every client fault is a 4xx JSON body {error, detail}.",
+                  docs_url=None, redoc_url=None)  # their pages load scripts from a CDN: the schema is /openapi.json
     app.state.service = service
 
     def fault_response(request: Request, fault: Fault):
@@ -608,7 +607,7 @@ def build_app(service: Service, *, on_failure: Optional[Callable[[str], None]] =
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, err: StarletteHTTPException):
-        codes = {404: ("not_found", f"no such path: {request.url.path[:200]} (see /docs)"),
+        codes = {404: ("not_found", f"no such path: {request.url.path[:200]} (see /openapi.json)"),
                  405: ("method_not_allowed", f"{request.method} is not allowed on {request.url.path[:200]}")}
         error, detail = codes.get(err.status_code, ("bad_request", str(err.detail)))
         return fault_response(request, Fault(err.status_code, error, detail, getattr(err, "headers", None)))
