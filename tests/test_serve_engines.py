@@ -6,19 +6,25 @@ import numpy as np
 import pytest
 import torch
 
+from _serve import tiny_model
 from vitkit.checkpoints import save_model
 from vitkit.cli import main
-from vitkit.serve.engines import (TOLERANCE, EngineUnavailable, build_engine, choose_engine, installed,
-                                  openvino_native_bf16)
-
-from _serve import tiny_model
+from vitkit.serve.engines import (
+    TOLERANCE,
+    EngineUnavailable,
+    build_engine,
+    choose_engine,
+    installed,
+    openvino_native_bf16,
+)
 
 INSTALLED = installed()
 
 
 def _need(engine):
     if INSTALLED.get(engine) is None:
-        pytest.skip(f"{engine} is not installed (pip install 'vitkit[{'onnx' if engine == 'onnxruntime' else engine}]')")
+        extra = "onnx" if engine == "onnxruntime" else engine
+        pytest.skip(f"{engine} is not installed (pip install 'vitkit[{extra}]')")
 
 
 def _eager(model, x):

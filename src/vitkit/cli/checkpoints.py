@@ -93,7 +93,6 @@ def register(sub) -> None:
 
 def _convert(args) -> int:
     from ..checkpoints import convert, resolve_weights
-
     from ..utils import staged_output
 
     where = resolve_weights(args.src, file=args.weights_file, offline=args.offline)
@@ -184,7 +183,7 @@ def _predict_remote(args, files, many) -> int:
             pred.top, pred.geometry = row["top"], row.get("geometry")
         except ServeClientError as err:
             if err.status in (0, 401, 409, 503):  # the server, not this image: stop here
-                raise ValueError(str(err)) from None
+                raise
             pred.error = err.detail
         preds.append(pred)
         if pred.ok:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import hashlib
 import hmac
 import logging
 import time
@@ -25,13 +26,13 @@ import numpy as np
 import torch
 from fastapi import Query, Request  # module level: the routes' annotations are resolved here
 
+from ..errors import ConfigError
 from .batching import Batcher, Done, QueueFull
 from .images import BadImage, Decoded, decode, overlay_png
 
 log = logging.getLogger("vitkit.serve")
 STATIC = Path(__file__).resolve().parent / "static"
 API_PATHS = ("/v1/classify", "/v1/embed", "/v1/explain", "/v1/model", "/metrics")
-PUBLIC_PATHS = ("/", "/healthz", "/readyz", "/openapi.json", "/docs", "/favicon.ico")
 
 
 @dataclass
@@ -53,6 +54,7 @@ class ServeOptions:
     model_id: Optional[str] = None  # the name reported (default: the checkpoint's)
     preset: Optional[str] = None  # preprocessing preset (default: the checkpoint's own)
     engine_budget_s: float = 2.0  # seconds to time each engine at start-up
+    device: str = "cpu"  # where the model runs (the torch engine: cpu, cuda, cuda:1, mps; the others: cpu)
     decode_threads: int = 2
     watch_disconnect: bool = True  # drop the images of a request whose client has gone
 
@@ -60,17 +62,25 @@ class ServeOptions:
         from .engines import DTYPES, ENGINES
 
         if self.engine not in ("auto", *ENGINES):
-            raise ValueError(f"unknown engine {self.engine!r}: use auto, {', '.join(ENGINES)}")
+            raise ConfigError(f"unknown engine {self.engine!r}: use auto, {', '.join(ENGINES)}", key="engine")
         if self.dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {self.dtype!r}: use {', '.join(DTYPES)}")
+            raise ConfigError(f"unknown dtype {self.dtype!r}: use {', '.join(DTYPES)}", key="dtype")
         for name in ("max_batch", "max_queue", "max_bytes", "max_pixels", "max_images", "max_topk", "decode_threads"):
             if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+                raise ConfigError(f"must be at least 1, got {getattr(self, name)}", key=name)
         for name in ("max_wait_ms", "read_timeout_s", "body_timeout_s", "engine_budget_s"):
             if float(getattr(self, name)) < 0:
-                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+                raise ConfigError(f"must not be negative, got {getattr(self, name)}", key=name)
+        try:
+            dev = torch.device(self.device)
+        except RuntimeError as err:
+            raise ConfigError(f"{self.device!r} is not a device ({err}): use cpu, cuda, cuda:1, mps",
+                              key="device") from None
+        if (dev.type == "cuda" and not torch.cuda.is_available()) or (
+                dev.type == "mps" and not torch.backends.mps.is_available()):
+            raise ConfigError(f"{self.device} is not available on this machine", key="device")
         if self.token is not None and not self.token.strip():
-            raise ValueError("the token is empty")
+            raise ConfigError("the token is empty", key="token")
         return self
 
     def public(self) -> Dict[str, Any]:
@@ -150,18 +160,21 @@ class Service:
         from ..predict import create_transform
 
         self.options = (options or ServeOptions()).check()
-        self.model = model.eval().requires_grad_(False)
+        self.model = model.eval().requires_grad_(False).to(self.options.device)
         self.config = model.config
         self.meta = model.meta
         self.pre = create_transform(model, self.options.preset)
         if self.config.in_chans not in (1, 3):
-            raise ValueError(f"images have 3 (RGB) or 1 (gray) channels; the model takes {self.config.in_chans}")
+            raise ConfigError(f"images have 3 (RGB) or 1 (gray) channels; the model takes {self.config.in_chans}",
+                              key="in_chans")
         self.gray = self.config.in_chans == 1
         self.labels = list(self.meta.labels) if self.meta.labels else None
         self.has_classifier = self.config.num_classes > 0
         self.model_id = self.options.model_id or self.config.name or Path(str(self.meta.source or "model")).name
         self.engine = None
         self.engine_report: Dict[str, Any] = {}
+        self.explain_error: Optional[str] = None
+        self.kernels: Optional[Dict[str, Any]] = None
         self.ready = False
         self.failed: Optional[str] = None
         self.batcher = None
@@ -202,14 +215,18 @@ class Service:
         budget = o.engine_budget_s if o.engine == "auto" else 0.0
         self.engine, self.engine_report = choose_engine(self.model, o.engine, o.dtype, o.max_batch, budget)
         self.step([("classify", self._blank())])  # warm-up: batch 1, the path a lone request takes
+        try:  # the rollout of /v1/explain, once: a model it cannot run is refused there, not mid-batch
+            self.step([("explain", self._blank())])
+        except Exception as err:  # noqa: BLE001
+            self.explain_error = f"{type(err).__name__}: {err}"
+            log.warning("/v1/explain is unavailable for this model: %s", self.explain_error)
         self.engine_report["ready_s"] = round(time.perf_counter() - t0, 3)
         self.kernels = kernel_choices(self.engine)
         log.info("engine %s (%s); kernels: %s", self.engine.name, self.engine.dtype, self.kernels)
 
     def _blank(self) -> Decoded:
         h, w = self.config.img_size
-        x = torch.zeros(self.config.in_chans, h, w)
-        return Decoded("warm-up", x, torch.zeros(3, h, w), "-", w, h, "")
+        return Decoded("warm-up", torch.full((3, h, w), 128.0), "-", w, h, "")
 
     async def stop(self) -> None:
         if self.batcher is not None:
@@ -225,15 +242,17 @@ class Service:
     # --- inference (the inference thread) -----------------------------------------------------------------
     def step(self, items: List[Tuple[str, Decoded]]) -> List[Dict[str, Any]]:
         """One batch: the engine's logits and features for every image, the rollout for the explain ones."""
-        x = torch.stack([d.x for _, d in items])
+        from ..predict import normalized
+
+        x = normalized(self.pre, torch.stack([d.crop for _, d in items]), self.gray)
         logits, feats = self.engine.run(x)
         out = [{"logits": logits[i], "features": feats[i]} for i in range(len(items))]
         explain = [i for i, (kind, _) in enumerate(items) if kind == "explain"]
         if explain:
             from ..analysis.rollout import normalize_maps, rollout_maps
 
-            dtype = next(self.model.parameters()).dtype
-            maps = normalize_maps(rollout_maps(self.model, x[explain].to(dtype)).float())
+            p = next(self.model.parameters())
+            maps = normalize_maps(rollout_maps(self.model, x[explain].to(p.device, p.dtype)).float().cpu())
             for j, i in enumerate(explain):
                 out[i]["overlay"] = overlay_png(items[i][1].crop, maps[j])
         return out
@@ -251,6 +270,11 @@ class Service:
                         f"got {topk}")
         return min(topk, max(self.config.num_classes, 1))
 
+    def check_explain(self) -> None:
+        if self.explain_error:
+            raise Fault(409, "no_rollout", f"{self.model_id}: the attention rollout cannot run on this model "
+                        f"({self.explain_error})")
+
     def check_classifier(self, endpoint: str) -> None:
         if not self.has_classifier:
             raise Fault(409, "no_classifier", f"{self.model_id} has no classifier (num_classes=0: a feature "
@@ -261,8 +285,7 @@ class Service:
         loop = asyncio.get_running_loop()
         o = self.options
         jobs = [loop.run_in_executor(self.decoder, lambda d=data, n=name: decode(d, self.pre, name=n,
-                                                                                  max_pixels=o.max_pixels,
-                                                                                  gray=self.gray))
+                                                                                  max_pixels=o.max_pixels))
                 for name, data in uploads]
         results = await asyncio.gather(*jobs, return_exceptions=True)
         for i, r in enumerate(results):
@@ -336,7 +359,7 @@ class Service:
                 "preprocessing": self.pre.to_dict(), "config": cfg.to_dict(),
                 "engine": self.engine.info() if self.engine is not None else None,
                 "dtype": self.options.dtype, "engine_selection": self.engine_report,
-                "kernels": getattr(self, "kernels", None), "ready": self.ready,
+                "kernels": self.kernels, "ready": self.ready,
                 "options": self.options.public(), "vitkit": __version__}
 
 
@@ -450,7 +473,8 @@ _ERROR = {"description": "a client fault", "content": {"application/json": {"sch
     "properties": {"error": {"type": "string"}, "detail": {"type": "string"}}}}}}
 _FAULTS = {str(code): dict(_ERROR, description=text) for code, text in (
     (400, "empty body, bad multipart, bad topk"), (401, "missing or wrong token"),
-    (408, "the upload stalled"), (409, "the model has no classifier"), (413, "too many bytes, pixels or images"),
+    (408, "the upload stalled"), (409, "the model has no classifier (or no rollout, for /v1/explain)"),
+    (413, "too many bytes, pixels or images"),
     (415, "not an image / unsupported Content-Type"), (422, "an image that cannot be decoded"),
     (503, "not ready, or busy (Retry-After)"))}
 _TOP = {"type": "array", "items": {"type": "object", "properties": {
@@ -478,7 +502,8 @@ class Guard:
     def __init__(self, app, service: Service):
         self.app, self.service = app, service
         token = service.options.token
-        self.token = token.encode("utf-8") if token else None
+        # compared as SHA-256 digests: equal lengths, so the constant-time compare leaks not even the length
+        self.token = hashlib.sha256(token.encode("utf-8")).digest() if token else None
 
     def _needs_token(self, path: str) -> bool:
         return self.token is not None and (path.startswith("/v1/") or path == "/metrics")
@@ -487,6 +512,9 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):  # mounted inside another app: the path below the mount point
+            path = path[len(root):] or "/"
         endpoint = path if path in API_PATHS or path in ("/healthz", "/readyz") else "other"
         status = {"code": 500}
         t0 = time.perf_counter()
@@ -523,7 +551,7 @@ class Guard:
         scheme, _, given = auth.partition(b" ")
         if scheme.lower() != b"bearer" or not given.strip():
             return Fault(401, "unauthorized", "the Authorization header must be 'Bearer TOKEN'", hdr)
-        if not hmac.compare_digest(given.strip(), self.token):
+        if not hmac.compare_digest(hashlib.sha256(given.strip()).digest(), self.token):
             return Fault(401, "unauthorized", "the token is wrong", hdr)
         return None
 
@@ -531,6 +559,13 @@ class Guard:
 def build_app(service: Service, *, on_failure: Optional[Callable[[str], None]] = None):
     """The FastAPI app of ``service`` (routes, error handlers, the page, the lifespan that starts it)."""
     import contextlib
+    import importlib.util
+
+    from ..errors import MissingDependency
+
+    if not (importlib.util.find_spec("python_multipart") or importlib.util.find_spec("multipart")):
+        raise MissingDependency("vitkit serve reads multipart uploads with python-multipart, which is not "
+                                "installed", extra="serve")
 
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
@@ -556,13 +591,13 @@ def build_app(service: Service, *, on_failure: Optional[Callable[[str], None]] =
 
     app = FastAPI(title="vitkit serve", version=__version__, lifespan=lifespan,
                   description="A Vision Transformer as an HTTP service: classify, embed and explain images "
-                  "(vitkit). Every client fault is a 4xx JSON body {error, detail}.", docs_url="/docs",
-                  redoc_url=None)
+                  "(vitkit). Every client fault is a 4xx JSON body {error, detail}.",
+                  docs_url=None, redoc_url=None)  # their pages load scripts from a CDN: the schema is /openapi.json
     app.state.service = service
 
     def fault_response(request: Request, fault: Fault):
-        (log.warning if fault.status < 500 else log.info)("%s %s -> %d %s: %s", request.method, request.url.path[:200], fault.status, fault.error,
-                    fault.detail)
+        say = log.warning if fault.status < 500 else log.info  # 503 not_ready / busy: the server's state
+        say("%s %s -> %d %s: %s", request.method, request.url.path[:200], fault.status, fault.error, fault.detail)
         service.metrics.faults.labels(fault.error).inc()
         return _json_error(fault.status, fault.error, fault.detail, fault.headers)
 
@@ -572,7 +607,7 @@ def build_app(service: Service, *, on_failure: Optional[Callable[[str], None]] =
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, err: StarletteHTTPException):
-        codes = {404: ("not_found", f"no such path: {request.url.path[:200]} (see /docs)"),
+        codes = {404: ("not_found", f"no such path: {request.url.path[:200]} (see /openapi.json)"),
                  405: ("method_not_allowed", f"{request.method} is not allowed on {request.url.path[:200]}")}
         error, detail = codes.get(err.status_code, ("bad_request", str(err.detail)))
         return fault_response(request, Fault(err.status_code, error, detail, getattr(err, "headers", None)))
@@ -597,12 +632,12 @@ def build_app(service: Service, *, on_failure: Optional[Callable[[str], None]] =
         if kind != "embed":
             if kind == "classify":
                 service.check_classifier("/v1/classify")
+            else:
+                service.check_explain()
             k = service.check_topk(topk)
         else:
             k = 0
-        expect = getattr(service.batcher, "expect", None)
-        if expect is not None:
-            expect(1)
+        service.batcher.expect(1)
         try:
             try:
                 uploads = await read_uploads(request, service.options)
@@ -613,8 +648,7 @@ def build_app(service: Service, *, on_failure: Optional[Callable[[str], None]] =
                 decoded = await service.decode_all(uploads)
                 decode_s = time.perf_counter() - t1
             finally:
-                if expect is not None:
-                    expect(-1)
+                service.batcher.expect(-1)
             watch = (lambda: _wait_disconnect(request)) if service.options.watch_disconnect else None
             done = await service.infer(kind, decoded, watch)
         except ClientGone:
@@ -702,4 +736,4 @@ def create_app(weights, options: Optional[ServeOptions] = None, **kwargs: Any):
         options = ServeOptions(**kwargs)
     elif kwargs:
         options = ServeOptions(**{**asdict(options), **kwargs})
-    return build_app(Service(load_model(weights), options))
+    return build_app(Service(load_model(weights, device=options.device), options))

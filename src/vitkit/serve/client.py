@@ -10,16 +10,21 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from ..errors import UsageError, VitkitError
+
 PathLike = Union[str, Path]
 
 
-class ServeClientError(RuntimeError):
+class ServeClientError(VitkitError, RuntimeError):
     """The server refused a request (``status``, ``error``, ``detail`` from its JSON body) or could not be
     reached (``status`` 0)."""
 
     def __init__(self, status: int, error: str, detail: str):
         super().__init__(f"{detail} (HTTP {status} {error})" if status else detail)
         self.status, self.error, self.detail = status, error, detail
+
+    def __reduce__(self):
+        return (type(self), (self.status, self.error, self.detail))
 
 
 class Client:
@@ -28,7 +33,7 @@ class Client:
 
     def __init__(self, url: str, token: Optional[str] = None, timeout: float = 60.0, per_request: int = 16):
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"--url {url!r}: give the server's address, e.g. http://127.0.0.1:8000")
+            raise UsageError(f"--url {url!r}: give the server's address, e.g. http://127.0.0.1:8000")
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout

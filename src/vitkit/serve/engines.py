@@ -24,6 +24,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ..errors import ConfigError, ExportError
+
 log = logging.getLogger("vitkit.serve")
 
 ENGINES = ("torch", "onnxruntime", "openvino")
@@ -33,11 +35,15 @@ TOLERANCE = {"fp32": 1e-3, "bf16": 6e-2, "int8": 1.5e-1}
 
 
 def kernel_choices(engine: "Engine") -> Dict[str, Any]:
-    """The kernel choices in use for ``engine`` (reported by /v1/model and the logs): vitkit's measured GEMM
-    choices for the torch engine (:func:`vitkit.models.inference.inference_summary`), the runtime's own
-    kernels for the others."""
+    """The kernel choices in use for ``engine`` (reported by /v1/model and the logs): for the torch engine,
+    :func:`vitkit.models.inference.inference_summary` (dtype, the declared backend and what its ``auto``
+    resolved to); for the others, the runtime's own kernels, and the declared backend of the vitkit model
+    that /v1/explain runs."""
+    from ..models import backend
+
     if engine.name != "torch":
-        return {"engine": engine.name, "kernels": f"{engine.name}'s own (vitkit's GEMM choices do not apply)"}
+        return {"engine": engine.name, "kernels": f"{engine.name}'s own (vitkit's backend does not apply)",
+                "explain": "the vitkit model (attention rollout)", "backend": backend.record()}
     from ..models.inference import inference_summary
 
     return inference_summary(engine.module)
@@ -54,7 +60,7 @@ def installed() -> Dict[str, Optional[str]]:
     return out
 
 
-class EngineUnavailable(RuntimeError):
+class EngineUnavailable(ConfigError):
     """This engine cannot run this model in this dtype here (not installed, or no such dtype)."""
 
 
@@ -196,9 +202,9 @@ BUILDERS: Dict[str, Callable[..., Engine]] = {"torch": TorchEngine, "onnxruntime
 
 def build_engine(name: str, model, dtype: str = "fp32") -> Engine:
     if name not in BUILDERS:
-        raise ValueError(f"unknown engine {name!r}: use auto, {', '.join(ENGINES)}")
+        raise ConfigError(f"unknown engine {name!r}: use auto, {', '.join(ENGINES)}", key="engine")
     if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: use {', '.join(DTYPES)}")
+        raise ConfigError(f"unknown dtype {dtype!r}: use {', '.join(DTYPES)}", key="dtype")
     return BUILDERS[name](model, dtype)
 
 
@@ -248,9 +254,10 @@ def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int =
     (an engine whose logits are off fails to start). The report names every candidate with its speed, its
     difference from eager and why any was left out."""
     model.eval().requires_grad_(False)
+    device = next(model.parameters()).device
     check = reference_batch(model, min(batch, 4), seed=1)
     with torch.inference_mode():
-        ref = model.float()(check).float().numpy()
+        ref = model.float()(check.to(device)).float().cpu().numpy()
     timing = reference_batch(model, batch)
     names = list(candidates) if engine == "auto" else [engine]
     # torch last: its bf16 / int8 casts the model in place, which the exporters must not see
@@ -262,13 +269,22 @@ def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int =
         row: Dict[str, Any] = {"engine": name}
         t0 = time.perf_counter()
         try:
+            if name != "torch" and device.type != "cpu":
+                raise EngineUnavailable(f"{name} runs vitkit's export on the CPU; the model is on {device}")
             eng = build_engine(name, model, dtype)
         except EngineUnavailable as err:
             if engine != "auto":
-                raise ValueError(f"--engine {name}: {err}") from None
+                raise ConfigError(f"--engine {name}: {err}") from None
             row["skipped"] = str(err)
             report["candidates"].append(row)
             log.info("engine %s skipped: %s", name, err)
+            continue
+        except Exception as err:  # noqa: BLE001 - e.g. an export that fails on this model: auto goes on
+            if engine != "auto" or name == "torch":
+                raise
+            row["skipped"] = f"could not be built: {type(err).__name__}: {err}"
+            report["candidates"].append(row)
+            log.warning("engine %s skipped: %s", name, row["skipped"])
             continue
         row["version"] = eng.version
         row["build_s"] = round(time.perf_counter() - t0, 3)
@@ -278,7 +294,7 @@ def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int =
                    f"(> {row['tolerance']:g})")
             if engine != "auto":
                 eng.close()
-                raise RuntimeError(msg + ": not serving it")
+                raise ExportError(msg + ": not serving it")
             row["skipped"] = msg
             eng.close()
             report["candidates"].append(row)
@@ -298,7 +314,7 @@ def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int =
             eng.close()
         gc.collect()
     if best is None:
-        raise RuntimeError(f"no engine can serve this model in {dtype}: "
+        raise ConfigError(f"no engine can serve this model in {dtype}: "
                            + "; ".join(f"{r['engine']}: {r.get('skipped')}" for r in report["candidates"]))
     gc.collect()
     _release_freed_memory()
