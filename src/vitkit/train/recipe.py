@@ -183,6 +183,7 @@ class Recipe:
 
     # --- (de)serialisation ----------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
+        """Every section as plain values (what recipe.yaml holds)."""
         d = {"name": self.name, "description": self.description, "model": copy.deepcopy(self.model)}
         for key in SECTIONS:
             d[key] = _plain(dataclasses.asdict(getattr(self, key)))
@@ -218,9 +219,11 @@ class Recipe:
         return recipe
 
     def to_yaml(self) -> str:
+        """The recipe as YAML text."""
         return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None, width=110)
 
     def save(self, path: PathLike) -> Path:
+        """Write the recipe as YAML to ``path`` (atomically); returns the path."""
         path = Path(path)
         with atomic_path(path) as tmp:
             tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n" if path.suffix == ".json" else self.to_yaml())
@@ -228,6 +231,7 @@ class Recipe:
 
     # --- checks and derived values ------------------------------------------------------------
     def validate(self) -> None:
+        """ConfigError naming the key for any value out of range or inconsistent with another."""
         o, s, t = self.optim, self.schedule, self.train
         if o.name not in ("adamw", "adam", "sgd"):
             raise ConfigError(f"optim.name={o.name!r}: use adamw, adam or sgd")

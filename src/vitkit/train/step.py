@@ -22,6 +22,9 @@ def classification_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoot
 
 
 class TrainStep:
+    """One optimiser step of a classifier: forward (autocast for bf16) and backward over ``accum_steps``
+    micro-batches, global-norm clipping, the optimiser's step."""
+
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, precision: str = "fp32",
                  clip_grad: Optional[float] = 1.0, accum_steps: int = 1, label_smoothing: float = 0.0,
                  device: Optional[torch.device] = None):
@@ -32,6 +35,7 @@ class TrainStep:
         self.params = [p for p in model.parameters() if p.requires_grad]
 
     def autocast(self):
+        """The context the forward pass runs in: bf16 autocast for ``precision='bf16'``, else nothing."""
         if self.precision == "bf16":
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()

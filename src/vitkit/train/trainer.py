@@ -247,6 +247,8 @@ class Trainer:
         return st
 
     def save_checkpoint(self) -> Optional[Path]:
+        """Save the run's state (weights, optimiser, EMA, step, RNGs) as checkpoints/last.pt; returns its path
+        on the main process (None on the others)."""
         st = self._state()  # collective under FSDP: every rank takes part
         path = None
         if self.dist.main:
@@ -274,6 +276,7 @@ class Trainer:
         return max(self.step, int(self.trained_s / self.budget_s * self.total_steps))
 
     def done(self) -> bool:
+        """Whether the run has reached its last step or used up its time budget."""
         return self.step >= self.total_steps or (self.budget_s is not None and self.trained_s >= self.budget_s)
 
     def patch_drop_at(self, step: int) -> float:
@@ -426,6 +429,8 @@ class Trainer:
         return self.model
 
     def preprocessing(self) -> Dict[str, Any]:
+        """The evaluation preprocessing of the trained model (the recipe's normalisation at its size), as a
+        preset dict."""
         dc, cfg = self.recipe.data, self.config
         mean, std = list(dc.mean), list(dc.std)
         if len(mean) == 1:
