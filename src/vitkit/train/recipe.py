@@ -94,7 +94,7 @@ class ScheduleConfig:
 @dataclass
 class TrainConfig:
     seed: int = 0
-    precision: str = "fp32"  # fp32 | bf16 (autocast)
+    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast with a gradient scaler; CUDA only)
     compile: bool = False  # torch.compile the model
     ema: float = 0.0  # Polyak / EMA decay of the weights (the paper: 0.9999); 0 = off
     ema_warmup: bool = True  # decay min(ema, (1 + t) / (10 + t)) early on, so short runs benefit too
@@ -251,8 +251,8 @@ class Recipe:
         if not 0 <= s.patch_drop_from < 1:
             raise ConfigError(f"schedule.patch_drop_from must be in [0, 1) (a fraction of the run), got "
                              f"{s.patch_drop_from}")
-        if t.precision not in ("fp32", "bf16"):
-            raise ConfigError(f"train.precision={t.precision!r}: use fp32 or bf16")
+        if t.precision not in ("fp32", "bf16", "fp16"):
+            raise ConfigError(f"train.precision={t.precision!r}: use fp32, bf16 or fp16 (CUDA)")
         if t.distributed not in ("ddp", "fsdp"):
             raise ConfigError(f"train.distributed={t.distributed!r}: use ddp or fsdp")
         if t.export not in ("auto", "ema", "raw"):

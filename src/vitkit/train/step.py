@@ -33,11 +33,16 @@ class TrainStep:
         self.device = device or next(model.parameters()).device
         self.precision = precision
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # fp16 (CUDA): the loss scaled so small gradients stay representable, unscaled before clipping; a step
+        # whose gradients overflowed is skipped and the scale lowered (torch's GradScaler)
+        self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
 
     def autocast(self):
-        """The context the forward pass runs in: bf16 autocast for ``precision='bf16'``, else nothing."""
-        if self.precision == "bf16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        """The context the forward pass runs in: bf16 / fp16 autocast for ``precision='bf16'`` / ``'fp16'``,
+        else nothing."""
+        if self.precision in ("bf16", "fp16"):
+            dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+            return torch.autocast(device_type=self.device.type, dtype=dtype)
         return contextlib.nullcontext()
 
     def __call__(self, images: torch.Tensor, targets: torch.Tensor, **forward_kw) -> Dict[str, torch.Tensor]:
@@ -53,9 +58,12 @@ class TrainStep:
             sync = _no_sync(self.model) if i < n - 1 else contextlib.nullcontext()
             with sync:
                 loss, right = self.loss(x, t, **forward_kw)
-                (loss * (x.shape[0] / images.shape[0])).backward()
+                part = loss * (x.shape[0] / images.shape[0])
+                (self.scaler.scale(part) if self.scaler is not None else part).backward()
             total_loss += loss.detach() * (x.shape[0] / images.shape[0])
             correct += right
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # clipping and the logged norm see the true gradients
         if self.clip_grad:
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad)
         else:
@@ -63,7 +71,11 @@ class TrainStep:
                 if hasattr(torch.nn.utils, "get_total_norm") else torch.zeros((), device=self.device)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
-        self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)  # skipped when the gradients overflowed
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {"loss": total_loss, "acc": correct / images.shape[0], "grad_norm": norm}
 

@@ -73,6 +73,9 @@ class Trainer:
         t.backend = self.backend.spec  # recipe.yaml records what the run computes with (resume reuses it)
         self.dist = D.setup(t.device)
         self.device = self.dist.device
+        if t.precision == "fp16" and self.device.type != "cuda":
+            raise ConfigError(f"train.precision=fp16 trains with a CUDA gradient scaler; this run is on {self.device}",
+                              key="train.precision", hint="use bf16 (or fp32) on a CPU")
         torch.manual_seed(t.seed)
         last = find_last(self.out)  # the run folder's state is checked first: it needs no data
         if resume and last is None:
@@ -208,6 +211,8 @@ class Trainer:
             self.step_fn = self._distill_step(step_kw)
         else:
             self.step_fn = self.step_class(self.forward_model, self.optimizer, **step_kw)
+        if getattr(self.step_fn, "scaler", None) is not None and getattr(self, "_scaler_state", None):
+            self.step_fn.scaler.load_state_dict(self._scaler_state)
         ev = r.train.eval_every
         self.eval_interval = max(1, int(round(ev * self.steps_per_epoch))) if ev > 0 else 0
         if self.eval_interval and self.val_data is None and d.main:
@@ -244,6 +249,8 @@ class Trainer:
             ema = self.ema.state_dict()
             ema["shadow"] = {k: _full(v) for k, v in ema["shadow"].items()}
             st["ema"] = ema
+        if getattr(self.step_fn, "scaler", None) is not None:  # fp16: the loss scale, for an exact resume
+            st["grad_scaler"] = self.step_fn.scaler.state_dict()
         return st
 
     def save_checkpoint(self) -> Optional[Path]:
@@ -265,6 +272,7 @@ class Trainer:
             self.ema.load_state_dict(st["ema"])
         set_rng_state(st["rng"])
         self.step = int(st["step"])
+        self._scaler_state = st.get("grad_scaler")  # loaded once the step function exists
         self.trained_s = float(st.get("trained_s", 0.0))
         self.resume_rows = st.get("metrics_rows")
 
