@@ -60,7 +60,6 @@ class MPPTrainer(Trainer):
     is the bare ViT."""
 
     step_class = MPPStep
-    uses_labels = False
 
     def __init__(self, recipe: Recipe, out: PathLike, **kwargs: Any):
         check_mpp(recipe.mpp)

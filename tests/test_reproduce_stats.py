@@ -1,0 +1,202 @@
+"""vitkit reproduce's statistics: each branch of the verdict rule on constructed data, paired vs Welch
+contrasts, TOST, Holm, seeds never dropped silently, and every verdict of a report re-derived from its
+per-seed values alone with an independent implementation."""
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from vitkit.reproduce import stats
+
+S = stats
+
+
+def test_summary_gives_a_t_interval():
+    s = S.summary([0.80, 0.82, 0.84])
+    assert s["mean"] == pytest.approx(0.82) and s["std"] == pytest.approx(0.02) and s["n"] == 3
+    h = sps.t.ppf(0.975, 2) * 0.02 / math.sqrt(3)
+    assert s["ci"] == pytest.approx([0.82 - h, 0.82 + h])
+    assert S.summary([0.8])["ci"] is None and S.summary([])["mean"] is None
+
+
+def test_contrast_is_paired_by_seed_when_the_seeds_agree():
+    a = {0: 0.80, 1: 0.90, 2: 0.70, 3: 0.85}
+    b = {s: v - 0.01 for s, v in a.items()}  # 1 point below in every seed, seeds far apart
+    c = S.contrast([("a", 1.0), ("b", -1.0)], {"a": a, "b": b})
+    assert c["design"] == "paired" and c["df"] == 3 and c["estimate"] == pytest.approx(0.01)
+    assert c["se"] == pytest.approx(0.0, abs=1e-12)
+    res = sps.ttest_rel(list(a.values()), [v + 1e-9 * s for s, v in b.items()])  # scipy on the same pairs
+    assert res.statistic > 100
+    # unpaired (Welch) the seed spread swamps the 1-point difference
+    w = S.contrast([("a", 1.0), ("b", -1.0)], {"a": a, "b": {s + 10: v for s, v in b.items()}}, allow_missing=True)
+    assert w["design"] == "welch"
+    ref = sps.ttest_ind(list(a.values()), list(b.values()), equal_var=False)
+    assert w["estimate"] / w["se"] == pytest.approx(ref.statistic)
+    assert w["df"] == pytest.approx(ref.df)
+
+
+def test_missing_seeds_are_an_error_unless_allowed():
+    vals = {"a": {0: 0.8, 1: 0.82, 2: 0.81}, "b": {0: 0.7, 1: 0.71}}
+    with pytest.raises(S.SeedMismatch, match=r"b: \[2\]"):
+        S.contrast([("a", 1.0), ("b", -1.0)], vals)
+    c = S.contrast([("a", 1.0), ("b", -1.0)], vals, allow_missing=True)
+    assert c["design"] == "welch" and c["missing_seeds"] == {"b": [2]}
+
+
+def test_holm_matches_the_textbook_example():
+    p = [0.01, 0.04, 0.03, 0.005]
+    assert S.holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert S.holm([]) == []
+
+
+def _verdict(values_a, values_b, expect=">", margin=0.01, family=1):
+    c = S.contrast([("a", 1.0), ("b", -1.0)], {"a": dict(enumerate(values_a)), "b": dict(enumerate(values_b))})
+    p = S.p_values(c, expect, 0.0, margin)
+    adj = {k: min(1.0, v * family) for k, v in p.items()}  # a family of `family` tests of equal p
+    return S.decide(expect, c["estimate"], 0.0, adj)
+
+
+base = [0.80, 0.83, 0.78, 0.81, 0.79]
+jitter = [0.001, -0.002, 0.0015, -0.001, 0.0005]
+
+
+@pytest.mark.parametrize("a,b,expect,want", [
+    ([v + 0.03 + j for v, j in zip(base, jitter)], base, ">", S.REPRODUCED),      # +3 pt in every seed
+    ([v - 0.03 + j for v, j in zip(base, jitter)], base, ">", S.CONTRADICTED),    # -3 pt in every seed
+    ([v + j for v, j in zip(base, jitter)], base, ">", S.RULED_OUT),              # 0 +- 0.1 pt: a 1 pt effect excluded
+    ([v + 0.02 * s for v, s in zip(base, [1, -1, 1, -1, 0.5])], base, ">", S.UNDERPOWERED),  # noisy
+    ([v + j for v, j in zip(base, jitter)], base, "~", S.REPRODUCED),              # within 1 pt, tightly
+    ([v + 0.05 + j for v, j in zip(base, jitter)], base, "~", S.CONTRADICTED),     # 5 pt apart
+    ([v + 0.03 * s for v, s in zip(base, [1, -1, 1, -1, 0.5])], base, "~", S.UNDERPOWERED),
+])
+def test_each_branch_of_the_verdict_rule(a, b, expect, want):
+    assert _verdict(a, b, expect) == want
+
+
+def test_the_correction_can_turn_a_finding_into_underpowered():
+    a = [v + 0.006 + 0.004 * s for v, s in zip(base, [1, -1, 0.5, 0, -0.5])]
+    assert _verdict(a, base) == S.REPRODUCED
+    assert _verdict(a, base, family=30) == S.UNDERPOWERED
+
+
+def test_one_seed_is_underpowered_and_adds_no_p_value():
+    c = S.contrast([("a", 1.0), ("b", -1.0)], {"a": {0: 0.9}, "b": {0: 0.8}})
+    assert S.p_values(c, ">", 0.0, 0.01) == {}
+    assert S.decide(">", c["estimate"], 0.0, {}) == S.UNDERPOWERED
+
+
+def test_claim_verdicts_combine_conservatively():
+    assert S.combine([S.REPRODUCED, S.REPRODUCED]) == S.REPRODUCED
+    assert S.combine([S.REPRODUCED, S.UNDERPOWERED]) == S.UNDERPOWERED
+    assert S.combine([S.REPRODUCED, S.RULED_OUT]) == S.RULED_OUT
+    assert S.combine([S.RULED_OUT, S.CONTRADICTED]) == S.CONTRADICTED
+    assert S.combine([]) == S.UNDERPOWERED
+
+
+def test_rank_correlation():
+    x = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
+    r = S.rank_correlation(x, [v + 0.01 for v in x])
+    assert r["rho"] == pytest.approx(1.0) and S.decide_correlation(r["rho"], r["p"]) == S.REPRODUCED
+    r = S.rank_correlation(x, [-v for v in x])
+    assert S.decide_correlation(r["rho"], r["p"]) == S.CONTRADICTED
+    assert S.rank_correlation(x[:2], x[:2])["rho"] is None
+
+
+# --- re-deriving a report's verdicts from report.json alone ------------------------------------------------
+def rederive(report):
+    """An independent implementation of the rule in the report (scipy's t-tests, statsmodels-free Holm):
+    every test's verdict from report["values"]."""
+    values, fam = report["values"], []
+    for c in report["claims"]:
+        for t in c["tests"]:
+            if t.get("kind") == "correlation":
+                if t.get("p") is not None:
+                    fam.append((t, "effect", t["p"]))
+                continue
+            if "error" in t or t.get("duplicate_of"):
+                continue
+            cols = [values[a][t["metric"]] for a, _ in t["weights"]]
+            seeds = sorted(cols[0], key=int)
+            assert all(sorted(c, key=int) == seeds for c in cols), "the report compared unpaired seeds"
+            d = np.array([sum(w * values[a][t["metric"]][s] for a, w in t["weights"]) for s in seeds])
+            if len(d) < 2:
+                continue
+            est, se, df = d.mean(), d.std(ddof=1) / math.sqrt(len(d)), len(d) - 1
+            assert est == pytest.approx(t["estimate"])
+            m, ref = t["margin"], t["ref"]
+            tt = (lambda x: x / se if se > 0 else math.copysign(math.inf, x) if x else 0.0)
+            if t["expect"] == ">":
+                fam.append((t, "effect", min(1.0, 2 * sps.t.sf(abs(tt(est - ref)), df))))
+                if m is not None:
+                    fam.append((t, "ruled_out", sps.t.cdf(tt(est - ref - m), df)))
+            else:
+                fam.append((t, "equivalent", max(sps.t.sf(tt(est - ref + m), df), sps.t.cdf(tt(est - ref - m), df))))
+                fam.append((t, "beyond", sps.t.sf(tt(abs(est - ref) - m), df)))
+    order = sorted(range(len(fam)), key=lambda i: fam[i][2])
+    adj, run = {}, 0.0
+    for rank, i in enumerate(order):
+        run = max(run, min(1.0, (len(fam) - rank) * fam[i][2]))
+        adj[(id(fam[i][0]), fam[i][1])] = run
+    out = {}
+    for c in report["claims"]:
+        for t in c["tests"]:
+            sig = {k for (tid, k), p in adj.items() if tid == id(t) and p < report["alpha"]}
+            if t.get("kind") == "correlation":
+                v = S.UNDERPOWERED if "effect" not in sig else S.REPRODUCED if t["rho"] > 0 else S.CONTRADICTED
+            elif "error" in t or t.get("duplicate_of") or t.get("note"):
+                v = t["verdict"]  # an unmet precondition or a duplicate: checked by the report's own tests
+            elif t["expect"] == "~":
+                v = S.REPRODUCED if "equivalent" in sig else S.CONTRADICTED if "beyond" in sig else S.UNDERPOWERED
+            elif "effect" in sig:
+                v = S.REPRODUCED if t["estimate"] > t["ref"] else S.CONTRADICTED
+            else:
+                v = S.RULED_OUT if "ruled_out" in sig else S.UNDERPOWERED
+            out[(c["id"], t["text"])] = v
+    return out
+
+
+def test_rederive_a_constructed_report():
+    """report.evaluate on a constructed report.json agrees with the independent re-derivation."""
+    from vitkit.reproduce import report as rep
+
+    rng = np.random.default_rng(0)
+    seeds = [str(s) for s in range(5)]
+    arms = {"a": 0.85, "b": 0.80, "c": 0.851, "d": 0.70}
+    values = {n: {"test_top1": {s: mu + float(rng.normal(0, 0.004)) for s in seeds}} for n, mu in arms.items()}
+    values["c"]["test_top1"] = {s: v + 0.001 - j for (s, v), j in zip(values["a"]["test_top1"].items(), jitter)}
+    values["e"] = {"test_top1": {s: v + j for (s, v), j in zip(values["a"]["test_top1"].items(), jitter)}}
+    tests = [{"text": "a beats b", "kind": "contrast", "metric": "test_top1", "expect": ">", "ref": 0.0,
+              "margin": 0.01, "weights": [["a", 1.0], ["b", -1.0]]},
+             {"text": "c ~ a", "kind": "contrast", "metric": "test_top1", "expect": "~", "ref": 0.0, "margin": 0.01,
+              "weights": [["c", 1.0], ["a", -1.0]]},
+             {"text": "d beats a", "kind": "contrast", "metric": "test_top1", "expect": ">", "ref": 0.0,
+              "margin": 0.01, "weights": [["d", 1.0], ["a", -1.0]]},
+             {"text": "e beats a", "kind": "contrast", "metric": "test_top1", "expect": ">", "ref": 0.0,
+              "margin": 0.01, "weights": [["e", 1.0], ["a", -1.0]]},
+             {"text": "a beats c", "kind": "contrast", "metric": "test_top1", "expect": ">", "ref": 0.0,
+              "margin": 0.01, "weights": [["a", 1.0], ["c", -1.0]]}]
+    report = {"values": values, "code": {}, "alpha": 0.05, "claims": [{"id": 1, "tests": tests}]}
+    rep.evaluate(report)
+    got = {(1, t["text"]): t["verdict"] for t in tests}
+    assert got == rederive(report)
+    assert got == {(1, "a beats b"): S.REPRODUCED, (1, "c ~ a"): S.REPRODUCED, (1, "d beats a"): S.CONTRADICTED,
+                   (1, "e beats a"): S.RULED_OUT, (1, "a beats c"): S.UNDERPOWERED}
+    assert tests[4]["duplicate_of"] == "c ~ a" and not tests[4]["p_values"]  # one contrast, tested once
+    assert report["claims"][0]["verdict"] == S.CONTRADICTED
+
+
+def test_mixed_code_versions_are_refused_unless_allowed():
+    from vitkit.errors import ConfigError
+    from vitkit.reproduce import report as rep
+
+    values = {n: {"test_top1": {"0": v, "1": v + 0.01}} for n, v in (("a", 0.8), ("b", 0.7))}
+    t = {"text": "a beats b", "kind": "contrast", "metric": "test_top1", "expect": ">", "ref": 0.0, "margin": 0.01,
+         "weights": [["a", 1.0], ["b", -1.0]]}
+    code = {"a": {"0": "abc", "1": "abc"}, "b": {"0": "abc", "1": "def+dirty"}}
+    report = {"values": values, "code": code, "alpha": 0.05, "claims": [{"id": 1, "tests": [dict(t)]}]}
+    with pytest.raises(ConfigError, match="different code versions.*--allow-mixed-code"):
+        rep.evaluate(report)
+    report.update(allow_mixed_code=True)
+    rep.evaluate(report)
+    assert report["claims"][0]["tests"][0]["verdict"] == S.REPRODUCED
