@@ -11,7 +11,7 @@ PEERS_LOCK ?= requirements/peers.txt
 PEERS_MB ?= 5300
 PYTEST_ARGS ?=
 
-.PHONY: venv venv-test data demo analysis-figures test test-fast test-peers peers clean
+.PHONY: venv venv-test data demo analysis-figures test test-fast test-peers test-reproduce-extra peers clean
 FMNIST ?= /usr/share/datasets/fashion-mnist
 
 # The demo needs only the core and matplotlib (about a minute to install); the tests add their extras
@@ -57,6 +57,22 @@ analysis-figures: venv-test data
 test: venv-test peers data
 	$(BIN)/python -m pytest -q -rs -m "not peers" $(PYTEST_ARGS)
 	$(PEERS)/bin/python -m pytest -q -rs -m peers $(PYTEST_ARGS)
+	$(MAKE) test-reproduce-extra
+
+# `vitkit reproduce` end to end (tiny settings) and its statistics in an environment with only the core and
+# the `reproduce` extra (plus pytest to run them): the test environment installs every extra, so it would
+# hide an import the extra does not declare.
+REPRO ?= .venv-reproduce
+$(REPRO)/.installed: pyproject.toml
+	rm -rf $(REPRO)
+	$(PY) -m venv $(REPRO)
+	$(REPRO)/bin/pip install -q $(TORCH_PIN)
+	$(REPRO)/bin/pip install -q -e '.[reproduce]' pytest
+	touch $@
+
+test-reproduce-extra: $(REPRO)/.installed
+	$(REPRO)/bin/python -m pytest -q -rs -p no:cacheprovider tests/test_reproduce_stats.py \
+	  tests/test_reproduce.py::test_reproduce_end_to_end_tiny tests/test_reproduce.py::test_the_extra_is_checked_first
 
 # The core tests only (no peers environment to build), without those marked slow.
 test-fast: venv-test data
@@ -87,4 +103,4 @@ test-peers: peers data
 	$(PEERS)/bin/python -m pytest -q -rs -m peers $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(PEERS) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(PEERS) $(REPRO) build src/*.egg-info .pytest_cache

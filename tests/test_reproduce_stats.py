@@ -80,10 +80,12 @@ def test_the_correction_can_turn_a_finding_into_underpowered():
     assert _verdict(a, base, family=30) == S.UNDERPOWERED
 
 
-def test_one_seed_is_underpowered_and_adds_no_p_value():
+def test_one_seed_or_identical_seeds_are_underpowered_and_add_no_p_value():
     c = S.contrast([("a", 1.0), ("b", -1.0)], {"a": {0: 0.9}, "b": {0: 0.8}})
     assert S.p_values(c, ">", 0.0, 0.01) == {}
     assert S.decide(">", c["estimate"], 0.0, {}) == S.UNDERPOWERED
+    same = S.contrast([("a", 1.0), ("b", -1.0)], {"a": {0: 0.5, 1: 0.5}, "b": {0: 0.5, 1: 0.5}})
+    assert same["se"] == 0 and S.p_values(same, ">", 0.0, 0.01) == {} and S.p_values(same, "~", 0.0, 0.01) == {}
 
 
 def test_claim_verdicts_combine_conservatively():
@@ -125,7 +127,9 @@ def rederive(report):
             est, se, df = d.mean(), d.std(ddof=1) / math.sqrt(len(d)), len(d) - 1
             assert est == pytest.approx(t["estimate"])
             m, ref = t["margin"], t["ref"]
-            tt = (lambda x: x / se if se > 0 else math.copysign(math.inf, x) if x else 0.0)
+            if not se > 0:
+                continue
+            tt = (lambda x: x / se)
             if t["expect"] == ">":
                 fam.append((t, "effect", min(1.0, 2 * sps.t.sf(abs(tt(est - ref)), df))))
                 if m is not None:
@@ -190,13 +194,37 @@ def test_mixed_code_versions_are_refused_unless_allowed():
     from vitkit.errors import ConfigError
     from vitkit.reproduce import report as rep
 
-    values = {n: {"test_top1": {"0": v, "1": v + 0.01}} for n, v in (("a", 0.8), ("b", 0.7))}
+    values = {n: {"test_top1": {"0": v, "1": v + d, "2": v - d}} for n, v, d in (("a", 0.8, 0.01), ("b", 0.7, 0.012))}
     t = {"text": "a beats b", "kind": "contrast", "metric": "test_top1", "expect": ">", "ref": 0.0, "margin": 0.01,
          "weights": [["a", 1.0], ["b", -1.0]]}
-    code = {"a": {"0": "abc", "1": "abc"}, "b": {"0": "abc", "1": "def+dirty"}}
+    code = {"a": {"0": "abc", "1": "abc", "2": "abc"}, "b": {"0": "abc", "1": "def+dirty", "2": "abc"}}
     report = {"values": values, "code": code, "alpha": 0.05, "claims": [{"id": 1, "tests": [dict(t)]}]}
     with pytest.raises(ConfigError, match="different code versions.*--allow-mixed-code"):
         rep.evaluate(report)
     report.update(allow_mixed_code=True)
     rep.evaluate(report)
     assert report["claims"][0]["tests"][0]["verdict"] == S.REPRODUCED
+
+
+def test_budget_costs_estimated_from_the_committed_report():
+    """The budgets' promises, from docs/reproduction/report.json's measured training time: quick <= 45 min
+    and full <= 12 h wall with --jobs 2 on 2 cores; full has >= 5 seeds and a sweep."""
+    from pathlib import Path
+
+    from vitkit.reproduce import get_budget
+    from vitkit.reproduce.estimate import estimate
+
+    ref = Path(__file__).resolve().parents[1] / "docs" / "reproduction" / "report.json"
+    quick, full = estimate("quick", ref), estimate("full", ref)
+    assert quick["wall_hours"] <= 0.75 and full["wall_hours"] <= 12.0, (quick, full)
+    assert len(get_budget("full").seeds) >= 5 and len(get_budget("full").lr_sweep) >= 3
+    # every (arm, seed) of the campaign is counted once: the sweep's run at the chosen rate is reused
+    from collections import Counter
+
+    from vitkit.reproduce.estimate import run_list
+    b = get_budget("full")
+    per_run = Counter()
+    for arm, k in run_list(b):
+        per_run[arm.name] += k
+    assert set(per_run.values()) == {len(b.seeds), len(b.sweep_seeds)}
+    assert per_run["vit@lr1e-3"] == len(b.seeds) and per_run["vit@lr4e-3"] == len(b.sweep_seeds)

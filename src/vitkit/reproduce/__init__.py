@@ -90,11 +90,11 @@ def reproduce(out: PathLike, claim_ids: Optional[Sequence[int]] = None, budget: 
     out.mkdir(parents=True, exist_ok=True)
     t0, done = time.perf_counter(), {}
 
-    def train(run_names, table, seeds):
+    def train(run_names, table, seeds, known=None):
         if report_only:
             return collected(run_names, seeds, out)
         return run_all(run_names, table, budget, out, progress=progress and jobs == 1, log=log, stats=done,
-                       jobs=jobs, seeds=seeds)
+                       jobs=jobs, seeds=seeds, known=known)
 
     fams = sweep.families(names, arms)
     points = sweep.sweep_arms(fams, arms, budget)
@@ -105,7 +105,7 @@ def reproduce(out: PathLike, claim_ids: Optional[Sequence[int]] = None, budget: 
     runs, alias = sweep.resolve(arms, chosen)
     run_names = list(dict.fromkeys(alias[n] for n in names))
     log(f"{len(run_names)} runs x {len(budget.seeds)} seeds under {out / 'runs'}")
-    measures = train(run_names, runs, budget.seeds)
+    measures = train(run_names, runs, budget.seeds, swept)
     timed = sorted({alias[a] for c in claims if any(t.metric == SPEED for t in c.tests) for a in c.arms})
     speeds = {}
     if timed and all(len(measures.get(a, [])) == len(budget.seeds) for a in timed):

@@ -24,9 +24,10 @@ RESNET = {"backbone": "resnet", "backbone_layers": [2, 2], "backbone_width": 32,
           "depth": 0, "posemb": "none"}  # BiT ResNet classifier
 LARGE = {"width": 128, "depth": 6, "mlp_dim": 256}
 LRS = (1e-3, 3e-3, 1e-2)  # claim 2's own sweep (both read-outs at every rate)
-# Claim 10 (transfer): pre-train on classes A, probe and fine-tune on classes B (Fashion-MNIST: tops and
-# footwear/bags are split across both halves)
-CLASSES_A, CLASSES_B = (0, 2, 4, 6, 8), (1, 3, 5, 7, 9)
+# Claim 10 (transfer): pre-train on classes A, probe and fine-tune on classes B: the even and the odd class
+# indices (Fashion-MNIST: A = t-shirt, pullover, coat, shirt, bag; B = trouser, dress, sandal, sneaker, boot)
+CLASSES_A, CLASSES_B = "even", "odd"
+HALVES = {"even": 0, "odd": 1}
 TRANSFER_MODELS = ("vit", "pe-none", "vit-p7", "vit-deep", "vit-wide", "hybrid", "token-lr3e-3")
 
 # What an arm's length follows in the budget (vitkit.reproduce.budget.Budget)
@@ -47,8 +48,8 @@ class Arm:
     train_images: Optional[int] = None  # claim 3's subset size (length "data"; None: everything)
     lr: Optional[float] = None  # a fixed learning rate (None: chosen by the sweep of family ``sweep``)
     sweep: Optional[str] = None  # the family whose validation sweep chooses the rate (None: this arm's own)
-    classes: Optional[Tuple[int, ...]] = None  # train and test on these classes only (claim 10's transfer)
-    probe_classes: Optional[Tuple[int, ...]] = None  # few-shot probes on these classes (default: ``classes``)
+    classes: Optional[str] = None  # train and test on these classes only: "even" | "odd" class indices (claim 10)
+    probe_classes: Optional[str] = None  # few-shot probes on these classes (default: ``classes``)
     label: str = ""  # short name in tables and figures
     group: str = ""  # arms that form one curve in a figure (and a selector's group)
     x: Optional[float] = None  # the arm's position on that curve (learning rate, data size, ...)

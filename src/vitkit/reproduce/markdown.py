@@ -67,10 +67,11 @@ def _head(report: Dict[str, Any]) -> List[str]:
             f"{a}: {s}" for a, s in report["missing_seeds"].items())]
     if report.get("sweeps"):
         lines += ["", "**Learning rates chosen on validation** (validation top-1 % at the sweep seeds):", "",
-                  "| family | chosen | " + " | ".join(f"lr {k}" for k in next(iter(report["sweeps"].values()))["val_top1"]) + " |",
+                  "| family | chosen | " + " | ".join(f"lr {float(k):.0e}".replace("e-0", "e-")
+                                                   for k in next(iter(report["sweeps"].values()))["val_top1"]) + " |",
                   "|---" * (2 + len(next(iter(report["sweeps"].values()))["val_top1"])) + "|"]
         for f, s in report["sweeps"].items():
-            lines.append(f"| {f} | {s['lr']:g} | " + " | ".join(
+            lines.append(f"| {f} | {s['lr']:.0e} | ".replace("e-0", "e-") + " | ".join(
                 "/".join(f"{100 * v:.2f}" for v in vals) for vals in s["val_top1"].values()) + " |")
     lines += ["", "| claim | verdict |", "|---|---|"] + [f"| {c['id']}. {c['title']} | {c['verdict']} |"
                                                         for c in report["claims"]]
@@ -79,9 +80,10 @@ def _head(report: Dict[str, Any]) -> List[str]:
 
 def _arms(c: Dict[str, Any], report: Dict[str, Any]) -> List[str]:
     vals = report["values"]
-    summ = {r["arm"]: {m: stats.summary(list((vals.get(r["arm"]) or {}).get(m, {}).values())) for m in SHOWN + (c["metric"],)}
+    shown = SHOWN if any(t.get("metric") == SPEED for t in c["tests"]) else tuple(m for m in SHOWN if m != SPEED)
+    summ = {r["arm"]: {m: stats.summary(list((vals.get(r["arm"]) or {}).get(m, {}).values())) for m in shown + (c["metric"],)}
             for r in c["arms"]}
-    metrics = [m for m in dict.fromkeys(SHOWN + (c["metric"],)) if any(s[m]["mean"] is not None for s in summ.values())]
+    metrics = [m for m in dict.fromkeys(shown + (c["metric"],)) if any(s[m]["mean"] is not None for s in summ.values())]
     lines = ["| arm | run | params | MACs | " + " | ".join(METRIC_LABELS.get(m, m) for m in metrics) + " | seeds |",
              "|---" * (5 + len(metrics)) + "|"]
     for r in c["arms"]:
@@ -108,7 +110,8 @@ def _tests(c: Dict[str, Any]) -> List[str]:
         resolved = " ".join(f"{'+' if w > 0 else '-'} {a}" for a, w in t["weights"])
         ref = f" vs {t['ref']:g}" if t["ref"] else ""
         unit = " pt" if m in PERCENT else ""
-        design = "-" if t.get("df") is None else f"{t['design']}, df {t['df']:.1f}"
+        df = t.get("df")
+        design = "-" if df is None else f"{t['design']}, df {df:.0f}" if float(df).is_integer() else f"{t['design']}, df {df:.1f}"
         note = f" ({t['note']})" if t.get("note") else f" (same contrast as '{t['duplicate_of']}')" if t.get("duplicate_of") else ""
         margin = f", margin {_num(t['margin'], m)}{unit}" if t.get("margin") is not None else ""
         lines.append(f"| {t['text']} ({METRIC_LABELS.get(m, m)}: {resolved}{ref}{margin}) | {_ci(t, m, True)}{unit} | "

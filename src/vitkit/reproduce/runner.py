@@ -68,13 +68,20 @@ class _Progress:
 
 def run_all(names: Sequence[str], arms: Dict[str, Arm], budget: Budget, root: PathLike, *,
             progress: bool = False, log: Callable[[str], None] = print, stats: Optional[Dict[str, int]] = None,
-            jobs: int = 1, seeds: Optional[Sequence[int]] = None) -> Dict[str, List[Dict[str, Any]]]:
+            jobs: int = 1, seeds: Optional[Sequence[int]] = None,
+            known: Optional[Dict[str, List[Dict[str, Any]]]] = None) -> Dict[str, List[Dict[str, Any]]]:
     """Train and measure every (arm, seed) (``seeds``: default the budget's); returns {arm: [measures per
     seed]}. ``stats`` (if given) counts the runs by what this call did: ``training``, ``resumed``, ``reused``.
-    Seed-major order, so a partial campaign still has every arm at the first seeds."""
-    order = [(name, seed) for seed in (seeds if seeds is not None else budget.seeds) for name in names]
+    ``known``: measures this invocation already has (the sweep's runs), taken as they are. Seed-major order,
+    so a partial campaign still has every arm at the first seeds."""
+    have = {(n, int(m["seed"])): m for n, ms in (known or {}).items() for m in ms}
+    order = [(name, seed) for seed in (seeds if seeds is not None else budget.seeds) for name in names
+             if (name, seed) not in have]
     prog = _Progress(order, root, jobs, log, stats)
     out: Dict[str, List[Dict[str, Any]]] = {}
+    for (name, seed), m in have.items():
+        if name in names and seed in (seeds if seeds is not None else budget.seeds):
+            out.setdefault(name, []).append(m)
     if jobs <= 1:
         for name, seed in order:
             prog.start(name, seed)
@@ -82,7 +89,8 @@ def run_all(names: Sequence[str], arms: Dict[str, Arm], budget: Budget, root: Pa
             out.setdefault(name, []).append(result)
             prog.finish(name, seed, result)
     else:
-        out = _run_parallel(order, arms, budget, root, jobs, prog)
+        for name, ms in _run_parallel(order, arms, budget, root, jobs, prog).items():
+            out.setdefault(name, []).extend(ms)
     return {k: sorted(v, key=lambda m: m["seed"]) for k, v in out.items()}
 
 

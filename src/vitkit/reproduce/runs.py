@@ -14,14 +14,14 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
 import torch
 
 from ..errors import ConfigError
 from ..utils import PathLike, exclusive
 from .budget import Budget, validation_overrides
-from .claims import Arm
+from .claims import HALVES, Arm
 from .measure import record_provenance
 
 
@@ -40,7 +40,7 @@ def is_done(folder: Path) -> bool:
 def _length(arm: Arm, b: Budget) -> Dict[str, Any]:
     if arm.length in ("main", "finetune"):
         epochs = b.epochs if arm.length == "main" else b.finetune_epochs
-        return {"data.train_subset": b.train_images if arm.length == "main" else None,
+        return {"data.train_subset": b.train_images,
                 "schedule.epochs": epochs, "schedule.warmup_epochs": round(0.1 * epochs, 4),
                 "train.eval_every": 1 if b.curves else 0}
     if arm.length == "data":
@@ -58,7 +58,7 @@ def _length(arm: Arm, b: Budget) -> Dict[str, Any]:
     raise ConfigError(f"arm {arm.name}: unknown length {arm.length!r}")
 
 
-def recipe_overrides(arm: Arm, seed: int, budget: Budget, root: Path, classes: Optional[Tuple[int, ...]] = None
+def recipe_overrides(arm: Arm, seed: int, budget: Budget, root: Path, classes: Optional[str] = None
                      ) -> Dict[str, Any]:
     """The recipe keys (``--set`` semantics) of one arm at one seed under a budget; ``classes`` (default:
     the arm's) restricts the data to those classes."""
@@ -85,13 +85,14 @@ def recipe_overrides(arm: Arm, seed: int, budget: Budget, root: Path, classes: O
     return ov
 
 
-def subset_file(root: PathLike, spec: str, classes: Tuple[int, ...]) -> Path:
+def subset_file(root: PathLike, spec: str, classes: str) -> Path:
     tag = re.sub(r"[^A-Za-z0-9]+", "-", Path(spec.split(":", 1)[-1]).name if ":" in spec else spec).strip("-")
-    return Path(root) / "data" / f"{tag}-classes{''.join(map(str, classes))}.npz"
+    return Path(root) / "data" / f"{tag}-{classes}-classes.npz"
 
 
-def ensure_subset(recipe_dataset: str, base_spec: str, root_dir: Optional[str], classes: Tuple[int, ...]) -> None:
-    """Write the class subset (train and test splits, labels renumbered 0..k-1) once."""
+def ensure_subset(recipe_dataset: str, base_spec: str, root_dir: Optional[str], classes: str) -> None:
+    """Write the class subset (train and test splits, labels renumbered 0..k-1) once: the even or the odd
+    class indices of the dataset."""
     import numpy as np
 
     from ..data.datasets import open_dataset
@@ -104,24 +105,24 @@ def ensure_subset(recipe_dataset: str, base_spec: str, root_dir: Optional[str], 
     arrays: Dict[str, Any] = {}
     for split in ("train", "test"):
         d = open_dataset(base_spec, split, root=root_dir)
-        keep = torch.isin(d.labels, torch.tensor(classes))
-        remap = {c: i for i, c in enumerate(classes)}
+        chosen = [c for c in range(len(d.classes)) if c % 2 == HALVES[classes]]
+        keep = torch.isin(d.labels, torch.tensor(chosen))
         arrays[f"{split}_images"] = d.images[keep].numpy()
-        arrays[f"{split}_labels"] = np.array([remap[int(v)] for v in d.labels[keep]], dtype=np.int64)
-        names = [d.classes[c] for c in classes]
+        arrays[f"{split}_labels"] = (d.labels[keep] // 2).numpy().astype(np.int64)  # renumbered 0..k-1
+        names = [d.classes[c] for c in chosen]
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
             np.savez(f, classes=np.array(names), **arrays)
 
 
-def load_arm_recipe(arm: Arm, seed: int, budget: Budget, root: Path, classes: Optional[Tuple[int, ...]] = None):
+def load_arm_recipe(arm: Arm, seed: int, budget: Budget, root: Path, classes: Optional[str] = None):
     """The arm's recipe, with its class subset written to disk if it has one."""
     from ..train import load_recipe
 
     classes = arm.classes if classes is None else classes
     recipe = load_recipe(arm.recipe, recipe_overrides(arm, seed, budget, root, classes))
     if classes:
-        base = load_recipe(arm.recipe, recipe_overrides(arm, seed, budget, root, ()))
+        base = load_recipe(arm.recipe, recipe_overrides(arm, seed, budget, root, ""))
         ensure_subset(recipe.data.dataset, base.data.dataset, base.data.root, classes)
     return recipe
 

@@ -17,7 +17,8 @@ one report at family-wise error 0.05; then:
   significantly, **contradicted** when |C - ref| > m significantly, else **underpowered**;
 * a rank correlation (claim 10): **reproduced** / **contradicted** when rho > 0 / < 0 significantly
   (the p-value of Spearman's test enters the Holm family), **underpowered** otherwise;
-* fewer than 2 seeds (no standard error): **underpowered**, and no p-value enters the family.
+* fewer than 2 seeds, or a zero standard error (every seed gave the same contrast, e.g. two collapsed
+  models): **underpowered**, and no p-value enters the family.
 
 A claim is **contradicted** when any of its comparisons is, else **not reproduced** when any is, else
 **reproduced** when all are, else **underpowered**.
@@ -43,7 +44,8 @@ RULE = ("Values are kept per seed (report.json). A comparison is a contrast of a
         "below the reference plus the stated margin, and underpowered otherwise. An expected equality is "
         "reproduced when a TOST equivalence test puts the difference within the stated margin, contradicted "
         "when it is significantly beyond the margin, and underpowered otherwise. Claim 10's rank correlation "
-        "is reproduced or contradicted when Spearman's test is significant in either direction. A claim is "
+        "is reproduced or contradicted when Spearman's test is significant in either direction. Fewer than 2 "
+        "seeds or a zero standard error give no test (underpowered). A claim is "
         "contradicted when any of its comparisons is, else not reproduced when any is, else reproduced when all "
         "are, else underpowered.")
 
@@ -63,9 +65,7 @@ def t_quantile(df: float, q: float = 0.5 + CONFIDENCE / 2) -> float:
 
 
 def _sf(x: float, df: float) -> float:
-    """P(T > x) for Student's t with ``df``; handles an infinite x (a zero standard error)."""
-    if math.isinf(x):
-        return 0.0 if x > 0 else 1.0
+    """P(T > x) for Student's t with ``df``."""
     return float(_t().sf(x, df))
 
 
@@ -132,12 +132,12 @@ def p_values(c: Mapping[str, object], expect: str, ref: float, margin: Optional[
     if expect not in (">", "~"):
         raise ValueError(f"expect must be '>' or '~', got {expect!r}")
     est, se, df = c.get("estimate"), c.get("se"), c.get("df")
-    if est is None or se is None or df is None or df <= 0:
+    if est is None or se is None or df is None or df <= 0 or not se > 0:  # a zero SE (identical seeds) tests nothing
         return {}
     d = float(est) - ref
 
-    def z(x: float) -> float:  # t statistic of x, a zero SE giving +-inf (or 0 for x = 0)
-        return x / se if se > 0 else (math.copysign(math.inf, x) if x else 0.0)
+    def z(x: float) -> float:  # the t statistic of x
+        return x / se
 
     if expect == ">":
         out = {"effect": min(1.0, 2 * _sf(abs(z(d)), df))}
