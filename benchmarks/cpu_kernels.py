@@ -5,8 +5,8 @@ Each choice is timed both ways in the same process, alternating, median of ``--r
 - attention: each path of ``precision.attention`` - torch's fused kernel, the explicit softmax(QK^T/sqrt(d))V,
   and for bf16 the fused kernel on operands widened to fp32 - on q/k/v laid out as the model has them (strided
   views of the qkv projection's rows), fp32 and bf16, forward + backward (training) and forward only
-  (inference); vitkit's choice is ``precision.attention_path`` (explicit for bf16 with gradients up to
-  ``CPU_EXPLICIT_ATTENTION_MAX_TOKENS`` tokens where bf16 GEMMs are native, widened where they are not);
+  (inference); vitkit's choice is ``precision.attention_path`` under the declared backend (``auto``: its own
+  short measurement at that shape, cached; bf16 widened to fp32 where bf16 GEMMs are not native);
 - patch embedding: the stride-P convolution vs one GEMM over flattened patches (vitkit's only path),
   training (forward + backward) and inference;
 - GEMM kernel of the inference products: ATen (``addmm``: MKL in fp32) vs oneDNN's linear
@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from vitkit.bench.machine import machine_info, machine_line
-from vitkit.models import kernels, precision
+from vitkit.models import backend, kernels, precision
 from vitkit.models.layers import INFERENCE_CHUNK_BYTES, Block, PatchEmbed, chunk_images, merge_heads, split_heads
 
 ATTENTION = [  # batch, heads, tokens, head dim
@@ -71,6 +71,11 @@ def alternate(fns: dict, seconds: float, repeats: int) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def run_chunks(blk: Block, x: torch.Tensor, per: int) -> torch.Tensor:
+    """The block on chunks of ``per`` whole images, as the model's forward_features runs its encoder."""
+    return torch.cat([blk(c)[0] for c in x.split(per)])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=None)
@@ -92,12 +97,11 @@ def main() -> None:
     print("times: median ms per call; ratio > 1: vitkit's path is faster")
     res = {"machine": info, "machine_line": line, "command": "python " + " ".join(sys.argv),
            "attention": [], "patches": [], "gemm": [], "training_gemm": [], "training_layer": [], "chunks": []}
-    limit = precision.CPU_EXPLICIT_ATTENTION_MAX_TOKENS
     if "attention" not in args.skip:
         print(f"\nattention in the model's layout (q/k/v views of the qkv rows, output back to token rows), by each "
               f"path of precision.attention: fused kernel, explicit softmax(QK^T)V, and for bf16 the fused kernel "
-              f"on operands widened to fp32; vitkit's choice is precision.attention_path (explicit only for "
-              f"bf16 with gradients up to {limit} tokens on a CPU with bf16 GEMMs; widened on one without)")
+              f"on operands widened to fp32; vitkit's choice is precision.attention_path ({backend.current().spec}: "
+              f"auto measures each shape once)")
         for dtype in (torch.float32, torch.bfloat16):
             paths = [p for p in precision.ATTENTION_PATHS if p != "widened" or dtype == torch.bfloat16]
             for b, h, t, d in ATTENTION:
@@ -150,7 +154,7 @@ def main() -> None:
     if "gemm" not in args.skip:
         print("\ninference GEMMs at ViT-B/16 batch-16 shapes: ATen (MKL in fp32) vs oneDNN linear, GFLOP/s")
         for dtype in (torch.float32, torch.bfloat16):
-            if not kernels._onednn_ok(dtype):
+            if not kernels.onednn_ok(dtype):
                 print(f"  {dtype}: oneDNN's linear does not run here")
                 continue
             chosen = kernels.gemm_kernel(dtype, torch.device("cpu"))
@@ -167,7 +171,7 @@ def main() -> None:
         print("\ntraining GEMMs at ViT-S/16 batch-16 shapes: ATen (vitkit's training path: F.linear and its autograd "
               "formula) vs oneDNN's linear, GFLOP/s")
         for dtype in (torch.float32, torch.bfloat16):
-            if not kernels._onednn_ok(dtype):
+            if not kernels.onednn_ok(dtype):
                 print(f"  {dtype}: oneDNN's linear does not run here")
                 continue
             for m, k, n in TRAIN_GEMMS:
@@ -203,7 +207,7 @@ def main() -> None:
         print("\nfc1 + GELU at ViT-B/16 batch-16 shape: vitkit (product, then gelu_ in place) vs oneDNN post-op, ms")
         m, k, n = GEMMS[2]
         for dtype in (torch.float32, torch.bfloat16):
-            if not kernels._onednn_ok(dtype):
+            if not kernels.onednn_ok(dtype):
                 print(f"  {dtype}: oneDNN's linear does not run here")
                 continue
             x, w, bias = torch.randn(m, k).to(dtype), torch.randn(n, k).mul(k ** -0.5).to(dtype), torch.randn(n).to(dtype)
@@ -223,7 +227,8 @@ def main() -> None:
         for dtype in (torch.float32, torch.bfloat16):
             blk = Block(768, 12, 3072).eval().to(dtype)
             x = torch.randn(64, 197, 768).to(dtype)
-            fns = {c: (lambda c=c: blk.forward_inference(x, None, chunk_tokens=c)) for c in CHUNKS}
+            fns = {c: (lambda c=c: run_chunks(blk, x, chunk_images(64, 197, 3072 * x.element_size(), c)))
+                   for c in CHUNKS}
             with torch.inference_mode():
                 st = alternate(fns, args.seconds, args.repeats)
             best = min(st.values())

@@ -4,6 +4,15 @@ import torch
 from vitkit import ViTConfig
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_kernel_cache(tmp_path_factory):
+    """The suite measures into its own cache file, never the user's (and starts from none)."""
+    from vitkit.models import backend
+    backend.set_cache_file(tmp_path_factory.mktemp("kernel-cache") / "kernels.json")
+    yield
+    backend.set_cache_file(None)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

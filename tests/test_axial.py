@@ -1,6 +1,5 @@
 """Axial-ViT (Appendix D.6): a config field, not a class; shapes, the row-then-column wiring, parameter
 count and multiply-adds against hand counts and torch's FLOP counter; the BiT ResNet classifier (depth 0)."""
-from unittest import mock
 
 import pytest
 import torch
@@ -8,7 +7,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vitkit import ViTConfig
 from vitkit.config import ConfigError
-from vitkit.models import VisionTransformer, precision
+from vitkit.models import VisionTransformer
+from vitkit.models.backend import use_backend
 from vitkit.models.cost import cost, param_count
 
 
@@ -59,8 +59,9 @@ def test_axial_parameters_and_macs_by_hand():
     hand_macs = 2304 + 2 * 240 + 768 + 3072 + 768 + 24
     assert cost(cfg).macs == hand_macs
     m = VisionTransformer(cfg).eval()
-    with FlopCounterMode(display=False) as fc, mock.patch.object(precision, "explicit_on_cpu", lambda *a: True):
-        m(torch.randn(1, 1, 8, 12))  # the explicit attention path: torch counts its products, not the CPU kernel's
+    with FlopCounterMode(display=False) as fc, use_backend(gemm="onednn", attention="explicit"):
+        m(torch.randn(1, 1, 8, 12))  # the explicit attention path: torch counts its products, not the CPU kernel's; oneDNN declared but
+        # the counter gets ATen's GEMMs
     assert fc.get_total_flops() == 2 * hand_macs
     glob = cfg.replace(attention="global")  # one block per layer, every token attends to all 6
     assert param_count(glob) == 136 + 48 + 600 + 16 + 27

@@ -1,5 +1,5 @@
-"""The model's inference path (layers.Block.forward_inference and friends), prepare_inference, and the GEMM
-kernel choice: numerics and mechanics, never timings. That the inference path equals the training path for
+"""The model's inference kernels (the same modules as training, layers.fast_inference), prepare_inference, and
+the GEMM kernel choice: numerics and mechanics, never timings. That the inference path equals the training path for
 every config field is tests/test_model.py::test_inference_path_equals_training_path."""
 import copy
 import json
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vitkit import VisionTransformer, create_model
-from vitkit.models import kernels, layers, precision
+from vitkit.models import backend, kernels, layers, precision
 from vitkit.models.inference import Prepared, inference_summary, prepare_inference
 
 
@@ -24,47 +24,53 @@ def noisy(model, std=0.2):
     return model.eval()
 
 
-def _count_inference_calls(monkeypatch):
-    calls = []
-    orig = layers.Block.forward_inference
-    monkeypatch.setattr(layers.Block, "forward_inference", lambda self, *a, **k: calls.append(1) or orig(self, *a, **k))
-    return calls
-
-
-def test_inference_branch_runs_only_without_autograd_in_eval_mode(tiny_cfg, monkeypatch):
-    calls = _count_inference_calls(monkeypatch)
+def test_inference_kernels_run_only_without_autograd_in_eval_mode(tiny_cfg):
     model = noisy(VisionTransformer(tiny_cfg))
-    x = torch.randn(2, 3, 32, 32)
-    model(x)  # autograd on
+    blk = model.blocks[0]
+    assert not layers.fast_inference(blk)  # autograd on
     model.train()
     with torch.no_grad():
-        model(x)  # training mode: dropout / stochastic depth belong to the training path
+        assert not layers.fast_inference(blk)  # training mode: dropout / stochastic depth
     model.eval()
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        model(x)  # autocast: its casting rules hold on the plain path
+        assert not layers.fast_inference(blk)  # autocast: its casting rules hold on the training kernels
     with torch.no_grad():
-        model(x, return_attention=True)  # attention maps: the explicit path
-    assert calls == []
-    with torch.no_grad():
-        model(x)
+        assert layers.fast_inference(blk)
     with torch.inference_mode():
-        model(x)
-    assert len(calls) == 2 * tiny_cfg.depth
+        assert layers.fast_inference(blk)
 
 
-@pytest.mark.parametrize("chunk", [None, 1, 65, 3 * 65 + 7, 10_000])
-def test_chunks_of_whole_images_change_no_number_and_leave_the_input(tiny_cfg, chunk):
-    """Chunks smaller than an image, exactly one image, a ragged last chunk, one chunk: the same output."""
+def test_hooks_see_the_same_computation_in_inference_and_training(tiny_cfg):
+    """One block schedule: forward hooks on attn and mlp fire in eval mode and see what training computes."""
+    model = noisy(VisionTransformer(tiny_cfg)).double()
+    seen = {"attn": [], "mlp": []}
+    for name in seen:
+        getattr(model.blocks[1], name).register_forward_hook(
+            lambda mod, inp, out, name=name: seen[name].append(out[0] if isinstance(out, tuple) else out))
+    x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
+    ref = model(x)
+    with torch.inference_mode():
+        out = model(x)
+    assert all(len(v) == 2 for v in seen.values())
+    for v in seen.values():
+        torch.testing.assert_close(v[1], v[0].detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out, ref.detach(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("per_chunk", [1, 3, 7])
+def test_chunks_of_whole_images_change_no_number_and_leave_the_input(tiny_cfg, per_chunk, monkeypatch):
+    """One image per chunk, a ragged last chunk, one chunk: the same output as the training path."""
     model = noisy(VisionTransformer(tiny_cfg.replace(posemb="relative"))).double()
-    blk = model.blocks[0]
-    x = torch.randn(7, 65, 64, dtype=torch.float64)
-    bias = model.rel_pos[0](model.config.grid_size, "bilinear")
+    x = torch.randn(7, 3, 32, 32, dtype=torch.float64)
     keep = x.clone()
+    ref = model(x).detach()
+    tokens, row = model.config.seq_len, max(model.config.mlp_dim, 3 * model.config.width) * 8
+    monkeypatch.setattr(layers, "INFERENCE_CHUNK_BYTES", per_chunk * tokens * row)
+    assert layers.chunk_images(7, tokens, row) <= per_chunk
     with torch.inference_mode():
-        out = blk.forward_inference(x, bias, chunk_tokens=chunk)
-        ref, _ = blk(x.clone(), bias, need_weights=True)  # the explicit path, returning weights
+        out = model(x)
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
-    assert torch.equal(x, keep)  # the residual stream is accumulated into a new tensor
+    assert torch.equal(x, keep)
 
 
 def test_chunk_size_keeps_the_largest_temporary_within_the_byte_cap_in_even_chunks():
@@ -108,7 +114,7 @@ def test_int8_weights_packed_for_each_engine_give_the_same_numbers(tiny_cfg):
         ref = model(x)
     default = torch.backends.quantized.engine
     outs = {}
-    for engine in kernels._int8_candidates():
+    for engine in kernels.int8_candidates():
         q = quantize_int8_(copy.deepcopy(model), engine)
         assert q._int8_engine == engine and torch.backends.quantized.engine == default  # restored
         with torch.inference_mode():
@@ -118,29 +124,41 @@ def test_int8_weights_packed_for_each_engine_give_the_same_numbers(tiny_cfg):
         assert rel_err(a, outs[default]) < 0.05
 
 
-def test_int8_engine_is_chosen_beyond_the_noise_and_cached(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(kernels, "_CHOICE", {})
-    monkeypatch.setattr(kernels, "busy", lambda: False)
-    monkeypatch.setattr(kernels, "_int8_candidates", lambda: ["x86", "onednn"])
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty measurement cache and no choices made yet in this process; both restored afterwards."""
+    backend.set_cache_file(tmp_path / "kernels.json")
+    backend.forget()
+    monkeypatch.setattr(backend, "busy", lambda: False)
+    yield tmp_path / "kernels.json"
+    backend.forget()
+    backend.set_cache_file(None)
+
+
+def test_int8_engine_is_chosen_beyond_the_noise_and_cached(fresh_cache, monkeypatch):
+    monkeypatch.setattr(kernels, "int8_candidates", lambda: ["x86", "onednn"])
     monkeypatch.setattr(torch.backends.quantized, "engine", "x86")
     ratio = {"x86": 1.0, "onednn": 1.05}
     monkeypatch.setattr(kernels, "measure_int8", lambda rounds=7: {"default": "x86", "ratio": dict(ratio)})
     assert kernels.int8_engine() == "x86"  # a 5% win is within the noise
     ratio["onednn"] = 1.8
-    assert kernels.int8_engine() == "x86"  # cached in the process
-    kernels._CHOICE.clear()
-    assert kernels.int8_engine() == "x86"  # and on disk
+    assert kernels.int8_engine() == "x86"  # decided for the process
+    kernels.forget()
+    assert kernels.int8_engine() == "x86"  # and cached on disk
     assert kernels.calibrate_int8() == "onednn" and kernels.int8_engine() == "onednn"
-    kernels._CHOICE.clear()
+    kernels.forget()
     assert kernels.int8_engine() == "onednn"
-    entry = json.loads(kernels.cache_path().read_text())[kernels.cache_key(torch.qint8, "int8")]
-    assert entry["kernel"] == "onednn" and entry["default"] == "x86"
+    entry = json.loads(fresh_cache.read_text())[backend.cache_key("int8 engine (default x86)")]
+    assert entry["choice"] == "onednn" and entry["default"] == "x86"
+    with backend.use_backend(int8="x86"):
+        assert kernels.int8_engine() == "x86"  # declared: no measurement decides
+    with backend.use_backend(int8="fbgemm"), pytest.raises(ValueError, match="quantised engines"):
+        kernels.int8_engine()
 
 
 def test_measure_int8_times_every_engine():
     r = kernels.measure_int8(rounds=1, shape=(16, 32, 24))
-    assert set(r["seconds"]) == set(kernels._int8_candidates()) and r["ratio"][r["default"]] == 1.0
+    assert set(r["seconds"]) == set(kernels.int8_candidates()) and r["ratio"][r["default"]] == 1.0
 
 
 def test_int8_quantisation_and_argument_checks(tiny_cfg):
@@ -177,7 +195,7 @@ def test_hybrid_model_inference_equals_training_path():
 # --- the GEMM kernel choice ----------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_both_gemm_kernels_compute_the_same_products(dtype):
-    if not kernels._onednn_ok(dtype):
+    if not kernels.onednn_ok(dtype):
         pytest.skip(f"oneDNN's linear does not run {dtype} on this CPU")
     g = torch.Generator().manual_seed(0)
     x, w, b = (torch.randn(*s, generator=g).to(dtype) for s in ((50, 24), (40, 24), (40,)))
@@ -188,8 +206,6 @@ def test_both_gemm_kernels_compute_the_same_products(dtype):
         for kern in kernels.KERNELS:
             assert rel_err(kernels._gemm(kern, x, w, b), ref) < tol
             assert rel_err(kernels._gemm(kern, x, w, None), ref - b.double()) < tol
-            acc = kernels._gemm_into(kern, out0.clone(), x, w)
-            assert rel_err(acc, out0.double() + ref - b.double()) < tol
             assert rel_err(kernels._grad_input(kern, out0, w), out0.double() @ w.double()) < tol  # g W
             assert rel_err(kernels._grad_weight(kern, out0, x), out0.double().t() @ x.double()) < tol  # g^T x
 
@@ -201,7 +217,7 @@ CHOICES = [("onednn", "onednn", "onednn"), ("aten", "onednn", "aten"), ("onednn"
 @pytest.mark.parametrize("case", ["fp32", "bf16 autocast", "bf16 tensors"])
 def test_training_products_on_the_chosen_kernels_equal_f_linear(chosen, case, monkeypatch):
     dtype = torch.float32 if case == "fp32" else torch.bfloat16
-    if not kernels._onednn_ok(dtype) or (dtype == torch.bfloat16 and not precision.cpu_has_native_bf16()):
+    if not kernels.onednn_ok(dtype) or (dtype == torch.bfloat16 and not precision.cpu_has_native_bf16()):
         pytest.skip(f"oneDNN's linear does not run {dtype} natively on this CPU")
     monkeypatch.setattr(precision, "training_kernels", lambda dt, device: chosen)
     g = torch.Generator().manual_seed(0)
@@ -235,7 +251,7 @@ def test_training_products_on_the_chosen_kernels_equal_f_linear(chosen, case, mo
 
 
 def test_model_training_step_with_onednn_products_equals_the_aten_step(tiny_cfg, monkeypatch):
-    if not kernels._onednn_ok(torch.float32):
+    if not kernels.onednn_ok(torch.float32):
         pytest.skip("no oneDNN linear")
     base = noisy(VisionTransformer(tiny_cfg), std=0.1).train()
     x, y = torch.randn(3, 3, 32, 32), torch.tensor([0, 1, 2])
@@ -252,52 +268,54 @@ def test_model_training_step_with_onednn_products_equals_the_aten_step(tiny_cfg,
     assert all(rel_err(g1[n], g2[n]) < 1e-4 for n in g2 if g2[n] is not None and g2[n].abs().max() > 0)
 
 
-def test_calibration_chooses_onednn_only_beyond_the_noise_and_caches_per_machine(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(kernels, "_CHOICE", {})
-    monkeypatch.setattr(kernels, "_onednn_ok", lambda dtype: True)
-    monkeypatch.setattr(kernels, "busy", lambda: False)
-    ratio = {"linear": 1.05, "accumulate": 0.5, "grad_input": 1.02, "grad_weight": 0.7,
+def test_calibration_chooses_onednn_only_beyond_the_noise_and_caches_per_machine(fresh_cache, monkeypatch):
+    monkeypatch.setattr(kernels, "onednn_ok", lambda dtype: True)
+    ratio = {"linear": 1.05, "grad_input": 1.02, "grad_weight": 0.7,
              "training onednn/aten/aten": 1.04, "training onednn/aten/onednn": 1.25}
     monkeypatch.setattr(kernels, "measure", lambda dtype, op, rounds=7: {"aten_s": ratio[op], "onednn_s": 1.0,
                                                                          "ratio": ratio[op]})
     cpu, f32 = torch.device("cpu"), torch.float32
+    assert kernels.summary(f32)["linear"]["why"] == "not measured yet"  # a report never measures
     assert kernels.gemm_kernel(f32, cpu, "linear") == "aten"  # a 5% win is within the noise
-    assert kernels.gemm_kernel(f32, cpu, "accumulate") == "aten"
     assert kernels.training_kernels(f32, cpu) is None  # all three training products on ATen: F.linear
-    entry = json.loads(kernels.cache_path().read_text())[kernels.cache_key(f32, "linear")]
-    assert entry["kernel"] == "aten" and entry["min_gain"] == kernels.MIN_GAIN
+    key = backend.cache_key("gemm linear float32")
+    entry = json.loads(fresh_cache.read_text())[key]
+    assert entry["choice"] == "aten" and entry["min_gain"] == kernels.MIN_GAIN
     ratio["linear"] = 1.6
-    assert kernels.gemm_kernel(f32, cpu, "linear") == "aten"  # cached: no new measurement
-    kernels._CHOICE.clear()
+    assert kernels.gemm_kernel(f32, cpu, "linear") == "aten"  # decided: no new measurement
+    kernels.forget()
     assert kernels.gemm_kernel(f32, cpu, "linear") == "aten"  # read back from the file
+    assert backend.decisions()["gemm linear float32"] == {"choice": "aten", "why": "cached measurement"}
     assert kernels.calibrate(f32, "linear") == "onednn"  # re-measured on demand
     assert kernels.gemm_kernel(f32, cpu, "linear") == "onednn"
-    assert kernels.gemm_kernel(f32, cpu, "accumulate") == "aten"  # each operation decided on its own
     assert kernels.gemm_kernel(torch.bfloat16, cpu, "linear") == "onednn"  # another dtype: measured again
     assert kernels.gemm_kernel(f32, torch.device("meta")) == "aten"  # not a CPU: aten (cuBLAS on CUDA)
-    key = kernels.cache_key(f32, "linear")
-    assert "threads" in key and "torch" in key and key != kernels.cache_key(f32, "accumulate")
+    assert "threads" in key and "torch" in key
     assert kernels.summary(f32)["linear"]["kernel"] == "onednn"
     assert set(kernels.summary(f32)) == set(kernels.OPS) | {"training"}
     # training: the products' winners, if a dense layer's forward + backward with them beats F.linear's
-    # (oneDNN's forward product won by 1.6x, but the layer with it only by 1.04x: F.linear)
     assert kernels.training_kernels(f32, cpu) is None and kernels.summary(f32)["training"]["kernel"] == "aten"
     ratio["grad_weight"] = 1.3
     kernels.calibrate(f32, "grad_weight")
     assert kernels.training_kernels(f32, cpu) == ("onednn", "aten", "onednn")  # each product on its winner
     assert kernels.summary(f32)["training"]["kernel"] == "onednn/aten/onednn"
     assert kernels.training_kernels(f32, torch.device("meta")) is None
+    # a declared library overrides every measurement, both ways
+    with backend.use_backend(gemm="aten"):
+        assert kernels.gemm_kernel(f32, cpu, "linear") == "aten" and kernels.training_kernels(f32, cpu) is None
+        assert kernels.summary(f32)["linear"] == {"kernel": "aten", "why": "declared"}
+    with backend.use_backend(gemm="onednn"):
+        assert kernels.gemm_kernel(f32, cpu, "grad_input") == "onednn"
+        assert kernels.training_kernels(f32, cpu) == ("onednn",) * 3
     # measured while other work loaded the CPU: used by this process, never cached for the next ones
-    monkeypatch.setattr(kernels, "busy", lambda: True)
+    monkeypatch.setattr(backend, "busy", lambda: True)
     ratio["linear"] = 0.5
     assert kernels.calibrate(f32, "linear") == "aten" and kernels.gemm_kernel(f32, cpu, "linear") == "aten"
-    kernels._CHOICE.clear()
-    assert json.loads(kernels.cache_path().read_text())[key]["kernel"] == "onednn"
+    assert json.loads(fresh_cache.read_text())[key]["choice"] == "onednn"
 
 
 def test_measure_times_both_kernels():
-    if not kernels._onednn_ok(torch.float32):
+    if not kernels.onednn_ok(torch.float32):
         pytest.skip("no oneDNN linear")
     for op in kernels.OPS + ("training onednn/aten/onednn",):
         r = kernels.measure(torch.float32, op, rounds=1, shape=(32, 16, 24))
@@ -308,12 +326,12 @@ def test_measure_times_both_kernels():
 
 
 @pytest.mark.parametrize("kern", kernels.KERNELS)
-def test_model_inference_with_either_kernel_equals_training_path(tiny_cfg, kern, monkeypatch):
-    if kern == "onednn" and not kernels._onednn_ok(torch.float32):
+def test_model_inference_with_either_kernel_equals_training_path(tiny_cfg, kern):
+    if kern == "onednn" and not kernels.onednn_ok(torch.float32):
         pytest.skip("no oneDNN linear")
-    monkeypatch.setattr(kernels, "gemm_kernel", lambda dtype, device, op="linear": kern)
     model = noisy(VisionTransformer(tiny_cfg), std=0.1)
     x = torch.randn(3, 3, 32, 32)
-    ref = model(x)
-    with torch.inference_mode():
-        assert rel_err(model(x), ref.detach()) < 1e-5
+    with backend.use_backend(gemm=kern):
+        ref = model(x)
+        with torch.inference_mode():
+            assert rel_err(model(x), ref.detach()) < 1e-5

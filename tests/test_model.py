@@ -4,6 +4,7 @@ import torch.nn.functional as F
 
 import vitkit
 from vitkit import VisionTransformer, create_model
+from vitkit.models.backend import use_backend
 from conftest import randomize_head
 
 POSEMB_VARIANTS = [
@@ -76,7 +77,8 @@ def test_fused_equals_explicit_attention(tiny_cfg, variant, monkeypatch):
     for mode in ("eval", "train"):  # train mode with all dropout rates 0 must agree too
         getattr(model, mode)()
         n = len(calls)
-        fused = model(x)
+        with use_backend(attention="fused"):
+            fused = model(x)
         assert len(calls) - n == tiny_cfg.depth  # every block ran the fused kernel
         explicit, maps = model(x, return_attention=True)
         torch.testing.assert_close(explicit, fused, rtol=1e-5, atol=1e-5)
@@ -366,35 +368,35 @@ def test_distillation_token_config_and_adaptation(tiny_cfg):
 
 
 @pytest.mark.parametrize("t,mask_kind", [(17, None), (50, "float"), (9, "bool")])
-def test_short_sequence_attention_path_is_the_explicit_one_and_agrees(t, mask_kind, monkeypatch):
-    """On a CPU, bf16 sequences up to CPU_EXPLICIT_ATTENTION_MAX_TOKENS that need gradients take the explicit
-    softmax(QK^T)V path (its backward is the fast one there); fp32, inference and longer sequences take the
-    fused kernel. Values and gradients of the explicit path equal the fused kernel's."""
-    from vitkit.models import precision
+def test_attention_paths_follow_the_backend_and_agree(t, mask_kind, monkeypatch):
+    """A declared attention path is the one that runs; ``auto`` measures once per shape and keeps the choice;
+    bf16 on a CPU without bf16 GEMMs runs on widened operands; graph capture gets the fused kernel. Values and
+    gradients of the explicit path equal the fused kernel's."""
+    from vitkit.models import backend, precision
 
     def qkv(tokens, dtype=torch.float32, grad=True):
         return [torch.zeros(1, 1, tokens, 4, dtype=dtype, requires_grad=grad) for _ in range(3)]
     bf16 = torch.bfloat16
-    assert precision.explicit_on_cpu(*qkv(197, bf16))
-    assert not precision.explicit_on_cpu(*qkv(577, bf16))
-    assert not precision.explicit_on_cpu(*qkv(16))  # fp32: fused
-    assert not precision.explicit_on_cpu(*qkv(16, bf16, grad=False))  # no gradients: fused
-    with torch.no_grad():
-        assert not precision.explicit_on_cpu(*qkv(16, bf16))
+    with use_backend(attention="auto"):
+        decided = precision.attention_path(*qkv(t, grad=False))  # auto: measured (or cached) once
+        assert decided in ("fused", "explicit")
+        assert any(k.startswith(f"attention float32 inference heads=1 q={t} ") for k in backend.decisions())
+        assert precision.attention_path(*qkv(t, grad=False)) == decided
     calls = []
-    real = precision._explicit_attention
-    monkeypatch.setattr(precision, "_explicit_attention", lambda *a: calls.append(1) or real(*a))
-    monkeypatch.setattr(precision, "_NATIVE_BF16", True)  # a CPU with bf16 GEMMs
-    precision.attention(*qkv(16))
-    assert not calls
-    precision.attention(*qkv(16, bf16))
-    assert calls == [1]
-    assert precision.attention_path(*qkv(16, bf16, grad=False)) == "fused"
-    monkeypatch.setattr(precision, "_NATIVE_BF16", False)  # without: bf16 on the fp32 units, fused kernel
-    assert precision.attention_path(*qkv(16, bf16)) == precision.attention_path(*qkv(577, bf16)) == "widened"
-    assert precision.attention_path(*qkv(16)) == "fused"
-    out = precision.attention(*qkv(16, bf16))
-    assert calls == [1] and out.dtype == bf16
+    real = precision.explicit_attention
+    monkeypatch.setattr(precision, "explicit_attention", lambda *a: calls.append(1) or real(*a))
+    with use_backend(attention="fused"):
+        precision.attention(*qkv(16, bf16))
+        assert not calls and precision.attention_path(*qkv(16)) == "fused"
+    with use_backend(attention="explicit"):
+        precision.attention(*qkv(16))
+        assert calls == [1] and precision.attention_path(*qkv(577, bf16, grad=False)) == "explicit"
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)  # bf16 on the fp32 units
+    with use_backend(attention="fused"):
+        assert precision.attention_path(*qkv(16, bf16)) == "widened"
+        assert precision.attention(*qkv(16, bf16)).dtype == bf16
+    with use_backend(attention="explicit"):
+        assert precision.attention(*qkv(16, bf16)).dtype == bf16 and calls == [1, 1]
     with pytest.raises(ValueError, match="attention path 'flash'"):
         precision.attention(*qkv(16), path="flash")
 
@@ -406,7 +408,7 @@ def test_short_sequence_attention_path_is_the_explicit_one_and_agrees(t, mask_ki
     elif mask_kind == "bool":
         mask = torch.rand(t, t) > 0.3
         mask.fill_diagonal_(True)
-    out = real(q, k, v, mask, 0.0)
+    out = real(q, k, v, mask, 0.0)[0]
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(out, ref)
     for a, b in zip(torch.autograd.grad(out.square().sum(), (q, k, v)),

@@ -67,8 +67,10 @@ def test_training_learns_and_fills_the_run_folder(task, full_run):
     assert meta["extra"]["weights"] == results["exported_weights"]
     assert meta["extra"]["val_top1"] == results["val"][results["exported_weights"]]["top1"]
     assert meta["preprocessing"]["size"] == [16, 16] and meta["preprocessing"]["mean"] == [0.2] * 3
-    # the resolved recipe reproduces the run's configuration
-    assert load_recipe(out / "recipe.yaml").to_dict() == load_recipe(task[2]).to_dict()
+    # the resolved recipe reproduces the run's configuration, with the backend it ran with filled in
+    saved, given = load_recipe(out / "recipe.yaml").to_dict(), load_recipe(task[2]).to_dict()
+    assert given["train"].pop("backend") is None and saved["train"].pop("backend") == results["backend"]["declared"]
+    assert saved == given
 
 
 def test_killed_run_resumes_to_identical_weights(task, full_run):

@@ -14,7 +14,8 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from ..models.precision import cpu_has_native_bf16
+from ..models import backend
+from ..models.backend import cpu_has_native_bf16
 
 _ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_tile")
 
@@ -48,22 +49,13 @@ def native_bf16_matmul(device: str = "cpu") -> bool:
 
 
 def chosen_paths(device: str = "cpu") -> Dict[str, Any]:
-    """What vitkit runs here and why: the bf16 path and the inference GEMM kernel per operation and dtype
-    (from the cached calibration, see :mod:`vitkit.models.kernels`)."""
-    from ..models import kernels
-
+    """What vitkit runs here: the bf16 path, the declared backend and every kernel choice this process has
+    made so far (nothing is measured here; see :mod:`vitkit.models.backend`)."""
     cuda = str(device).startswith("cuda")
-    out: Dict[str, Any] = {
-        "bf16": ("native bf16 (CUDA)" if cuda else
-                 "native bf16 GEMMs (oneDNN: avx512_bf16/amx)" if cpu_has_native_bf16() else
-                 "bf16 operands widened to fp32 (no bf16 GEMM hardware)")}
-    if not cuda:
-        for dt in (torch.float32, torch.bfloat16):
-            if dt == torch.bfloat16 and not cpu_has_native_bf16():
-                continue
-            s = kernels.summary(dt, "cpu")
-            out[str(dt).replace("torch.", "")] = {op: v["kernel"] for op, v in s.items()}
-    return out
+    return {"bf16": ("native bf16 (CUDA)" if cuda else
+                     "native bf16 GEMMs (oneDNN: avx512_bf16/amx)" if cpu_has_native_bf16() else
+                     "bf16 operands widened to fp32 (no bf16 GEMM hardware)"),
+            "backend": backend.record()}
 
 
 def machine_info(device: str = "cpu") -> Dict[str, Any]:
@@ -121,10 +113,9 @@ def machine_line(info: Optional[Dict[str, Any]] = None, device: str = "cpu") -> 
     ]
     paths = i.get("paths") or {}
     if paths:
-        gemm = "; ".join(f"{dt} GEMMs linear={v['linear']} accumulate={v['accumulate']}"
-                         + (f" training={v['training']}" if "training" in v else "")
-                         for dt, v in paths.items() if isinstance(v, dict))
-        parts.append(f"path: {paths['bf16']}" + (f"; {gemm}" if gemm else ""))
+        rec = paths.get("backend") or {}
+        made = ", ".join(f"{k}: {v['choice']}" for k, v in (rec.get("decisions") or {}).items())
+        parts.append(f"path: {paths['bf16']}; backend {rec.get('declared', '?')}" + (f" ({made})" if made else ""))
     if i.get("gpu"):
         parts.insert(2, f"GPU {i['gpu']} (sm {i['gpu_capability']}, {i['gpu_mem_gib']} GiB, CUDA {i['cuda']})")
     return " | ".join(p for p in parts if p)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..config import ViTConfig
 from ..models.cost import cost
-from ..models.kernels import _onednn_ok
+from ..models.kernels import onednn_ok
 from .timing import alternate, synchronizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -86,7 +86,7 @@ def _candidates(g: Gemm, dtype: torch.dtype, device: str, rows: Optional[int] = 
     if g.groups == 1:
         x, w = make(m, g.k), make(g.n, g.k)
         cands["native"] = lambda: F.linear(x, w)  # ATen: MKL in fp32, oneDNN in bf16 on a CPU
-        if device == "cpu" and _onednn_ok(dtype):  # oneDNN's linear primitive
+        if device == "cpu" and onednn_ok(dtype):  # oneDNN's linear primitive
             cands["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
         if dtype != torch.float32 and device == "cpu":
             cands["fp32_units"] = lambda: F.linear(x.float(), w.float()).to(dtype)

@@ -22,9 +22,14 @@ from typing import List, Optional, Tuple
 
 from .. import __version__
 from ..errors import EXIT_BUG, EXIT_ERROR, VitkitError, VitkitWarning, describe_os_error
+from ..models.backend import use_backend
 
-COMMAND_MODULES = ["model", "checkpoints", "analysis", "train", "mpp", "bench", "reproduce"]
+COMMAND_MODULES = ["model", "checkpoints", "analysis", "train", "mpp", "bench", "reproduce", "serve", "backend"]
 _PACKAGE = Path(__file__).resolve().parent.parent  # src/vitkit
+
+
+BACKEND_HELP = ("the kernels to run, e.g. gemm=aten,attention=explicit (fields gemm, attention, int8; each auto "
+                "or fixed; default: $VITKIT_BACKEND, else all auto); `vitkit backend` shows what auto resolves to")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,12 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
         "files failed (each reported, the rest processed), 70 a bug in vitkit (traceback shown).")
     parser.add_argument("--version", action="version", version=f"vitkit {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of any error")
+    parser.add_argument("--backend", metavar="SPEC", default=None, help=BACKEND_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(f"{__name__}.{name}").register(sub)
     for p in sub.choices.values():  # `vitkit CMD ... --debug` as well as `vitkit --debug CMD ...`
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the full traceback of any error")
+        p.add_argument("--backend", metavar="SPEC", default=argparse.SUPPRESS, help=BACKEND_HELP)
     return parser
 
 
@@ -108,7 +115,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = show
         try:
-            return int(args.func(args) or 0)
+            if args.backend is None:  # the backend in force: $VITKIT_BACKEND, else auto
+                return int(args.func(args) or 0)
+            with use_backend(args.backend):
+                return int(args.func(args) or 0)
         except KeyboardInterrupt:
             print(f"{where}: interrupted", file=sys.stderr)
             return 130

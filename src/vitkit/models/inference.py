@@ -1,12 +1,12 @@
 """Ready a model for inference: a thin convenience around the model's own forward pass.
 
 The fast inference path is the model itself: ``model.eval()`` called under
-``torch.inference_mode()`` (or ``torch.no_grad()``) runs each block's
-inference branch (:meth:`vitkit.models.layers.Block.forward_inference`:
-residual adds inside the GEMMs, GELU in place, chunks of whole images, the
-patch embedding as one GEMM, GEMM kernels chosen by measurement in
-:mod:`vitkit.models.kernels`). :func:`prepare_inference` only does what a
-caller would otherwise type:
+``torch.inference_mode()`` (or ``torch.no_grad()``) runs the same modules as
+training with the inference kernels (:mod:`vitkit.models.layers`: GEMMs
+without autograd on the declared library, GELU in place, chunks of whole
+images, the patch embedding as one GEMM; :mod:`vitkit.models.backend` says
+which kernels). :func:`prepare_inference` only does what a caller would
+otherwise type:
 
 - casts the weights to ``dtype`` (``bf16`` runs native bf16 GEMMs where the
   hardware has them - AVX-512-BF16 / AMX CPUs, CUDA - and widens bf16
@@ -27,8 +27,9 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 from torch import nn
 
+from . import backend
+from .backend import cpu_has_native_bf16
 from .kernels import summary as kernel_summary
-from .precision import cpu_has_native_bf16
 from .vit import VisionTransformer
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
@@ -140,7 +141,7 @@ def inference_summary(module: nn.Module) -> Dict[str, Any]:
             "dtype": str(dt).replace("torch.", ""),
             "bf16_path": None if dt != torch.bfloat16 else
             ("native" if native_low_precision_matmul(dt, dev) else "widened to fp32"),
-            "gemm": kernel_summary(dt, str(dev))}
+            "gemm": kernel_summary(dt, str(dev)), "backend": backend.record()}
 
 
 __all__: List[str] = ["Prepared", "inference_summary", "native_low_precision_matmul", "prepare_inference",

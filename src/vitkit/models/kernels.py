@@ -1,125 +1,64 @@
-"""Which GEMM kernel runs the inference products: chosen by a short measurement, cached per machine.
+"""The dense layers' GEMM library and the int8 engine: declared, or chosen by a short measurement.
 
 torch offers two CPU GEMM libraries for a dense layer: ATen's ``addmm`` (MKL in fp32, oneDNN in bf16) and
-oneDNN's linear primitive (``torch.ops.mkldnn._linear_pointwise``). Which one is faster depends on the CPU,
-the torch build and the operation: on a 2-core AMD EPYC with AVX-512 oneDNN ran the MLP's fp32 product at
-~355 GFLOP/s against MKL's ~192 (issue 19), while on a quiet 2-core Intel Xeon with AMX MKL was level or
-up to 6% faster in fp32; in bf16 on that Xeon oneDNN's linear with a bias was 1.03-1.16x ATen's ``addmm``
-(which first copies the broadcast bias into the output), while for accumulating into the residual stream
-(``addmm_``, beta = 1) ATen took 0.55x the time of oneDNN's linear followed by an add
-(benchmarks/cpu_kernels.py, docs/performance.md). So vitkit measures instead of guessing, separately for
-the two operations the model uses:
+oneDNN's linear primitive (``torch.ops.mkldnn._linear_pointwise``). Which is faster depends on the CPU and the
+torch build (the committed benchmarks under benchmarks/results/ hold the measurements per machine kind), so
+the declared backend's ``gemm`` field (:mod:`vitkit.models.backend`) is ``aten``, ``onednn`` or ``auto``. Under
+``auto`` vitkit measures, separately for the operations the model uses:
 
 - ``linear``: y = x W^T + b (qkv, fc1, the patch embedding; in training every dense layer's forward);
-- ``accumulate``: out += x W^T (the output projection and fc2, adding into the residual stream);
-
 and for the two products of a training step's backward pass (:func:`vitkit.models.precision.linear`):
 
 - ``grad_input``: dx = g W (the gradient flowing to the layer's input);
 - ``grad_weight``: dW = g^T x (the weight's gradient, a reduction over all rows of the batch).
 
-In training, a dense layer runs torch's own ``F.linear`` (and its autograd formula, all ATen) unless the
-calibration found oneDNN clearly faster for one of ``linear``, ``grad_input`` or ``grad_weight`` in that
-dtype *and* a dense layer's forward + backward with each product on its winner (:class:`ChosenLinear`)
-then beats ``F.linear``'s by :data:`MIN_GAIN` at the same shape (operation ``training`` + the winners, e.g.
-``training onednn/aten/aten``): a faster product alone does not make a faster layer (on the 2-core Xeon in
-bf16, at ViT-S/16's shapes, oneDNN's forward product ran at 1.02-1.29x ATen's speed, the layer with it at
-0.99-1.05x; benchmarks/cpu_kernels.py, training rows).
+In training a dense layer runs torch's own ``F.linear`` unless oneDNN won one of ``linear``, ``grad_input`` or
+``grad_weight`` *and* a whole dense layer's forward + backward with each product on its winner
+(:class:`ChosenLinear`) then beats ``F.linear``'s by :data:`MIN_GAIN` at the same shape: a faster product alone
+does not make a faster layer. With ``gemm=onednn`` every product runs on oneDNN; with ``gemm=aten`` none.
 
-The first GEMM of an operation and dtype on a CPU times both kernels on a ViT-B/16 MLP-shaped
-product ([2048 x 768] @ [768 x 3072]) in alternating rounds (about a second), and takes oneDNN only when
-it is faster in the median of the paired per-round ratios by at least :data:`MIN_GAIN`; otherwise the
-simpler ATen call. The verdict is cached in ``~/.cache/vitkit/gemm-kernels.json`` (``$XDG_CACHE_HOME``
-respected) under a key naming the CPU model, its instruction-set flags, the torch version, the thread
-count, the operation and the dtype, so a different machine, torch build or thread count measures again;
-a measurement taken while other work loads the CPU (:func:`busy`) serves only the process that took it.
-:func:`calibrate` reruns the measurement on demand.
+A measurement times both kernels on a ViT-B/16 MLP-shaped product ([2048 x 768] @ [768 x 3072]) in
+alternating rounds (about a second) and takes oneDNN only when it is faster in the median of the paired
+per-round ratios by at least :data:`MIN_GAIN`; otherwise the simpler ATen call. It runs the first time a model
+call needs the choice (or on demand: :func:`calibrate`, ``vitkit backend --measure``) and is cached by
+:mod:`vitkit.models.backend`. Graph consumers (compile, export, tracing, the FLOP counter) always get ATen.
 
-Weights are used as they are stored (no pre-packed copies), so nothing needs invalidating when they
-change: pre-packing (``torch.ops.mkldnn._reorder_linear_weight``, MKL's packed GEMM) measured within the
-noise of plain weights here.
+Weights are used as they are stored (no pre-packed copies), so nothing needs invalidating when they change.
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import platform
 import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
+from . import backend
+
 KERNELS = ("aten", "onednn")
-OPS = ("linear", "accumulate", "grad_input", "grad_weight")
+OPS = ("linear", "grad_input", "grad_weight")
 TRAINING_OPS = ("linear", "grad_input", "grad_weight")  # forward, dx, dW of a dense layer in training
 MIN_GAIN = 1.10  # oneDNN must be >= 10% faster in the median paired round to be chosen
 SHAPE = (2048, 768, 3072)  # rows, in, out: the MLP of ViT-B/16, one inference chunk
-_CHOICE: Dict[tuple, str] = {}
+_CHOICE: Dict[tuple, object] = {}
 
 
-def _onednn_ok(dtype: torch.dtype) -> bool:
+def forget() -> None:
+    _CHOICE.clear()
+
+
+def onednn_ok(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's linear primitive can run ``dtype`` products on this CPU."""
     if not torch.backends.mkldnn.is_available() or dtype not in (torch.float32, torch.bfloat16):
         return False
     if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return False
-    if dtype == torch.bfloat16:
-        try:
-            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        except (AttributeError, RuntimeError):
-            return False
-    return True
+    return dtype != torch.bfloat16 or backend.cpu_has_native_bf16()
 
 
-def _cpu_id() -> str:
-    model, flags = platform.processor() or platform.machine(), ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    model = value.strip()
-                elif key.strip() == "flags":
-                    flags = value.strip()
-                    break
-    except OSError:
-        pass
-    return f"{model} [{hashlib.sha1(flags.encode()).hexdigest()[:10]}]"
-
-
-def cache_key(dtype: torch.dtype, op: str = "linear") -> str:
-    return (f"{_cpu_id()} | torch {torch.__version__} | threads {torch.get_num_threads()} | {op} "
-            f"{str(dtype).replace('torch.', '')}")
-
-
-def cache_path() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "vitkit" / "gemm-kernels.json"
-
-
-def _read_cache() -> dict:
-    try:
-        return json.loads(cache_path().read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_cache(key: str, entry: dict) -> None:
-    path = cache_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = _read_cache()
-        data[key] = entry
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".gemm-kernels-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except OSError:  # a read-only home: the choice still holds for this process
-        pass
+def _what(dtype: torch.dtype, op: str) -> str:
+    return f"gemm {op} {str(dtype).replace('torch.', '')}"
 
 
 def measure(dtype: torch.dtype, op: str = "linear", rounds: int = 7, shape=SHAPE) -> dict:
@@ -133,12 +72,9 @@ def measure(dtype: torch.dtype, op: str = "linear", rounds: int = 7, shape=SHAPE
     x = torch.randn(m, k, generator=g).to(dtype)
     w = torch.randn(n, k, generator=g).mul_(k ** -0.5).to(dtype)
     b = torch.randn(n, generator=g).to(dtype)
-    out = torch.zeros(m, n, dtype=dtype)
     grad = torch.randn(m, n, generator=g).to(dtype)
     if op == "linear":
         fns = {kern: (lambda kern=kern: _gemm(kern, x, w, b)) for kern in KERNELS}
-    elif op == "accumulate":
-        fns = {kern: (lambda kern=kern: _gemm_into(kern, out, x, w)) for kern in KERNELS}
     elif op == "grad_input":
         fns = {kern: (lambda kern=kern: _grad_input(kern, grad, w)) for kern in KERNELS}
     elif op == "grad_weight":
@@ -168,48 +104,30 @@ def _paired_rounds(fns: dict, rounds: int, autograd: bool = False) -> Dict[str, 
     return times
 
 
-def _remember(key: str, process_key: tuple, result: dict, choice: str) -> str:
-    """Keep a calibration's choice for this process, and in the cache file unless the machine was
-    :func:`busy` around the measurement."""
-    if not busy():
-        _write_cache(key, {**result, "kernel": choice, "min_gain": MIN_GAIN,
-                           "load": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-                           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
-    _CHOICE[process_key] = choice
-    for key in [k for k in _CHOICE if k[0] == "training"]:  # decided on the products' former choices
-        del _CHOICE[key]
-    return choice
-
-
-def busy() -> bool:
-    """Whether other work shares the CPU: a 1-minute load average above the core count (+0.5). Timings
-    taken then mislead (on the 2-core Xeon a calibration under load 3-10 found oneDNN's fp32 linear 1.12x
-    faster, one on the quiet machine 0.87-1.01x), so they are used by this process but not cached."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return False
-    return load > (os.cpu_count() or 1) + 0.5
-
-
 def calibrate(dtype: torch.dtype, op: str = "linear", rounds: int = 7) -> str:
-    """Measure now and return the kernel for ``op`` in ``dtype`` on this CPU; cached for later processes
-    unless the machine was :func:`busy` around the measurement."""
+    """Measure now and return the kernel for ``op`` in ``dtype`` on this CPU (cached for later processes
+    unless the machine was busy)."""
     result = measure(dtype, op, rounds)
     choice = "onednn" if result["ratio"] >= MIN_GAIN else "aten"
-    return _remember(cache_key(dtype, op), (dtype, op, torch.get_num_threads()), result, choice)
+    _CHOICE[(dtype, op, torch.get_num_threads())] = choice
+    for key in [k for k in _CHOICE if k[0] == "training"]:  # decided on the products' former choices
+        del _CHOICE[key]
+    return backend.remember(_what(dtype, op), {**result, "min_gain": MIN_GAIN}, choice)
 
 
 def gemm_kernel(dtype: torch.dtype, device: torch.device, op: str = "linear") -> str:
-    """The kernel for the GEMM ``op`` in ``dtype`` on ``device``: ``aten`` everywhere except on a CPU where
-    the cached (or, the first time, a fresh) measurement found oneDNN's linear clearly faster."""
-    if device.type != "cpu" or not _onednn_ok(dtype) or torch.compiler.is_compiling():
-        return "aten"  # CUDA: cuBLAS via aten; compiled: inductor picks its own kernels
+    """The kernel for the GEMM ``op`` in ``dtype`` on ``device``: ATen off the CPU, under graph capture and
+    where oneDNN cannot run the dtype; else the declared one, or under ``auto`` the cached (or, the first
+    time, a fresh) measurement."""
+    if device.type != "cpu" or not onednn_ok(dtype) or backend.graph_capture():
+        return "aten"  # CUDA: cuBLAS via ATen; graph consumers: the plain ops they know
+    declared = backend.current().gemm
+    if declared != "auto":
+        return declared
     key = (dtype, op, torch.get_num_threads())
     choice = _CHOICE.get(key)
     if choice is None:
-        entry = _read_cache().get(cache_key(dtype, op))
-        choice = entry["kernel"] if entry and entry.get("kernel") in KERNELS else calibrate(dtype, op)
+        choice = backend.cached_choice(_what(dtype, op), KERNELS) or calibrate(dtype, op)
         _CHOICE[key] = choice
     return choice
 
@@ -217,11 +135,14 @@ def gemm_kernel(dtype: torch.dtype, device: torch.device, op: str = "linear") ->
 def training_kernels(dtype: torch.dtype, device: torch.device) -> Optional[Tuple[str, str, str]]:
     """The kernels of a training step's dense-layer products (forward, grad_input, grad_weight) in ``dtype``
     on ``device``, or None where all three are ATen (the layer then runs ``F.linear``)."""
-    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16) or torch.compiler.is_compiling():
+    if device.type != "cpu" or not onednn_ok(dtype) or backend.graph_capture():
         return None
+    declared = backend.current().gemm
+    if declared != "auto":
+        return None if declared == "aten" else ("onednn",) * 3
     key = ("training", dtype, torch.get_num_threads())  # called for every dense layer: decided once
     if key not in _CHOICE:
-        chosen = tuple(gemm_kernel(dtype, device, op) for op in TRAINING_OPS) if _onednn_ok(dtype) else ()
+        chosen = tuple(gemm_kernel(dtype, device, op) for op in TRAINING_OPS)
         faster = "onednn" in chosen and gemm_kernel(dtype, device, _training_op(chosen)) == "onednn"
         _CHOICE[key] = chosen if faster else None
     return _CHOICE[key]
@@ -239,15 +160,29 @@ def _training_products(op: str) -> Optional[Tuple[str, ...]]:
 
 
 def summary(dtype: torch.dtype, device: str = "cpu") -> dict:
-    """The kernel in use for each operation in ``dtype`` and the measurement behind it (for reports)."""
+    """The kernel each operation in ``dtype`` runs now, without measuring: ``fixed``, ``measured`` (this
+    process or the cache), or ``not measured yet`` (the first model call that needs it measures)."""
     dev = torch.device(device)
+    declared = backend.current().gemm
     out = {}
-    for op in OPS:
-        kern = gemm_kernel(dtype, dev, op)
-        entry = _read_cache().get(cache_key(dtype, op)) if dev.type == "cpu" else None
-        out[op] = {"kernel": kern, "aten_over_onednn": None if not entry else round(entry["ratio"], 3)}
-    chosen = training_kernels(dtype, dev)
-    out["training"] = {"kernel": "aten" if chosen is None else "/".join(chosen), "aten_over_onednn": None}
+    for op in OPS + ("training",):
+        if dev.type != "cpu" or not onednn_ok(dtype):
+            out[op] = {"kernel": "aten", "why": "only ATen runs this dtype here"}
+        elif declared != "auto":
+            out[op] = {"kernel": declared, "why": "declared"}
+        else:
+            entry = backend.read_cache().get(backend.cache_key(_what(dtype, op))) if op != "training" else None
+            key = ("training", dtype, torch.get_num_threads()) if op == "training" else \
+                (dtype, op, torch.get_num_threads())
+            if key in _CHOICE:
+                value = _CHOICE[key]
+                kern = value if isinstance(value, str) else "aten" if value is None else "/".join(value)
+                out[op] = {"kernel": kern, "why": "measured"}
+            elif entry:
+                out[op] = {"kernel": entry["choice"], "why": "cached measurement",
+                           "aten_over_onednn": round(entry["ratio"], 3)}
+            else:
+                out[op] = {"kernel": None, "why": "not measured yet"}
     return out
 
 
@@ -257,11 +192,6 @@ def summary(dtype: torch.dtype, device: str = "cpu") -> dict:
 # FBGEMM) is not always the fastest: on a 2-core AMX Xeon oneDNN's int8 kernels ran ViT-B/16 1.8x faster,
 # with the same predictions (benchmarks/int8.py). So vitkit times the engines once per machine, like the GEMMs.
 INT8_ENGINES = ("x86", "fbgemm", "onednn")
-
-
-def _int8_candidates() -> list:
-    have = set(torch.backends.quantized.supported_engines)
-    return [e for e in INT8_ENGINES if e in have]
 
 
 def measure_int8(rounds: int = 7, shape=SHAPE) -> dict:
@@ -275,7 +205,7 @@ def measure_int8(rounds: int = 7, shape=SHAPE) -> dict:
     g = torch.Generator().manual_seed(0)
     lin = nn.Linear(k, n)
     x = torch.randn(m, k, generator=g)
-    engines = _int8_candidates()
+    engines = int8_candidates()
     default = torch.backends.quantized.engine
     layers = {}
     with warnings.catch_warnings():
@@ -303,18 +233,28 @@ def pack_int8(build, engine: str):
         torch.backends.quantized.engine = before
 
 
+def int8_candidates() -> list:
+    have = set(torch.backends.quantized.supported_engines)
+    return [e for e in INT8_ENGINES if e in have]
+
+
 def int8_engine() -> str:
-    """The engine to pack dynamic int8 Linear weights with on this CPU: torch's default, unless the cached
-    (or, the first time, a fresh) measurement found another one at least :data:`MIN_GAIN` faster."""
+    """The engine to pack dynamic int8 Linear weights with on this CPU: the declared one, or under ``auto``
+    torch's default unless the cached (or, the first time, a fresh) measurement found another one at least
+    :data:`MIN_GAIN` faster."""
+    declared = backend.current().int8
+    if declared != "auto":
+        if declared not in int8_candidates():
+            from ..errors import ConfigError
+
+            raise ConfigError(f"backend int8={declared}: this torch build has the quantised engines "
+                              f"{', '.join(int8_candidates())}")
+        return declared
     default = torch.backends.quantized.engine
     key = ("int8", default, torch.get_num_threads())
     choice = _CHOICE.get(key)
     if choice is None:
-        entry = _read_cache().get(cache_key(torch.qint8, "int8"))
-        if entry and entry.get("kernel") in _int8_candidates() and entry.get("default") == default:
-            choice = entry["kernel"]
-        else:
-            choice = calibrate_int8()
+        choice = backend.cached_choice(f"int8 engine (default {default})", int8_candidates()) or calibrate_int8()
         _CHOICE[key] = choice
     return choice
 
@@ -325,7 +265,8 @@ def calibrate_int8(rounds: int = 7) -> str:
     default = result["default"]
     best = max(result["ratio"], key=result["ratio"].get) if result["ratio"] else default
     choice = best if result["ratio"].get(best, 0.0) >= MIN_GAIN else default
-    return _remember(cache_key(torch.qint8, "int8"), ("int8", default, torch.get_num_threads()), result, choice)
+    _CHOICE[("int8", default, torch.get_num_threads())] = choice
+    return backend.remember(f"int8 engine (default {default})", {**result, "min_gain": MIN_GAIN}, choice)
 
 
 # --- the two kernels ------------------------------------------------------------------------------
@@ -333,12 +274,6 @@ def _gemm(kernel: str, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tenso
     if kernel == "onednn":
         return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
     return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())
-
-
-def _gemm_into(kernel: str, out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    if kernel == "onednn":
-        return out.add_(torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""))
-    return out.addmm_(x, w.t())
 
 
 def _grad_input(kernel: str, g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -395,8 +330,3 @@ class ChosenLinear(torch.autograd.Function):
 def gemm(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x W^T + b on rows [M, K] (no autograd) with the kernel chosen for ``linear``."""
     return _gemm(gemm_kernel(x.dtype, x.device, "linear"), x, w, b)
-
-
-def gemm_into(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """out += x W^T in place with the kernel chosen for ``accumulate``."""
-    return _gemm_into(gemm_kernel(x.dtype, x.device, "accumulate"), out, x, w)

@@ -1,9 +1,10 @@
 """Building blocks of the encoder: patch embedding (Eq. 1), MSA, MLP and the pre-norm block (Eq. 2-3).
 
-Each module has one definition of its forward pass. In evaluation mode without autograd (``model.eval()``
-under ``torch.no_grad()`` / ``torch.inference_mode()``) the block computes the same function with less
-memory traffic (:meth:`Block.forward`): the residual adds of Eq. 2-3 accumulate inside the output GEMMs,
-GELU runs in place, and large batches go through in chunks of whole images.
+Each module has one forward pass, used in training and in inference alike, so forward hooks, attention maps
+and intermediates see the computation that produced the logits. Only the kernels differ: in evaluation mode
+without autograd (``model.eval()`` under ``torch.no_grad()`` / ``torch.inference_mode()``) the dense layers
+call :func:`precision.dense` (the declared GEMM library, no autograd bookkeeping) and GELU runs in place; the model runs large batches through the encoder in chunks of
+whole images (:func:`chunk_images`).
 """
 from __future__ import annotations
 
@@ -14,16 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .precision import attention, dense, dense_add_, linear
+from .backend import graph_capture
+from .precision import attention, dense, explicit_attention, linear, merge_heads, split_heads
 
-# Inference runs a block on chunks of whole images (every image is independent, so no number changes),
+# Inference runs the encoder on chunks of whole images (every image is independent, so no number changes),
 # sized by memory: each chunk's largest temporary (the MLP's hidden activations, or qkv) stays within
 # this many bytes, the largest block glibc's allocator hands out from its reused heap (its mmap threshold
 # tops out at 32 MiB on 64-bit Linux). A larger block is a fresh mapping whose pages fault in again on
-# every call: one ViT-B/16 block at batch 64 in bf16 took 31,700 page faults and 161 ms per call as one
-# chunk against 4,100 and 125 ms in chunks of 8 images (2-core AMX Xeon, quiet; the cpu_kernels.py
-# "chunks" rows compare this rule with fixed sizes). It also caps the block's scratch memory, so peak
-# memory grows with the batch only by the input and two residual streams.
+# every call. It also caps the encoder's scratch memory, so peak memory grows with the batch only by the
+# input and the residual stream.
 INFERENCE_CHUNK_BYTES = 32 << 20
 
 
@@ -36,19 +36,11 @@ def chunk_images(batch: int, tokens: int, row_bytes: int, chunk_tokens: Optional
     return -(-batch // chunks)
 
 
-def _traced() -> bool:
-    """Inside torch.compile / torch.export / TorchScript / ONNX tracing: graph compilers fuse the work
-    themselves and need the plain graph (the chunk loop would pin a dynamic batch size)."""
-    compiler = torch.compiler
-    return (compiler.is_compiling() or (hasattr(compiler, "is_exporting") and compiler.is_exporting())
-            or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export())
-
-
 def fast_inference(module: nn.Module) -> bool:
-    """Whether ``module`` may take the inference path: evaluation mode, no autograd, no autocast (under
-    autocast the plain path runs, so autocast's casting rules hold), not traced by a graph compiler."""
+    """Whether ``module`` may use the inference kernels: evaluation mode, no autograd, no autocast (under
+    autocast the training kernels run, so autocast's casting rules hold), not watched by a graph consumer."""
     return (not module.training and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
-            and not (torch.cuda.is_available() and torch.is_autocast_enabled("cuda")) and not _traced())
+            and not (torch.cuda.is_available() and torch.is_autocast_enabled("cuda")) and not graph_capture())
 
 
 class PatchEmbed(nn.Module):
@@ -89,30 +81,13 @@ class PatchEmbed(nn.Module):
         return linear(patches, w_, self.proj.bias).permute(0, 3, 1, 2)
 
 
-def split_heads(qkv: torch.Tensor, n: int, t: int, heads: int, head_dim: int
-                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k, v [n, heads, t, head_dim] as views of the qkv projection's rows [n * t, 3 * heads * head_dim]."""
-    # split along the q/k/v axis, then heads before tokens: the same views as permute(2, 0, 3, 1, 4).unbind(0),
-    # but autograd's stack then writes qkv's gradient in qkv's own layout, without a second strided copy
-    # (attention forward + backward 0.83x the time at the fmnist-demo shapes, 0.94x at ViT-S/16's)
-    q, k, v = (a.transpose(1, 2) for a in qkv.view(n, t, 3, heads, head_dim).unbind(2))
-    return q, k, v
-
-
-def merge_heads(out: torch.Tensor) -> torch.Tensor:
-    """Attention output [n, heads, t, head_dim] -> token rows [n * t, heads * head_dim], heads concatenated."""
-    n, h, t, dh = out.shape
-    return out.transpose(1, 2).reshape(n * t, h * dh)
-
-
 class Attention(nn.Module):
     """Multi-head self-attention with one fused q/k/v projection.
 
     ``need_weights=False`` uses :func:`precision.attention` (the fused kernel
-    ``F.scaled_dot_product_attention``, or the path measured faster on a CPU:
-    :func:`precision.attention_path`);
-    ``need_weights=True`` computes softmax(QK^T/sqrt(d) + bias) V
-    explicitly for this call and also returns the weights [B, heads, T, T].
+    ``F.scaled_dot_product_attention`` or the explicit path, as the declared backend says);
+    ``need_weights=True`` computes :func:`precision.explicit_attention` for this call and also returns
+    the weights [B, heads, T, T].
     """
 
     def __init__(self, width: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0,
@@ -131,27 +106,24 @@ class Attention(nn.Module):
         """The attention of Eq. 2 on projected q/k/v rows [n * t, 3D] (or [n, t, 3D]) -> [n * t, D] heads
         concatenated, before the output projection."""
         q, k, v = split_heads(qkv, n, t, self.num_heads, self.head_dim)
+        drop = self.attn_drop if self.training else 0.0
         weights = None
         if need_weights:
-            logits = (q * self.scale) @ k.transpose(-2, -1)
-            if bias is not None:
-                logits = logits + bias
-            weights = logits.softmax(dim=-1)
-            out = F.dropout(weights, self.attn_drop, self.training) @ v
+            out, weights = explicit_attention(q, k, v, bias, drop)
         else:
-            out = attention(q, k, v, None if bias is None else bias.to(q.dtype),
-                            self.attn_drop if self.training else 0.0)
+            out = attention(q, k, v, None if bias is None else bias.to(q.dtype), drop)
         return merge_heads(out), weights
 
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
                 need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         b, t, d = x.shape
-        out, weights = self.mix(_apply(x, self.qkv), b, t, bias, need_weights)
-        return self.proj_drop(_apply(out, self.proj)).view(b, t, d), weights
+        out, weights = self.mix(_apply(x, self.qkv, self), b, t, bias, need_weights)
+        return self.proj_drop(_apply(out, self.proj, self)).view(b, t, d), weights
 
 
 class Mlp(nn.Module):
-    """The MLP of Eq. 3: Linear -> GELU -> Linear, dropout after each dense layer."""
+    """The MLP of Eq. 3: Linear -> GELU -> Linear, dropout after each dense layer (GELU in place when no
+    autograd needs its input)."""
 
     def __init__(self, width: int, hidden: int, gelu: str = "exact", drop: float = 0.0):
         super().__init__()
@@ -161,8 +133,12 @@ class Mlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.drop(self.act(_apply(x, self.fc1)))
-        return self.drop(_apply(h, self.fc2))
+        h = _apply(x, self.fc1, self)
+        if fast_inference(self) and type(self.act) is nn.GELU:
+            h = torch.ops.aten.gelu_(h, approximate=self.act.approximate)
+        else:
+            h = self.drop(self.act(h))
+        return self.drop(_apply(h, self.fc2, self))
 
 
 def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
@@ -174,17 +150,16 @@ def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
     return x * mask.div_(keep)
 
 
-def _apply(x: torch.Tensor, lin: nn.Module) -> torch.Tensor:
-    """A dense layer on the training path: :func:`precision.linear` for a plain ``nn.Linear``, else the module."""
-    return linear(x, lin.weight, lin.bias) if type(lin) is nn.Linear else lin(x)
-
-
-def _layer(lin: nn.Module):
-    """(weight, bias, module) of a dense layer, as :func:`precision.dense` takes them; a layer that is not
-    a plain ``nn.Linear`` (e.g. int8 dynamic quantised) is called as a module."""
-    if type(lin) is nn.Linear:
-        return lin.weight, lin.bias, None
-    return None, None, lin
+def _apply(x: torch.Tensor, lin: nn.Module, owner: nn.Module) -> torch.Tensor:
+    """A dense layer: :func:`precision.dense` on the rows (inference kernels) when ``owner`` is in
+    :func:`fast_inference`, else :func:`precision.linear` (training); a layer that is not a plain
+    ``nn.Linear`` (e.g. int8 dynamic quantised) is called as a module."""
+    if type(lin) is not nn.Linear:
+        return lin(x)
+    if fast_inference(owner):
+        rows = dense(x.reshape(-1, x.shape[-1]), lin.weight, lin.bias)
+        return rows.view(*x.shape[:-1], rows.shape[-1])
+    return linear(x, lin.weight, lin.bias)
 
 
 class Block(nn.Module):
@@ -202,41 +177,10 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
                 need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        if not need_weights and fast_inference(self):
-            return self.forward_inference(x, bias), None
         y, weights = self.attn(self.norm1(x), bias, need_weights)
         x = x + drop_path(y, self.drop_path, self.training)
         x = x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training)
         return x, weights
-
-    def forward_inference(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                          chunk_tokens: Optional[int] = None) -> torch.Tensor:
-        """Eq. 2-3 without autograd, dropout or stochastic depth (evaluation): the same function as the
-        training path, computed on chunks of whole images with each residual add inside its GEMM
-        (``out += h W^T + b`` by ``addmm_``) and GELU in place. Returns a new tensor; ``x`` is unchanged."""
-        b, t, d = x.shape
-        rows = x.reshape(b * t, d)
-        out = torch.empty_like(rows)
-        qkv, proj = _layer(self.attn.qkv), _layer(self.attn.proj)
-        fc1, fc2 = _layer(self.mlp.fc1), _layer(self.mlp.fc2)
-        widest = max(self.mlp.fc1.out_features, self.attn.qkv.out_features)
-        per_chunk = chunk_images(b, t, widest * x.element_size(), chunk_tokens)
-        for s in range(0, b, per_chunk):
-            n = min(b, s + per_chunk) - s
-            src, res = rows[s * t:(s + n) * t], out[s * t:(s + n) * t]
-            y = F.layer_norm(src, (d,), self.norm1.weight, self.norm1.bias, self.norm1.eps)
-            if proj[1] is not None:  # the residual copy and the projection's bias in one pass
-                torch.add(src, proj[1], out=res)
-            else:
-                res.copy_(src)
-            heads, _ = self.attn.mix(dense(y, *qkv), n, t, bias)
-            del y
-            dense_add_(res, heads, proj[0], None, proj[2])
-            del heads
-            h = dense(F.layer_norm(res, (d,), self.norm2.weight, self.norm2.bias, self.norm2.eps), *fc1)
-            h = torch.ops.aten.gelu_(h, approximate=self.mlp.act.approximate)
-            dense_add_(res, h, *fc2)
-        return out.view(b, t, d)
 
 
 def lecun_normal_(t: torch.Tensor) -> torch.Tensor:

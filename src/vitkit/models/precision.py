@@ -14,37 +14,23 @@ bf16) they are the plain module calls, so fp32 numerics are untouched.
 """
 from __future__ import annotations
 
-from typing import Optional
+import statistics
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels import ChosenLinear, gemm, gemm_into, training_kernels
+from ..errors import ConfigError
+from . import backend
+from .backend import cpu_has_native_bf16
+from .kernels import ChosenLinear, gemm, training_kernels
 
 BF16 = torch.bfloat16
 
 
-def _probe_native_bf16() -> bool:
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
-_NATIVE_BF16 = _probe_native_bf16()  # a constant, so torch.compile traces the checks below without a break
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether oneDNN's bf16 GEMM kernels run on this CPU (AVX-512-BF16 / AMX / AVX2-VNNI-2)."""
-    return _NATIVE_BF16
-
-
 def _autocast_on(device_type: str) -> bool:
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except TypeError:  # torch < 2.4
-        return device_type == "cpu" and torch.is_autocast_cpu_enabled()
+    return torch.is_autocast_enabled(device_type)
 
 
 def _product_dtype(x: torch.Tensor) -> torch.dtype:
@@ -126,63 +112,115 @@ def dense(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.
     return gemm(x, weight, bias)
 
 
-def dense_add_(out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
-               bias: Optional[torch.Tensor] = None, module: Optional[nn.Module] = None) -> torch.Tensor:
-    """out += x W^T + b in place; the add happens inside the GEMM (``addmm_``, beta = 1) when the product
-    runs in ``out``'s dtype, so the product is never written to a temporary."""
-    if module is not None or widen_bf16(x) or out.dtype != weight.dtype:
-        return out.add_(dense(x, weight, bias, module))
-    if bias is not None:
-        out.add_(bias)
-    return gemm_into(out, x, weight)
+# --- attention ---------------------------------------------------------------------------------------
+ATTENTION_PATHS = ("fused", "explicit", "widened")
+ATTENTION_ROUNDS = 5
+_ATTENTION: Dict[tuple, str] = {}
 
 
-# On a CPU, torch's fused attention kernel (flash attention for CPU) takes q/k/v as the strided views of the
-# qkv projection that the model makes; the explicit steps QK^T -> softmax -> AV first copy them into
-# batched-matrix layout. Timed in that layout on a 2-core AMX Xeon (benchmarks/cpu_kernels.py, attention rows
-# in benchmarks/results/intel-amx/cpu_kernels_attention.json: 16-577 tokens), the fused kernel was 1.18-1.77x
-# faster than the explicit steps in fp32 training, 1.48-2.36x in fp32 inference and 1.2-8.9x in bf16 inference;
-# only its bf16 backward is slow: the explicit path was 5.2-15.1x faster in bf16 training at 16-65 tokens and
-# 1.5-1.8x at 197, the fused kernel 1.69x faster at 577. So the explicit path serves bf16/fp16 attention that
-# needs gradients up to this many tokens (197 measured, 577 not); everything else takes the fused kernel. (An
-# earlier rule, explicit for every sequence up to 128 tokens, came from timing contiguous q/k/v, which the
-# model never has.)
-CPU_EXPLICIT_ATTENTION_MAX_TOKENS = 256
+def forget() -> None:
+    _ATTENTION.clear()
 
 
-def _explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-                        dropout_p: float) -> torch.Tensor:
-    """softmax(Q K^T / sqrt(d) + mask) V with the weights materialised; what the fused kernel computes."""
+def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                       dropout_p: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """softmax(Q K^T / sqrt(d) + mask) V with the weights materialised: (output, weights [.., T, T]). The
+    one explicit definition: the weights returned for rollout and the explicit kernel path are this. The
+    softmax runs in fp32 for bf16/fp16 q/k/v, as the fused kernels do; the weights come back in q's dtype."""
     logits = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
     if mask is not None:
         logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
-    if q.dtype in (torch.float16, BF16):  # softmax in fp32, as the fused kernels do
+    if q.dtype in (torch.float16, BF16):
         weights = logits.softmax(-1, dtype=torch.float32).to(q.dtype)
     else:
         weights = logits.softmax(-1)
-    if dropout_p:
-        weights = F.dropout(weights, dropout_p)
-    return weights @ v
+    return (F.dropout(weights, dropout_p) if dropout_p else weights) @ v, weights
 
 
-def explicit_on_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether :func:`attention` takes the explicit path: bf16/fp16 q/k/v on a CPU that need gradients, in
-    sequences of at most :data:`CPU_EXPLICIT_ATTENTION_MAX_TOKENS` tokens."""
-    return (q.device.type == "cpu" and q.dtype in (BF16, torch.float16)
-            and max(q.shape[-2], k.shape[-2]) <= CPU_EXPLICIT_ATTENTION_MAX_TOKENS
-            and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+def _attention_key(q: torch.Tensor, k: torch.Tensor, grad: bool) -> tuple:
+    return (str(q.dtype).replace("torch.", ""), "training" if grad else "inference", q.shape[-3],
+            q.shape[-2], k.shape[-2], q.shape[-1], torch.get_num_threads())
 
 
-ATTENTION_PATHS = ("fused", "explicit", "widened")
+def _needs_grad(q, k, v) -> bool:
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
 def attention_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
-    """The path :func:`attention` takes for these q/k/v: ``"widened"`` for bf16 on a CPU without bf16 GEMMs
-    (the fused kernel on operands widened exactly to fp32, as :func:`linear` does), ``"explicit"`` where
-    :func:`explicit_on_cpu` says so, else ``"fused"`` (``F.scaled_dot_product_attention``)."""
-    if widen_bf16(q):
-        return "widened"
-    return "explicit" if explicit_on_cpu(q, k, v) else "fused"
+    """The kernel :func:`attention` runs for these q/k/v: ``fused`` off the CPU; else the declared
+    ``attention`` (both paths are plain ATen ops every graph consumer knows), or under ``auto`` (``fused``
+    under graph capture) the path measured faster on this machine for this dtype,
+    gradient mode, head count, token count and head size (:func:`measure_attention`; cached). On a CPU
+    without bf16 GEMMs, bf16 runs the chosen path on operands widened exactly to fp32 (``widened`` reports
+    that for the fused path). The explicit path rounds the weights to bf16 before AV, the fused kernel
+    keeps them in fp32: the two differ by bf16 rounding (bounded in tests/test_inference.py)."""
+    declared = backend.current().attention
+    if q.device.type != "cpu" or (declared == "auto" and backend.graph_capture()):
+        return "fused"
+    if declared == "auto":
+        grad = _needs_grad(q, k, v)
+        key = _attention_key(q, k, grad)
+        declared = _ATTENTION.get(key)
+        if declared is None:
+            what = "attention {} {} heads={} q={} k={} d={} threads={}".format(*key)
+            declared = backend.cached_choice(what, ("fused", "explicit")) or \
+                backend.remember(what, *_decide_attention(q, k, grad))
+            _ATTENTION[key] = declared
+    return "widened" if declared == "fused" and widen_bf16(q) else declared
+
+
+def _decide_attention(q: torch.Tensor, k: torch.Tensor, grad: bool) -> Tuple[dict, str]:
+    result = measure_attention(q.shape[-3], q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, grad,
+                               images=max(1, min(q.shape[0], 8)))
+    return result, ("explicit" if result["ratio"] >= 1.0 else "fused")
+
+
+def measure_attention(heads: int, q_tokens: int, k_tokens: int, head_dim: int, dtype: torch.dtype,
+                      grad: bool, images: int = 8, rounds: int = ATTENTION_ROUNDS) -> dict:
+    """Time the fused and explicit paths on q/k/v laid out as the model makes them (strided views of one
+    projection), forward (+ backward where ``grad``), alternating rounds; ``ratio`` = fused / explicit
+    median paired time (> 1: the explicit path is faster)."""
+    from .kernels import _paired_rounds
+
+    g = torch.Generator().manual_seed(0)
+    t = max(q_tokens, k_tokens)
+    qkv = torch.randn(images * t, 3 * heads * head_dim, generator=g).to(dtype).requires_grad_(grad)
+    out_grad = torch.randn(images, heads, t, head_dim, generator=g).to(dtype)
+
+    def run(path: str):
+        q, k, v = split_heads(qkv, images, t, heads, head_dim)
+        out = _run_path(path, q, k, v, None, 0.0)
+        if grad:
+            out.backward(out_grad)
+
+    with backend.use_backend(attention="fused"):  # no nested decision while timing
+        times = _paired_rounds({p: (lambda p=p: run(p)) for p in ("fused", "explicit")}, rounds, autograd=grad)
+    ratios = [f / e for f, e in zip(times["fused"], times["explicit"])]
+    return {"fused_s": statistics.median(times["fused"]), "explicit_s": statistics.median(times["explicit"]),
+            "ratio": statistics.median(ratios), "rounds": rounds, "images": images}
+
+
+def split_heads(qkv: torch.Tensor, n: int, t: int, heads: int, head_dim: int
+                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v [n, heads, t, head_dim] as views of the qkv projection's rows [n * t, 3 * heads * head_dim]."""
+    # split along the q/k/v axis, then heads before tokens: the same views as permute(2, 0, 3, 1, 4).unbind(0),
+    # but autograd's stack then writes qkv's gradient in qkv's own layout, without a second strided copy
+    q, k, v = (a.transpose(1, 2) for a in qkv.view(n, t, 3, heads, head_dim).unbind(2))
+    return q, k, v
+
+
+def merge_heads(out: torch.Tensor) -> torch.Tensor:
+    """Attention output [n, heads, t, head_dim] -> token rows [n * t, heads * head_dim], heads concatenated."""
+    n, h, t, dh = out.shape
+    return out.transpose(1, 2).reshape(n * t, h * dh)
+
+
+def _run_path(path: str, q, k, v, mask, dropout_p):
+    if path == "explicit":
+        return explicit_attention(q, k, v, mask, dropout_p)[0]
+    if path != "fused":
+        raise ConfigError(f"attention path {path!r}: choose one of {', '.join(ATTENTION_PATHS)}")
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
@@ -190,13 +228,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Opti
     """softmax(Q K^T / sqrt(d) + mask) V by the path :func:`attention_path` chooses; ``path`` forces one of
     :data:`ATTENTION_PATHS` (benchmarks compare them on the same operands)."""
     path = path or attention_path(q, k, v)
-    if path == "explicit":
-        return _explicit_attention(q, k, v, attn_mask, dropout_p)
-    if path == "widened":  # softmax in fp32, as bf16 kernels do; the result rounded to bf16
+    if path == "widened" or widen_bf16(q):  # bf16 operands on the fp32 units; softmax in fp32; rounded to bf16
+        inner = "fused" if path == "widened" else path
         with torch.autocast("cpu", enabled=False):
             mask = None if attn_mask is None else attn_mask if attn_mask.dtype == torch.bool else attn_mask.float()
-            return F.scaled_dot_product_attention(_exact(q), _exact(k), _exact(v), attn_mask=mask,
-                                                  dropout_p=dropout_p).to(BF16)
-    if path != "fused":
-        raise ValueError(f"attention path {path!r}: choose one of {', '.join(ATTENTION_PATHS)}")
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+            return _run_path(inner, _exact(q), _exact(k), _exact(v), mask, dropout_p).to(BF16)
+    return _run_path(path, q, k, v, attn_mask, dropout_p)

@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..config import ViTConfig
-from .layers import AxialBlock, Block, PatchEmbed, lecun_normal_
+from .layers import AxialBlock, Block, PatchEmbed, chunk_images, fast_inference, lecun_normal_
 from .meta import ModelMeta
 from .posemb import RelativePositionBias, resize_grid, resize_pos_embed, resize_relative_table, sincos_2d
 from .resnet import HybridEmbed
@@ -260,6 +260,11 @@ class VisionTransformer(nn.Module):
         prefix tokens and the kept patch tokens). ``patch_drop``: the patch-dropout rate of this call in
         training (a schedule passes it step by step); None: ``config.patch_drop``. Evaluation never drops."""
         x, grid = self.embed(x)
+        if fast_inference(self):  # whole images in chunks that keep each block's temporaries in reused memory
+            widest = max(self.config.mlp_dim, 3 * self.config.width) * x.element_size()
+            per = chunk_images(x.shape[0], x.shape[1], widest)
+            if per < x.shape[0]:
+                return torch.cat([self.norm(self._run_blocks(c, grid)[0]) for c in x.split(per)])
         rate = self.config.patch_drop if patch_drop is None else float(patch_drop)
         x, _, _ = self._run_blocks(x, grid, patch_drop=rate)
         return self.norm(x)

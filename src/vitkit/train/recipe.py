@@ -92,7 +92,10 @@ class TrainConfig:
     eval_every: float = 1.0  # epochs between evaluations (0 = only at the end)
     ckpt_every: int = 500  # steps between checkpoints (0 = end of epochs and run only)
     log_every: int = 50  # steps between metric lines
-    deterministic: bool = False  # torch deterministic algorithms (exact resume on GPU too)
+    deterministic: bool = False  # torch deterministic algorithms (exact resume on GPU too); pins the backend
+    # the kernels (vitkit.models.backend): e.g. "gemm=aten,attention=fused"; null = the one in force when the run
+    # starts (--backend, $VITKIT_BACKEND, else auto). The run folder's recipe.yaml records the spec it ran with.
+    backend: Optional[str] = None
     threads: Optional[int] = None  # torch intra-op threads on CPU
     distributed: str = "ddp"  # ddp | fsdp (used when launched with torchrun)
     grad_checkpointing: bool = False

@@ -15,6 +15,7 @@ import torch
 
 from ..checkpoints import save_model
 from ..data.augment import EvalTransform
+from ..models.backend import record as backend_record
 from ..utils import write_json_atomic
 from . import distributed as D
 from .optim import unwrap
@@ -37,6 +38,7 @@ def finish_classification(tr: "Trainer", wall: float) -> Dict[str, Any]:
                                "train_wall_s": round(wall, 1), "params": unwrap(tr.model).num_params(),
                                "processes": d.world, "device": str(tr.device),
                                "train_images": len(tr.train_data)}
+    results["backend"] = backend_record()  # the kernels the run declared and the choices it made
     models = dict(tr.candidates())  # the EMA copy is filled once (collective under FSDP)
     val = None
     if tr.val_data is not None:

@@ -38,6 +38,8 @@ from ..data.augment import BatchAugment, EvalTransform, Normalize
 from ..data.datasets import Dataset, open_dataset
 from ..data.loader import EpochSampler, Loader, split_indices
 from ..models import VisionTransformer
+from ..models.backend import Backend, use_backend
+from ..models.backend import current as current_backend
 from ..utils import PathLike, remove_stale_temps
 from . import distributed as D
 from .checkpoint import find_last, load_state, rng_state, save_state, set_rng_state
@@ -68,6 +70,10 @@ class Trainer:
             torch.set_num_threads(int(t.threads))
         if t.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
+        self.backend = Backend.parse(t.backend if t.backend is not None else current_backend().spec)
+        if t.deterministic:
+            self.backend = self.backend.pinned()
+        t.backend = self.backend.spec  # recipe.yaml records what the run computes with (resume reuses it)
         self.dist = D.setup(t.device)
         self.device = self.dist.device
         torch.manual_seed(t.seed)
@@ -279,6 +285,11 @@ class Trainer:
         return start + (s.patch_drop_end - start) * (frac - s.patch_drop_from) / (1.0 - s.patch_drop_from)
 
     def fit(self) -> Dict[str, Any]:
+        """Train to the end (or the time budget), then evaluate and export; under the run's backend."""
+        with use_backend(self.backend):
+            return self._fit()
+
+    def _fit(self) -> Dict[str, Any]:
         r, d = self.recipe, self.dist
         t0 = self._t0 = time.perf_counter()
         bar = None

@@ -1,0 +1,306 @@
+"""The declared backend: which kernels vitkit's layers call, chosen in one place and recorded.
+
+A :class:`Backend` names three choices, each ``auto`` or fixed:
+
+- ``gemm``: the CPU library of the dense layers' products: ``aten`` (torch's own ``addmm`` / ``F.linear``:
+  MKL in fp32, oneDNN in bf16) or ``onednn`` (oneDNN's linear primitive);
+- ``attention``: ``fused`` (``F.scaled_dot_product_attention``) or ``explicit`` (QK^T, softmax, AV with the
+  weights materialised);
+- ``int8``: the quantised engine that packs dynamic int8 weights (``x86``, ``fbgemm``, ``onednn``).
+
+``auto`` resolves by a short measurement on this machine (cached per CPU, torch build and thread count in
+``~/.cache/vitkit/kernels.json``; ``$XDG_CACHE_HOME`` respected): see :mod:`vitkit.models.kernels` for the
+GEMMs and the int8 engine, :mod:`vitkit.models.precision` for attention. Nothing is measured until the first
+model call that needs the choice; :func:`measure_all` (``vitkit backend``) measures on demand.
+
+The backend in force is, from the innermost: :func:`use_backend` (a context manager), :func:`set_backend`,
+then the ``VITKIT_BACKEND`` environment variable (e.g. ``gemm=aten,attention=explicit``), then all ``auto``.
+It is process-wide (the serving executor thread and the caller see the same one). Every choice a process
+actually made is kept in :func:`decisions`, which results and benchmark files record next to
+:func:`current`'s spec.
+
+Graph consumers (``torch.compile``, ``torch.export``, ONNX export, TorchScript tracing, dispatch modes such as
+the FLOP counter) always get ATen's GEMMs whatever is declared, and the fused attention kernel unless the
+explicit one is declared (both are plain ATen ops; torch's FLOP counter counts only the explicit one's
+products on a CPU) (:func:`graph_capture`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Dict, Iterator, Optional, Union
+
+import torch
+
+from ..errors import ConfigError
+
+CHOICES = {"gemm": ("auto", "aten", "onednn"),
+           "attention": ("auto", "fused", "explicit"),
+           "int8": ("auto", "x86", "fbgemm", "onednn")}
+ENV = "VITKIT_BACKEND"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The kernel choices of the model's layers; each field ``auto`` (measured on this machine) or fixed."""
+
+    gemm: str = "auto"
+    attention: str = "auto"
+    int8: str = "auto"
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value not in CHOICES[f.name]:
+                raise ConfigError(f"backend {f.name}={value!r} is not one of {', '.join(CHOICES[f.name])}")
+
+    @classmethod
+    def parse(cls, spec: Union[None, str, "Backend"]) -> "Backend":
+        """``"gemm=aten,attention=explicit"`` (fields left out stay ``auto``; ``""`` or ``"auto"``: all auto)."""
+        if isinstance(spec, Backend):
+            return spec
+        values: Dict[str, str] = {}
+        for part in (spec or "").replace(" ", "").split(","):
+            if not part or part == "auto":
+                continue
+            key, sep, value = part.partition("=")
+            if not sep or key not in CHOICES:
+                raise ConfigError(f"backend setting {part!r}: write FIELD=VALUE with FIELD one of "
+                                  f"{', '.join(CHOICES)} (e.g. gemm=aten,attention=fused)")
+            values[key] = value
+        return cls(**values)
+
+    @property
+    def spec(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in asdict(self).items())
+
+    @property
+    def fixed(self) -> bool:
+        return "auto" not in asdict(self).values()
+
+    def replace(self, **changes: str) -> "Backend":
+        return replace(self, **changes)
+
+    def pinned(self) -> "Backend":
+        """Every ``auto`` field fixed to :data:`PLAIN`'s value: the same kernels on every run and machine."""
+        return replace(self, **{k: getattr(PLAIN, k) for k, v in asdict(self).items() if v == "auto"})
+
+
+AUTO = Backend()
+PLAIN = Backend(gemm="aten", attention="fused", int8="x86")  # what graph consumers and deterministic runs get
+
+_LOCK = threading.Lock()
+_STACK: list = []  # use_backend's nesting, innermost last
+_BASE: Optional[Backend] = None  # set_backend's setting
+
+
+def from_environment() -> Backend:
+    """The backend ``VITKIT_BACKEND`` declares (all ``auto`` when it is unset or empty)."""
+    try:
+        return Backend.parse(os.environ.get(ENV, ""))
+    except ConfigError as err:
+        raise ConfigError(f"{ENV}={os.environ.get(ENV)!r}: {err}") from None
+
+
+def current() -> Backend:
+    """The backend in force now (see the module docstring for the order)."""
+    if _STACK:
+        return _STACK[-1]
+    return _BASE if _BASE is not None else from_environment()
+
+
+def set_backend(backend: Union[None, str, Backend]) -> Backend:
+    """Declare the process's backend (None: back to ``VITKIT_BACKEND`` / auto); returns the one in force."""
+    global _BASE
+    _BASE = None if backend is None else Backend.parse(backend)
+    return current()
+
+
+@contextmanager
+def use_backend(backend: Union[None, str, Backend] = None, **fields_: str) -> Iterator[Backend]:
+    """Run the block with ``backend`` (a spec string or a :class:`Backend`), changed by ``fields_``; the
+    previous setting comes back afterwards. ``use_backend(gemm="aten")`` keeps the other fields in force."""
+    base = current() if backend is None else Backend.parse(backend)
+    chosen = base.replace(**fields_) if fields_ else base
+    with _LOCK:
+        _STACK.append(chosen)
+    try:
+        yield chosen
+    finally:
+        with _LOCK:
+            for i in range(len(_STACK) - 1, -1, -1):
+                if _STACK[i] is chosen:
+                    del _STACK[i]
+                    break
+
+
+def graph_capture() -> bool:
+    """Whether a graph consumer is watching the calls: torch.compile / torch.export, ONNX export, TorchScript
+    tracing, or a Python dispatch mode (FlopCounterMode, fake tensors). They get :data:`PLAIN`."""
+    compiler = torch.compiler
+    if compiler.is_compiling() or (hasattr(compiler, "is_exporting") and compiler.is_exporting()):
+        return True
+    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        return True
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return False
+    return _get_current_dispatch_mode() is not None
+
+
+# --- what the hardware offers ---------------------------------------------------------------------
+def _probe_native_bf16() -> bool:
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+_NATIVE_BF16 = _probe_native_bf16()  # a constant, so torch.compile traces the checks without a break
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether oneDNN's bf16 GEMM kernels run on this CPU (AVX-512-BF16 / AMX / AVX2-VNNI-2)."""
+    return _NATIVE_BF16
+
+
+# --- the measurement cache ------------------------------------------------------------------------
+def _cpu_id() -> str:
+    model, flags = platform.processor() or platform.machine(), ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = value.strip()
+                    break
+    except OSError:
+        pass
+    return f"{model} [{hashlib.sha1(flags.encode()).hexdigest()[:10]}]"
+
+
+def cache_key(what: str) -> str:
+    """The cache entry of one measured choice (``what``, e.g. ``gemm linear float32``) on this CPU, torch
+    build and thread count: another machine, torch or thread count measures again."""
+    return f"{_cpu_id()} | torch {torch.__version__} | threads {torch.get_num_threads()} | {what}"
+
+
+_CACHE_FILE: Optional[Path] = None
+
+
+def cache_path() -> Path:
+    """The measurement cache: :func:`set_cache_file`'s, else ``$XDG_CACHE_HOME/vitkit/kernels.json``."""
+    if _CACHE_FILE is not None:
+        return _CACHE_FILE
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "vitkit" / "kernels.json"
+
+
+def set_cache_file(path: Union[None, str, Path]) -> None:
+    """Keep measurements in ``path`` (None: the default place); e.g. a test suite's own file."""
+    global _CACHE_FILE
+    _CACHE_FILE = None if path is None else Path(path)
+
+
+def read_cache() -> dict:
+    try:
+        data = json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_cache(key: str, entry: dict) -> None:
+    """Add one entry to the cache file atomically; a read-only home keeps the choice for this process only."""
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = read_cache()
+        data[key] = entry
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kernels-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def busy() -> bool:
+    """Whether other work shares the CPU (1-minute load average above the core count + 0.5): a measurement
+    taken then serves the process that took it but is not cached."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return False
+    return load > (os.cpu_count() or 1) + 0.5
+
+
+def remember(what: str, result: dict, choice: str) -> str:
+    """Record a measured choice: in :func:`decisions` and, on a quiet machine, in the cache file."""
+    entry = {**result, "choice": choice, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+             "load": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
+    if not busy():
+        write_cache(cache_key(what), entry)
+    note(what, choice, "measured now")
+    return choice
+
+
+def cached_choice(what: str, allowed) -> Optional[str]:
+    """The cached choice for ``what``, if one exists and is still a valid value."""
+    entry = read_cache().get(cache_key(what))
+    if entry and entry.get("choice") in allowed:
+        note(what, entry["choice"], "cached measurement")
+        return entry["choice"]
+    return None
+
+
+_DECISIONS: Dict[str, dict] = {}
+
+
+def note(what: str, choice: str, why: str) -> None:
+    """Keep the choice this process made for ``what`` (``why``: fixed, measured now, cached measurement)."""
+    _DECISIONS[what] = {"choice": choice, "why": why}
+
+
+def decisions() -> Dict[str, dict]:
+    """Every kernel choice this process has made so far, by what it was made for."""
+    return {k: dict(v) for k, v in sorted(_DECISIONS.items())}
+
+
+def forget() -> None:
+    """Drop this process's choices (the next call decides again, from the cache or a measurement)."""
+    _DECISIONS.clear()
+    from . import kernels, precision  # their per-process memos hang off the same decisions
+
+    kernels.forget()
+    precision.forget()
+
+
+def record() -> dict:
+    """What a result file records: the declared backend, where it came from, and the choices made."""
+    source = "use_backend" if _STACK else "set_backend" if _BASE is not None else \
+        ENV if os.environ.get(ENV) else "default"
+    return {"declared": current().spec, "source": source, "decisions": decisions()}
+
+
+def describe(back: Optional[Backend] = None) -> str:
+    """A short line: the declared backend and the choices made so far (for machine lines)."""
+    back = back or current()
+    made = ", ".join(f"{k}={v['choice']}" for k, v in decisions().items())
+    return f"backend {back.spec}" + (f" ({made})" if made else "")
+
+
+__all__ = ["AUTO", "Backend", "CHOICES", "ENV", "PLAIN", "cache_path", "cpu_has_native_bf16", "current",
+           "decisions", "describe", "forget", "from_environment", "graph_capture", "record", "set_backend",
+           "set_cache_file", "use_backend"]

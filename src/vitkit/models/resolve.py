@@ -1,0 +1,85 @@
+"""What the declared backend resolves to on this machine, for one model's shapes (``vitkit backend``)."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List
+
+import torch
+
+from ..config import config_from_name
+from . import backend, kernels, precision
+
+
+def _gemm_rows(dtype: torch.dtype, measure: bool) -> List[Dict[str, Any]]:
+    name = str(dtype).replace("torch.", "")
+    declared = backend.current().gemm
+    if measure and declared == "auto" and kernels.onednn_ok(dtype):
+        for op in kernels.OPS:
+            kernels.calibrate(dtype, op)
+        kernels.training_kernels(dtype, torch.device("cpu"))
+    rows = []
+    for op, v in kernels.summary(dtype, "cpu").items():
+        entry = backend.read_cache().get(backend.cache_key(kernels._what(dtype, op))) or {}
+        meas = (f"ATen/oneDNN time {entry['ratio']:.2f}x, needs >= {kernels.MIN_GAIN}x for oneDNN"
+                if "ratio" in entry else None)
+        rows.append({"what": f"gemm {op} {name}", "choice": v["kernel"], "why": v["why"], "measurement": meas})
+    return rows
+
+
+def _attention_rows(model: str, batch: int, dtype: torch.dtype, measure: bool) -> List[Dict[str, Any]]:
+    cfg = config_from_name(model)
+    heads, dim = cfg.num_heads, cfg.width // cfg.num_heads
+    tokens = cfg.num_patches + cfg.num_prefix_tokens
+    name = str(dtype).replace("torch.", "")
+    rows = []
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            qkv = torch.zeros(batch * tokens, 3 * heads * dim, dtype=dtype, requires_grad=grad)
+            q, k, v = precision.split_heads(qkv, batch, tokens, heads, dim)
+            key = precision._attention_key(q, k, grad)
+            what = "attention {} {} heads={} q={} k={} d={} threads={}".format(*key)
+            entry = backend.read_cache().get(backend.cache_key(what))
+            declared = backend.current().attention
+            if declared != "auto":
+                choice, why = precision.attention_path(q, k, v), "declared"
+            elif measure or key in precision._ATTENTION or entry:
+                if measure and key not in precision._ATTENTION and not entry:
+                    precision.attention_path(q, k, v)  # measures and caches
+                choice = precision.attention_path(q, k, v)
+                why = "measured"
+                entry = backend.read_cache().get(backend.cache_key(what)) or entry
+            else:
+                choice, why = None, "not measured yet"
+        meas = (f"fused/explicit time {entry['ratio']:.2f}x (> 1: explicit faster)"
+                if entry and "ratio" in entry else None)
+        rows.append({"what": f"attention {name} {'training' if grad else 'inference'} {model} x{batch}",
+                     "choice": choice, "why": why, "measurement": meas})
+    return rows
+
+
+def resolve_backend(model: str = "B/16", batch: int = 16, measure: bool = False) -> Dict[str, Any]:
+    """The declared backend, its source, and per choice (GEMM products per dtype, attention for ``model`` at
+    ``batch`` images per call in inference and training, the int8 engine) what runs and why."""
+    from ..bench.machine import hardware
+
+    declared = backend.current()
+    env = os.environ.get(backend.ENV)
+    dtypes = [torch.float32] + ([torch.bfloat16] if backend.cpu_has_native_bf16() else [])
+    rows: List[Dict[str, Any]] = []
+    for dt in dtypes:
+        rows += _gemm_rows(dt, measure)
+    for dt in dtypes + ([] if backend.cpu_has_native_bf16() else [torch.bfloat16]):
+        rows += _attention_rows(model, batch, dt, measure)
+    if declared.int8 != "auto" or measure:
+        rows.append({"what": "int8 engine", "choice": kernels.int8_engine(), "why": "declared"
+                     if declared.int8 != "auto" else "measured"})
+    else:
+        cached = backend.read_cache().get(backend.cache_key(f"int8 engine (default {torch.backends.quantized.engine})"))
+        rows.append({"what": "int8 engine", "choice": cached["choice"] if cached else None,
+                     "why": "cached measurement" if cached else "not measured yet"})
+    report = {**backend.record(), "machine": hardware(), "choices": rows, "cache": str(backend.cache_path())}
+    if env:
+        fixed = backend.from_environment()
+        report["environment"] = {"variable": backend.ENV, "value": env,
+                                 "fixes": [f"{k}={v}" for k, v in vars(fixed).items() if v != "auto"]}
+    return report
