@@ -207,15 +207,20 @@ def test_mixed_code_versions_are_refused_unless_allowed():
 
 
 def test_budget_costs_estimated_from_the_committed_report():
-    """The budgets' promises, from docs/reproduction/report.json's measured training time: quick <= 45 min
+    """The budgets' promises, from docs/reproduction/v1/report.json's measured training time: quick <= 45 min
     and full <= 12 h wall with --jobs 2 on 2 cores; full has >= 5 seeds and a sweep."""
     from pathlib import Path
 
     from vitkit.reproduce import get_budget
     from vitkit.reproduce.estimate import estimate
 
-    ref = Path(__file__).resolve().parents[1] / "docs" / "reproduction" / "report.json"
+    ref = Path(__file__).resolve().parents[1] / "docs" / "reproduction" / "v1" / "report.json"
     quick, full = estimate("quick", ref), estimate("full", ref)
+    import json
+
+    from vitkit.reproduce.estimate import budgets_json
+    committed = json.loads((ref.parents[1] / "budgets.json").read_text())
+    assert committed == json.loads(json.dumps(budgets_json(ref))), "regenerate: python -m vitkit.reproduce.estimate"
     assert quick["wall_hours"] <= 0.75 and full["wall_hours"] <= 12.0, (quick, full)
     assert len(get_budget("full").seeds) >= 5 and len(get_budget("full").lr_sweep) >= 3
     # every (arm, seed) of the campaign is counted once: the sweep's run at the chosen rate is reused

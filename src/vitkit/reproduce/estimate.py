@@ -83,6 +83,9 @@ def seconds_per_mac(reference: PathLike) -> float:
     return report["compute"]["train_s_total"] / sum(3 * m * s for m, s in runs)
 
 
+REFERENCE = "docs/reproduction/v1/report.json"  # the committed v1 report (93 runs of the v1 full budget)
+
+
 def estimate(budget: Any, reference: PathLike, jobs: int = 2, rate: Optional[float] = None) -> Dict[str, Any]:
     """Runs, summed run time and wall time (hours) of a whole campaign of ``budget``."""
     b = get_budget(budget) if isinstance(budget, str) else budget
@@ -93,4 +96,17 @@ def estimate(budget: Any, reference: PathLike, jobs: int = 2, rate: Optional[flo
         total += k * rate * _macs(arm) * (3 * seen + evals)
         n += k
     return {"budget": b.name, "runs": n, "run_hours": total / 3600, "wall_hours": total / 3600 / jobs,
-            "jobs": jobs, "seconds_per_gmac": rate * 1e9}
+            "wall_s": total / jobs, "jobs": jobs, "seconds_per_gmac": rate * 1e9}
+
+
+def budgets_json(reference: PathLike, jobs: int = 2) -> Dict[str, Any]:
+    """Both budgets' estimates (docs/reproduction/budgets.json: ``python -m vitkit.reproduce.estimate``)."""
+    return {"reference": str(REFERENCE), "jobs": jobs,
+            "budgets": {name: {k: (float(f"{v:.4g}") if isinstance(v, float) else v)
+                               for k, v in estimate(name, reference, jobs).items()} for name in ("quick", "full")}}
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(json.dumps(budgets_json(sys.argv[1] if len(sys.argv) > 1 else REFERENCE), indent=1))
