@@ -233,3 +233,49 @@ def test_budget_costs_estimated_from_the_committed_report():
         per_run[arm.name] += k
     assert set(per_run.values()) == {len(b.seeds), len(b.sweep_seeds)}
     assert per_run["vit@lr1e-3"] == len(b.seeds) and per_run["vit@lr4e-3"] == len(b.sweep_seeds)
+
+
+def test_two_names_of_one_run_are_not_two_arms_and_missing_seeds_are_said():
+    from vitkit.reproduce import get_budget
+    from vitkit.reproduce import report as rep
+    from vitkit.reproduce.claims import Arm, Claim, Test, diff
+
+    arms = {n: Arm(name=n, model={}) for n in ("a", "b", "c")}
+    claim = Claim(id=99, title="t", paper="p", setup="s", arms=("a", "b", "c"),
+                  tests=(Test(text="a beats b", weights=diff("a", "b")), Test(text="a beats c", weights=diff("a", "c"))))
+    ms = {"r": [{"seed": s, "test_top1": 0.8 + 0.01 * s, "params": 1, "macs": 1} for s in (0, 1, 2)],
+          "rc": [{"seed": s, "test_top1": 0.7 + 0.012 * s, "params": 1, "macs": 1} for s in (0, 1)]}
+    budget = get_budget("quick").with_(seeds=(0, 1, 2))
+    from vitkit.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"missing seeds c: \[2\]: train them, or pass --allow-missing-seeds"):
+        rep.build([claim], arms, {"a": "r", "b": "r", "c": "rc"}, ms, budget)
+    out = rep.build([claim], arms, {"a": "r", "b": "r", "c": "rc"}, ms, budget, allow_missing_seeds=True)
+    t_ab, t_ac = out["claims"][0]["tests"]
+    assert "same run" in t_ab["error"] and t_ab["verdict"] == S.UNDERPOWERED
+    assert t_ac["design"] == "welch" and t_ac["missing_seeds"] == {"c": [2]}
+    assert out["missing_seeds"] == {"c": [2]}
+
+
+def test_late_gain_says_whether_a_run_was_still_improving():
+    from vitkit.reproduce.measure import late_gain
+
+    rising = [[e, 0.5 + 0.03 * e] for e in range(1, 13)]
+    flat = [[e, min(0.8, 0.5 + 0.1 * e)] for e in range(1, 13)]
+    assert late_gain(rising) == pytest.approx(0.03 * 12 - 0.03 * 9)
+    assert late_gain(flat) == pytest.approx(0.0) and late_gain(flat[:3]) is None
+
+
+def test_a_run_resumed_by_other_code_reads_as_a_mix(tmp_path, monkeypatch):
+    import json
+
+    from vitkit.reproduce import measure
+    folder = tmp_path / "run"
+    monkeypatch.setattr(measure, "code_version", lambda: {"commit": "a" * 40, "dirty": False, "version": "0.1.0"})
+    measure.record_provenance(folder)
+    measure.record_provenance(folder)  # resumed by the same code: nothing to add
+    prov = json.loads((folder / measure.PROVENANCE).read_text())
+    assert "resumed_with" not in prov and measure.code_id(measure.run_code(prov)) == "a" * 12
+    monkeypatch.setattr(measure, "code_version", lambda: {"commit": "b" * 40, "dirty": True, "version": "0.1.0"})
+    measure.record_provenance(folder)
+    prov = json.loads((folder / measure.PROVENANCE).read_text())
+    assert measure.code_id(measure.run_code(prov)) == f"{'a' * 12} then {'b' * 12}+dirty"

@@ -14,9 +14,9 @@ def register(sub) -> None:
                        description=f"The claims: {listing}.")
     p.add_argument("--claims", default=None, metavar="1,2,...", help="claims to test (default: all ten)")
     p.add_argument("--budget", choices=["quick", "full"], default="quick",
-                   help="quick: 2 seeds, short runs, a smoke test of the set-up (about half an hour with --jobs 2 "
-                        "on 2 cores); full: 5 seeds and a learning-rate sweep, the real report (many hours; resumable); "
-                        "docs/reproduction/README.md gives the measured costs")
+                   help="quick: 2 seeds, short runs, a smoke test of the set-up; full: 5 seeds and a learning-rate "
+                        "sweep per architecture, the real report (many hours; resumable). docs/reproduction/README.md "
+                        "gives each budget's estimated cost")
     p.add_argument("--out", "-o", required=True, help="folder for the run folders and the report")
     p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
                    help="train N runs at once, each in its own process with 1/N of the CPU cores (default 1); "

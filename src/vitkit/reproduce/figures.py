@@ -113,3 +113,23 @@ def _bars(ax, rec, report, metric, scale) -> bool:
         lo, hi = min(scale * s["mean"] for _, s in rows), max(scale * s["mean"] for _, s in rows)
         ax.set_ylim(max(0.0, lo - max(2.0, 0.5 * (hi - lo))), min(100.0, hi + max(1.0, 0.3 * (hi - lo))))
     return True
+
+
+def curves_figure(report: Dict[str, Any], path: Path) -> Optional[Path]:
+    """The validation curve of every arm that has one (seed 0), one panel: do the arms stop improving?"""
+    from ..analysis.plots import _mpl, save_figure
+
+    rows = [(arm, c[min(c, key=int)]) for arm, c in sorted(report.get("curves", {}).items()) if c]
+    if not rows:
+        return None
+    _, Figure = _mpl()
+    fig = Figure(figsize=(7.2, 4.2))
+    ax = fig.add_subplot(1, 1, 1)
+    for i, (arm, curve) in enumerate(rows):
+        ax.plot([e for e, _ in curve], [100 * a for _, a in curve], lw=1, color=f"C{i % 10}",
+                ls="-" if i < 10 else "--", label=arm)
+    ax.set(xlabel="epoch", ylabel="validation top-1 (%)", title="Validation curves (first seed)")
+    ax.legend(fontsize=5, ncol=3)
+    ax.grid(alpha=0.3)
+    save_figure(fig, path)
+    return path

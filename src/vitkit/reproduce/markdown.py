@@ -7,7 +7,7 @@ from . import stats
 from .claims import METRIC_LABELS, SPEED
 from .report import PERCENT
 
-SHOWN = ("test_top1", "val_top1", "fewshot_5", "fewshot_10", SPEED)
+SHOWN = ("test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain", SPEED)
 
 
 def _num(v: Optional[float], metric: str, sign: bool = False) -> str:
@@ -47,6 +47,8 @@ def compute_line(c: Optional[Dict[str, Any]]) -> str:
     codes = c.get("code_versions") or {}
     if codes:
         line += " Code: " + "; ".join(f"{k} ({n} runs)" for k, n in codes.items()) + "."
+    if c.get("backends"):
+        line += " Kernels: " + "; ".join(f"{k} ({n} runs)" for k, n in c["backends"].items()) + "."
     return line
 
 
@@ -57,7 +59,11 @@ def _head(report: Dict[str, Any]) -> List[str]:
              f"Budget: **{report['budget']}**: {report['budget_note']}.  ", compute_line(report.get("compute")), "",
              f"Data: {report['data']}. The validation split ({report['validation']}) chooses everything that is "
              "chosen (learning rates, claim 2's read-out rates, raw or EMA weights) and is what the probes read; "
-             "the test split is read once per final model, by the trainer, with the exported weights.", "",
+             "the test split is read once per final model, by the trainer, with the exported weights. "
+             "'Validation gain in the last quarter' (where shown) is the validation accuracy at the end of a run "
+             "minus the best before its last quarter: clearly above zero, the arm was still improving when its "
+             "schedule ended." + (f" Every curve: [{report['curves_file']}]({report['curves_file']})."
+                                  if report.get("curves_file") else ""), "",
              f"**Verdict rule.** {report['rule']} Margins (the smallest difference that matters): accuracies "
              f"{100 * m['test_top1']:g} point; attention-distance ratios {m['l0_min_rel']:g}; distances "
              f"{m['dist_growth']:g} px; position-embedding similarity {m['posemb_rowcol']:g}; speed: none. "

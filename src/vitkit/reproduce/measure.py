@@ -47,16 +47,32 @@ def code_id(code: Optional[Dict[str, Any]]) -> str:
         return "unrecorded"
     if code.get("commit"):
         return code["commit"][:12] + ("+dirty" if code.get("dirty") else "")
-    return f"vitkit {code.get('version')}"
+    return str(code.get("version")) if " then " in str(code.get("version")) else f"vitkit {code.get('version')}"
 
 
 def record_provenance(folder: Path) -> None:
-    """Written when a run starts (kept when it resumes): the code version and the machine."""
+    """Written when a run starts: the code version and the machine. A run resumed by other code or on
+    another machine adds them to ``resumed_with``, and its code then reads as a mix (:func:`code_id`)."""
     from ..bench.machine import hardware
 
-    if not (folder / PROVENANCE).is_file():
+    path = folder / PROVENANCE
+    now = {"code": code_version(), "machine": hardware()}
+    if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(folder / PROVENANCE, {"code": code_version(), "machine": hardware()})
+        write_json_atomic(path, now)
+        return
+    prov = json.loads(path.read_text())
+    if now != {k: prov.get(k) for k in now} and now not in prov.get("resumed_with", []):
+        prov["resumed_with"] = prov.get("resumed_with", []) + [now]
+        write_json_atomic(path, prov)
+
+
+def run_code(prov: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The code a run was trained with: one version, or (resumed by other code) a version named by all."""
+    codes = [prov.get("code")] + [r["code"] for r in prov.get("resumed_with", []) if r.get("code") != prov.get("code")]
+    if len(codes) == 1:
+        return codes[0]
+    return {"commit": None, "version": " then ".join(code_id(c) for c in codes)}
 
 
 @functools.lru_cache(maxsize=4)
@@ -94,6 +110,16 @@ def learning_curve(folder: Path) -> List[List[float]]:
             and r.get("top1") is not None and not r.get("final")]
 
 
+def late_gain(curve: Sequence[Sequence[float]]) -> Optional[float]:
+    """Validation top-1 at the end minus the best before the last quarter of the run: clearly above 0, the
+    run was still improving when its schedule ended."""
+    if len(curve) < 4:
+        return None
+    end = curve[-1][0]
+    before = [acc for ep, acc in curve if ep <= 0.75 * end]
+    return float(curve[-1][1] - max(before)) if before else None
+
+
 def train_speed(folder: Path) -> Optional[float]:
     """Median training images per second over the run's metric lines (the first one, warm-up, left out)."""
     from ..train.runlog import read_metrics
@@ -121,7 +147,8 @@ def measure(arm: Arm, seed: int, budget: Budget, folder: Path, probe_recipe=None
     seen = int(res.get("steps") or 0) * int(recipe.optim.batch_size)
     m: Dict[str, Any] = {"arm": arm.name, "seed": seed, "params": c.params, "macs": c.macs,
                          "train_macs": 3 * c.macs * seen, "lr": recipe.optim.lr, "train_s": res.get("trained_s"),
-                         "code": prov.get("code"), "machine": prov.get("machine")}
+                         "code": run_code(prov) if prov else None, "machine": prov.get("machine"),
+                         "backend": recipe.train.backend}  # the kernels the run resolved (recipe.yaml)
     if arm.kind == "init":
         _, val = validation_split(recipe)
         m.update(inside(model, val, budget.analysis_images))
@@ -130,6 +157,7 @@ def measure(arm: Arm, seed: int, budget: Budget, folder: Path, probe_recipe=None
         m["test_top1"] = res.get("test_top1")
         m["val_top1"] = validation_top1(folder)
         m["curve"] = learning_curve(folder)
+        m["late_gain"] = late_gain(m["curve"])
         train_part, val = validation_split(probe_recipe or recipe)
         m.update(fewshot(model, train_part, val, budget))
         if arm.analysis:

@@ -14,9 +14,9 @@ from .budget import Budget
 from .claims import SPEED, Arm, Claim
 from .measure import code_id
 
-PER_SEED = ("test_top1", "val_top1", "fewshot_5", "fewshot_10", "train_macs", "lr", "l0_mean_dist", "l0_max_rel",
+PER_SEED = ("test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain", "train_macs", "lr", "l0_mean_dist", "l0_max_rel",
             "l0_min_rel", "l0_spread_rel", "dist_growth", "posemb_rowcol")
-PERCENT = {"test_top1", "val_top1", "fewshot_5", "fewshot_10"}
+PERCENT = {"test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain"}
 # the smallest difference that matters, per metric (stated in the report)
 MARGINS = {"test_top1": 0.01, "val_top1": 0.01, "fewshot_5": 0.01, "fewshot_10": 0.01, "l0_min_rel": 0.1,
            "l0_spread_rel": 0.1, "dist_growth": 1.0, "l0_mean_dist": 1.0, "posemb_rowcol": 0.05, SPEED: None}
@@ -79,6 +79,10 @@ def build(claims: Sequence[Claim], arms: Dict[str, Arm], alias: Dict[str, str],
         for t in c.tests:
             try:
                 weights = [(n if isinstance(n, str) else n.resolve(groups, val), w) for n, w in t.weights]
+                shared = [a for i, (a, _) in enumerate(weights) if alias.get(a, a) in
+                          {alias.get(b, b) for b, _ in weights[:i]}]
+                if shared:  # two names of one run are not two arms
+                    raise ValueError(f"{', '.join(shared)} is the same run as another arm of this comparison")
             except ValueError as err:
                 rec["tests"].append({"text": t.text, "kind": "contrast", "error": str(err)})
                 continue
@@ -166,12 +170,14 @@ def compute(measures: Dict[str, List[Dict[str, Any]]], *, wall_s: float, runs: D
     ms = [m for v in measures.values() for m in v]
     machines = Counter(m.get("machine") or "" for m in ms)  # "": measured before the machine was recorded
     codes = Counter(code_id(m.get("code")) for m in ms)
+    backends = Counter(m.get("backend") or "unrecorded" for m in ms)
     per_run: Dict[str, Dict[str, float]] = {}
     for run, v in measures.items():
         per_run[run] = {str(m["seed"]): float(m.get("train_s") or 0.0) for m in v}
     return {"runs": len(ms), "train_s_total": sum(float(m.get("train_s") or 0.0) for m in ms),
             "train_s": per_run, "machines": dict(sorted(machines.items(), key=lambda kv: (-kv[1], kv[0]))),
             "code_versions": dict(sorted(codes.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "backends": dict(sorted(backends.items(), key=lambda kv: (-kv[1], kv[0]))),
             "wall_s": float(wall_s), "jobs": int(jobs), "this_invocation": {k: int(v) for k, v in sorted(runs.items())},
             "complete": bool(ms) and runs.get("training", 0) == len(ms)}
 
@@ -186,11 +192,12 @@ def _mean_matrix(mats: List[Optional[list]]) -> Optional[list]:
 
 
 def write(report: Dict[str, Any], out: PathLike, claims: Sequence[Claim] = ()) -> Path:
-    from .figures import figure
+    from .figures import curves_figure, figure
     from .markdown import markdown
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    report["curves_file"] = curves_figure(report, out / "curves.png") and "curves.png"
     figs: Dict[int, str] = {}
     for rec in report["claims"]:
         path = figure(rec, report, out / f"claim{rec['id']}.png")

@@ -186,6 +186,9 @@ def _check_same_recipe(out: Path, recipe, root: Path) -> None:
     saved, now = yaml.safe_load((out / "recipe.yaml").read_text()), yaml.safe_load(recipe.to_yaml())
     for d in (saved, now):  # the MPP trainer records its head-less model (num_classes 0) itself
         d["model"].pop("num_classes", None)
+    if (now.get("train") or {}).get("backend") is None:  # auto: the run records what it resolved to
+        for d in (saved, now):
+            (d.get("train") or {}).pop("backend", None)
     # paths inside OUT (a fine-tune's parent, a class subset): the same run whatever OUT is called now
     for section, key in (("init", "checkpoint"), ("data", "dataset")):
         a, b = (saved.get(section) or {}).get(key), (now.get(section) or {}).get(key)
