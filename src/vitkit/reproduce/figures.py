@@ -126,9 +126,11 @@ def curves_figure(report: Dict[str, Any], path: Path) -> Optional[Path]:
     fig = Figure(figsize=(7.2, 4.2))
     ax = fig.add_subplot(1, 1, 1)
     for i, (arm, curve) in enumerate(rows):
-        ax.plot([e for e, _ in curve], [100 * a for _, a in curve], lw=1, color=f"C{i % 10}",
-                ls="-" if i < 10 else "--", label=arm)
-    ax.set(xlabel="epoch", ylabel="validation top-1 (%)", title="Validation curves (first seed)")
+        end = curve[-1][0] or 1.0
+        ax.plot([e / end for e, _ in curve], [100 * a for _, a in curve], lw=1, color=f"C{i % 10}",
+                ls=("-", "--", ":")[i // 10 % 3], label=arm)
+    ax.set(xlabel="share of the run's schedule", ylabel="validation top-1 (%)",
+           title="Validation curves (first seed)")
     ax.legend(fontsize=5, ncol=3)
     ax.grid(alpha=0.3)
     save_figure(fig, path)

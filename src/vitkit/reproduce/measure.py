@@ -101,13 +101,15 @@ def validation_top1(folder: Path) -> Optional[float]:
 
 
 def learning_curve(folder: Path) -> List[List[float]]:
-    """[epoch, validation top-1 of the raw weights] after every evaluation of the run."""
+    """[epoch, validation top-1 of the raw weights] after every evaluation of the run, the final one included
+    (one value per epoch)."""
     from ..train.runlog import read_metrics
 
     path = folder / "metrics.jsonl"
     rows = read_metrics(path) if path.is_file() else []
-    return [[r["epoch"], r["top1"]] for r in rows if r.get("kind") == "eval" and r.get("split") == "val"
-            and r.get("top1") is not None and not r.get("final")]
+    by_epoch = {r["epoch"]: r["top1"] for r in rows
+                if r.get("kind") == "eval" and r.get("split") == "val" and r.get("top1") is not None}
+    return [[e, a] for e, a in sorted(by_epoch.items())]
 
 
 def late_gain(curve: Sequence[Sequence[float]]) -> Optional[float]:
@@ -150,6 +152,7 @@ def measure(arm: Arm, seed: int, budget: Budget, folder: Path, probe_recipe=None
                          "code": run_code(prov) if prov else None, "machine": prov.get("machine"),
                          "backend": recipe.train.backend}  # the kernels the run resolved (recipe.yaml)
     if arm.kind == "init":
+        m["backend"] = "untrained"
         _, val = validation_split(recipe)
         m.update(inside(model, val, budget.analysis_images))
     elif arm.kind == "train":
