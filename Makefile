@@ -11,7 +11,7 @@ PEERS_LOCK ?= requirements/peers.txt
 PEERS_MB ?= 5300
 PYTEST_ARGS ?=
 
-.PHONY: venv venv-test data browser demo analysis-figures test test-fast test-peers test-reproduce-extra peers clean
+.PHONY: venv venv-test lint data browser demo analysis-figures test test-fast test-peers test-reproduce-extra peers clean
 FMNIST ?= /usr/share/datasets/fashion-mnist
 
 # The demo needs only the core and matplotlib (about a minute to install); the tests add their extras
@@ -28,6 +28,9 @@ $(VENV)/.installed-test: $(VENV)/.installed
 
 venv: $(VENV)/.installed
 venv-test: $(VENV)/.installed-test
+
+lint: venv-test
+	$(BIN)/ruff check src tests benchmarks
 
 # Fashion-MNIST from Debian's package when it is missing and we are root; fails (with how to get it) when it
 # cannot provide the data, so the tests that need it never skip for want of it.
@@ -67,14 +70,15 @@ demo: venv data
 analysis-figures: venv-test data
 	PATH=$(abspath $(BIN)):$$PATH bash docs/figures/analysis/make_figures.sh $(DEMO_OUT)/model
 
-# The whole suite: the core tests in the main environment (with $$VITKIT_BACKEND unset: every choice auto),
-# then the tests whose numbers or graphs depend on the kernels once per fixed backend (so a machine kind whose
-# measurement picks the other library is covered here too), then the comparisons with timm, torchvision and
-# Hugging Face (marked `peers`) in the peers environment. -rs prints every skip with its reason.
+# The whole suite: the linter (rules in pyproject.toml, [tool.ruff]), the core tests in the main environment
+# (with $$VITKIT_BACKEND unset: every choice auto), then the tests whose numbers or graphs depend on the kernels
+# once per fixed backend (so a machine kind whose measurement picks the other library is covered here too),
+# then the comparisons with timm, torchvision and Hugging Face (marked `peers`) in the peers environment.
+# -rs prints every skip with its reason.
 BACKEND_TESTS ?= tests/test_backend.py tests/test_inference.py tests/test_export.py tests/test_axial.py \
 	tests/test_config.py tests/test_model.py
 FIXED_BACKENDS ?= gemm=aten,attention=fused gemm=onednn,attention=explicit
-test: venv-test peers data browser
+test: venv-test peers data browser lint
 	env -u VITKIT_BACKEND $(BIN)/python -m pytest -q -rs -m "not peers" $(PYTEST_ARGS)
 	for b in $(FIXED_BACKENDS); do echo "== VITKIT_BACKEND=$$b"; \
 	  VITKIT_BACKEND=$$b $(BIN)/python -m pytest -q -m "not peers and not slow" -p no:cacheprovider \
@@ -98,7 +102,7 @@ test-reproduce-extra: $(REPRO)/.installed
 	  tests/test_reproduce.py::test_reproduce_end_to_end_tiny tests/test_reproduce.py::test_the_extra_is_checked_first
 
 # The core tests only (no peers environment to build), without those marked slow.
-test-fast: venv-test data browser
+test-fast: venv-test data browser lint
 	$(BIN)/python -m pytest -q -rs -m "not slow and not peers" $(PYTEST_ARGS)
 
 # timm and torchvision need a torch build that torchvision matches (torch 2.14.1, a CUDA build that runs on

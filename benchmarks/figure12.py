@@ -21,8 +21,8 @@ def main() -> None:
     if args.quick:
         args.img_size, args.repeats = [64, 224], 2
     what = ["inference"] + (["memory"] if args.memory else [])
-    run(what, args.models, args, options(args, roofline=False), out_folder(args, "figure12"), img_sizes=args.img_size, batches=args.batch,
-        memory_batches=args.batch, dtypes=args.dtype)
+    run(what, args.models, args, options(args, roofline=False), out_folder(args, "figure12"), img_sizes=args.img_size,
+        batches=args.batch, memory_batches=args.batch, dtypes=args.dtype)
 
 
 if __name__ == "__main__":

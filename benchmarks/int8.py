@@ -78,7 +78,8 @@ def main() -> None:
         for kind, q in (("ort_fp32", None), ("ort_int8", "int8")):
             a, p, _ = accuracy(OrtModel(load_model(Path(args.checkpoint)), quantize=q), images, labels)
             acc[kind], acc[kind + "_top1_agreement"] = a, (p32 == p).float().mean().item()
-            print(f"  ONNX Runtime {kind[4:]}: {a:.2%} (top-1 agreement with vitkit fp32 {acc[kind + '_top1_agreement']:.2%})")
+            agree = acc[kind + "_top1_agreement"]
+            print(f"  ONNX Runtime {kind[4:]}: {a:.2%} (top-1 agreement with vitkit fp32 {agree:.2%})")
 
     label, cfg = model_config(args.speed_model)
     base = build_model(cfg)

@@ -26,11 +26,16 @@ from typing import Dict, List
 
 LIBRARY_PEERS = ("timm", "HF", "torchvision")
 TARGETS = [
-    dict(kind="inference", model="B/16", dtype="fp32", need=1.10, vs=LIBRARY_PEERS, label="B/16 inference fp32 vs best library"),
-    dict(kind="inference", model="B/16", dtype="bf16", need=1.10, vs=LIBRARY_PEERS, label="B/16 inference bf16 vs best library"),
-    dict(kind="inference", model="B/16", dtype="fp32", need=1.10, vs=("ORT",), label="B/16 inference fp32 vs ONNX Runtime"),
-    dict(kind="inference", model="B/16", dtype="fp32", need=0.90, what="roofline", label="B/16 inference fp32 roofline"),
-    dict(kind="inference", model="B/16", dtype="bf16", need=0.90, what="roofline", label="B/16 inference bf16 roofline"),
+    dict(kind="inference", model="B/16", dtype="fp32", need=1.10, vs=LIBRARY_PEERS,
+         label="B/16 inference fp32 vs best library"),
+    dict(kind="inference", model="B/16", dtype="bf16", need=1.10, vs=LIBRARY_PEERS,
+         label="B/16 inference bf16 vs best library"),
+    dict(kind="inference", model="B/16", dtype="fp32", need=1.10, vs=("ORT",),
+         label="B/16 inference fp32 vs ONNX Runtime"),
+    dict(kind="inference", model="B/16", dtype="fp32", need=0.90, what="roofline",
+         label="B/16 inference fp32 roofline"),
+    dict(kind="inference", model="B/16", dtype="bf16", need=0.90, what="roofline",
+         label="B/16 inference bf16 roofline"),
     dict(kind="inference", model="B/16", dtype="fp32", need=0.85, vs=("OpenVINO",),
          label="B/16 inference fp32 vs OpenVINO"),
     dict(kind="inference", model="B/16", dtype="bf16", need=0.85, vs=("OpenVINO",),

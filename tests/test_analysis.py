@@ -169,7 +169,8 @@ def test_rollout_any_resolution_and_patch_shape():
         # rolled out again in float64 numpy from the model's attention: ((A + I) / 2) per layer, last layer
         # first in the product, the class token's row over the patches, row-major on the (rows, cols) grid
         with torch.no_grad():
-            att = [a.double().mean(1).numpy() for a in model.forward_intermediates(x, return_attention=True)["attention"]]
+            maps = model.forward_intermediates(x, return_attention=True)["attention"]
+            att = [a.double().mean(1).numpy() for a in maps]
         roll = np.broadcast_to(np.eye(1 + gh * gw), att[0].shape)
         for a in att:
             roll = ((a + np.eye(a.shape[-1])) / 2) @ roll
@@ -355,13 +356,14 @@ def test_analyze_writes_figures_and_json(tmp_path):
 def test_plots_need_matplotlib(monkeypatch, tmp_path):
     import sys
 
-    from vitkit.analysis.plots import MissingDependencyError, plot_attention_distance
+    from vitkit.analysis.plots import plot_attention_distance
+    from vitkit.errors import MissingDependency
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-    with pytest.raises(MissingDependencyError, match=r"pip install 'vitkit\[plots\]'"):
+    with pytest.raises(MissingDependency, match=r"pip install 'vitkit\[plots\]'"):
         plot_attention_distance(torch.zeros(2, 2), tmp_path / "x.png")
     cfg = ViTConfig(img_size=8, patch_size=4, width=16, depth=1, num_heads=2, mlp_dim=16)
-    with pytest.raises(RuntimeError, match="matplotlib"):  # the CLI turns this into one clean error line
+    with pytest.raises(MissingDependency, match="matplotlib"):  # the CLI turns this into one clean error line
         analyze(VisionTransformer(cfg), torch.randn(1, 3, 8, 8), tmp_path)
     assert not list(tmp_path.iterdir())  # failed before doing any work
     analyze(VisionTransformer(cfg), torch.randn(1, 3, 8, 8), tmp_path, plots=False, progress=False)

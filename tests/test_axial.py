@@ -60,8 +60,9 @@ def test_axial_parameters_and_macs_by_hand():
     assert cost(cfg).macs == hand_macs
     m = VisionTransformer(cfg).eval()
     with FlopCounterMode(display=False) as fc, use_backend(gemm="onednn", attention="explicit"):
-        m(torch.randn(1, 1, 8, 12))  # the explicit attention path: torch counts its products, not the CPU kernel's; oneDNN declared but
+        # the explicit attention path: torch counts its products, not the CPU kernel's; oneDNN declared but
         # the counter gets ATen's GEMMs
+        m(torch.randn(1, 1, 8, 12))
     assert fc.get_total_flops() == 2 * hand_macs
     glob = cfg.replace(attention="global")  # one block per layer, every token attends to all 6
     assert param_count(glob) == 136 + 48 + 600 + 16 + 27

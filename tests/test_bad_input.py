@@ -58,7 +58,7 @@ class _RunsCode:
 
 
 @pytest.fixture(scope="module")
-def c(tmp_path_factory):
+def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("corpus")
     ns = SimpleNamespace(d=d)
     model = vitkit.create_model("Ti/16", img_size=32, depth=1, num_classes=4)
@@ -225,6 +225,22 @@ CASES = {
                         ["learning_rate"]),
     "set-without-value": (lambda c: ["recipes", "fmnist-fast", "--set", "lr"], 2, ["key=value"]),
     "negative-lr": (lambda c: ["recipes", "fmnist-fast", "--set", "lr=-1"], 1, ["optim.lr"]),
+    # out-of-range overrides fail before any work starts (no run folder is made)
+    "set-batch-size-0": (lambda c: ["recipes", "fmnist-fast", "--set", "optim.batch_size=0"], 1,
+                         ["optim.batch_size", "got 0", "a positive number"]),
+    "set-steps-0": (lambda c: ["recipes", "fmnist-fast", "--set", "schedule.steps=0"], 1, ["schedule.steps"]),
+    "set-depth-0": (lambda c: ["recipes", "fmnist-fast", "--set", "model.depth=0"], 1, ["depth", "positive"]),
+    "set-ema-1": (lambda c: ["recipes", "fmnist-fast", "--set", "train.ema=1"], 1, ["train.ema", "[0, 1)"]),
+    "set-std-0": (lambda c: ["recipes", "fmnist-fast", "--set", "data.std=[0]"], 1, ["data.std"]),
+    "train-eval-batch-0": (lambda c: ["train", "-r", c.recipe, "--set", "data.eval_batch_size=0", "--out",
+                                      c.d / "run-x"], 1, ["data.eval_batch_size"]),
+    "train-log-every-0": (lambda c: ["train", "-r", c.recipe, "--set", "train.log_every=0", "--out",
+                                     c.d / "run-x"], 1, ["train.log_every"]),
+    "train-infinite-epochs": (lambda c: ["train", "-r", c.recipe, "--epochs", "inf", "--out", c.d / "run-x"], 2,
+                              ["--epochs"]),
+    "train-nan-lr": (lambda c: ["train", "-r", c.recipe, "--lr", "nan", "--out", c.d / "run-x"], 2, ["--lr"]),
+    "eval-negative-workers": (lambda c: ["eval", c.model, "--data", f"tensors:{c.npz}", "--workers", "-1"], 2,
+                              ["--workers"]),
     "unknown-recipe": (lambda c: ["recipes", "fmnist-fastest"], 1, ["fmnist-fastest"]),
     "recipe-invalid-yaml": (lambda c: ["recipes", c.bad_yaml], 1, ["bad.yaml", "YAML"]),
     "recipe-missing-file": (lambda c: ["recipes", c.d / "missing.yaml"], 1, ["missing.yaml", "not found"]),
@@ -271,32 +287,32 @@ NO_OUTPUT = {"convert-wrong-shape-to-hf": ["ws-hf"], "convert-wrong-shape-to-tim
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_bad_input_ends_in_one_line(c, capsys, name):
+def test_bad_input_ends_in_one_line(corpus, capsys, name):
     argv, expected_code, fragments = CASES[name]
-    code, out, err = run(capsys, argv(c))
+    code, out, err = run(capsys, argv(corpus))
     if expected_code == 2:  # argparse or vitkit's usage errors: exit 2, a message, no traceback
         assert code == 2 and "Traceback" not in err and "error:" in err, err
         line = err
     else:
-        line = assert_one_line_error(err, argv(c)[0], code)
+        line = assert_one_line_error(err, argv(corpus)[0], code)
     for frag in fragments:
         assert frag in line, (frag, line)
     for rel in NO_OUTPUT.get(name, []) + ["run-x"]:
-        assert not (c.d / rel).exists(), rel
-    assert not list(c.d.glob(".*.tmp")), "temporary files left behind"
+        assert not (corpus.d / rel).exists(), rel
+    assert not list(corpus.d.glob(".*.tmp")), "temporary files left behind"
 
 
-def test_corrupt_pickle_is_not_called_hostile(c, capsys):
-    _, _, err = run(capsys, ["inspect", c.corrupt_pickle])
+def test_corrupt_pickle_is_not_called_hostile(corpus, capsys):
+    _, _, err = run(capsys, ["inspect", corpus.corrupt_pickle])
     assert "corrupt" in err and "execute code" not in err and "refused" not in err
 
 
 # --- many files: report each, skip it, go on, say so in the exit code ---------------------------------------
-def test_predict_skips_every_kind_of_bad_file_and_exits_3(c, capsys):
-    bad = [c.corrupt_img, c.truncated_img, c.zero_img, c.bomb, c.d / "missing.png", c.empty_dir, c.loop,
-           c.dir_named_png]
-    code, out, err = run(capsys, ["predict", c.good, *bad, c.odd_exif, c.bad_orientation, "-w", c.model,
-                                  "--no-progress", "--json"])
+def test_predict_skips_every_kind_of_bad_file_and_exits_3(corpus, capsys):
+    bad = [corpus.corrupt_img, corpus.truncated_img, corpus.zero_img, corpus.bomb, corpus.d / "missing.png",
+           corpus.empty_dir, corpus.loop, corpus.dir_named_png]
+    code, out, err = run(capsys, ["predict", corpus.good, *bad, corpus.odd_exif, corpus.bad_orientation,
+                                  "-w", corpus.model, "--no-progress", "--json"])
     assert code == 3 and "Traceback" not in err
     skipped = [ln for ln in err.splitlines() if "vitkit predict: skipped" in ln]
     assert len(skipped) == len(bad), err
@@ -305,63 +321,114 @@ def test_predict_skips_every_kind_of_bad_file_and_exits_3(c, capsys):
     assert any("implausibly large" in ln for ln in skipped if "bomb.png" in ln)
     rows = [json.loads(ln) for ln in out.splitlines()]
     classified = [r["path"] for r in rows if "top" in r]
-    assert classified == [str(c.good), str(c.odd_exif), str(c.bad_orientation)]  # odd EXIF is not an error
+    # odd EXIF is not an error
+    assert classified == [str(corpus.good), str(corpus.odd_exif), str(corpus.bad_orientation)]
     assert "classified 3 of 11 images, 8 skipped" in err
 
 
-def test_predict_with_nothing_usable_exits_1(c, capsys):
-    code, _, err = run(capsys, ["predict", c.d / "missing.png", c.empty_dir, "-w", c.model, "--no-progress"])
+def test_predict_with_nothing_usable_exits_1(corpus, capsys):
+    code, _, err = run(capsys, ["predict", corpus.d / "missing.png", corpus.empty_dir, "-w", corpus.model,
+                                "--no-progress"])
     assert code == 1 and "Traceback" not in err and err.count("skipped") >= 2
 
 
-def test_predict_non_finite_weights_warn_and_outputs_are_refused(c, capsys):
-    code, out, err = run(capsys, ["predict", c.good, "-w", c.nan, "--no-progress"])
+def test_predict_non_finite_weights_warn_and_outputs_are_refused(corpus, capsys):
+    code, out, err = run(capsys, ["predict", corpus.good, "-w", corpus.nan, "--no-progress"])
     assert code == 1 and "Traceback" not in err
     assert "warning:" in err and "non-finite weights" in err and "blocks.0.mlp.fc1.weight" in err
     assert "not finite" in err and "nan%" not in out.lower()
 
 
-def test_analyze_skips_a_bad_image_like_predict(c, capsys):
-    out_dir = c.d / "analysis"
-    code, _, err = run(capsys, ["analyze", c.model, c.good, c.corrupt_img, c.d / "missing.png", "--out", out_dir,
-                                "--filters", "4"])
+def test_analyze_skips_a_bad_image_like_predict(corpus, capsys):
+    out_dir = corpus.d / "analysis"
+    code, _, err = run(capsys, ["analyze", corpus.model, corpus.good, corpus.corrupt_img, corpus.d / "missing.png",
+                                "--out", out_dir, "--filters", "4"])
     assert code == 3 and "Traceback" not in err, err
     assert err.count("vitkit analyze: skipped") == 2 and (out_dir / "summary.json").is_file()
 
 
-def test_eval_over_a_folder_skips_unreadable_images_and_exits_3(c, capsys, tmp_path):
+def test_eval_over_a_folder_skips_unreadable_images_and_exits_3(corpus, capsys, tmp_path):
     folder = tmp_path / "folder"
     for cls in ("a", "b"):
         (folder / cls).mkdir(parents=True)
         for i in range(3):
-            shutil.copy(c.good, folder / cls / f"{i}.png")
-    shutil.copy(c.corrupt_img, folder / "a" / "broken.png")
-    shutil.copy(c.truncated_img, folder / "b" / "cut.png")
-    code, out, err = run(capsys, ["eval", c.model, "--data", f"folder:{folder}", "--split", "train", "--json"])
+            shutil.copy(corpus.good, folder / cls / f"{i}.png")
+    shutil.copy(corpus.corrupt_img, folder / "a" / "broken.png")
+    shutil.copy(corpus.truncated_img, folder / "b" / "cut.png")
+    code, out, err = run(capsys, ["eval", corpus.model, "--data", f"folder:{folder}", "--split", "train", "--json"])
     assert code == 3 and "Traceback" not in err, err
     assert err.count("vitkit eval: skipped") == 2 and "broken.png" in err and "cut.png" in err
     assert json.loads(out)["n"] == 6 and "evaluated 6 of 8 images, 2 skipped" in err
     for cls in ("a", "b"):
         for i in range(3):
             (folder / cls / f"{i}.png").unlink()
-    code, _, err = run(capsys, ["eval", c.model, "--data", f"folder:{folder}", "--split", "train"])
+    code, _, err = run(capsys, ["eval", corpus.model, "--data", f"folder:{folder}", "--split", "train"])
     assert code == 1 and "Traceback" not in err and err.count("vitkit eval: skipped") == 2
 
 
-def test_non_utf8_file_names_print(c, tmp_path):
+def test_non_utf8_file_names_print(corpus, tmp_path):
     folder = tmp_path / "names"
     folder.mkdir()
     name = os.fsencode(folder) + b"/caf\xe9-\xff.png"  # Latin-1 bytes: not valid UTF-8
     with open(name, "wb") as f:
-        f.write(c.good.read_bytes())
-    r = subprocess.run([sys.executable, "-m", "vitkit", "predict", str(folder), "-w", str(c.model), "--no-progress",
-                        "--topk", "1"], capture_output=True, env=ENV, timeout=120)
+        f.write(corpus.good.read_bytes())
+    r = subprocess.run([sys.executable, "-m", "vitkit", "predict", str(folder), "-w", str(corpus.model),
+                        "--no-progress", "--topk", "1"], capture_output=True, env=ENV, timeout=120)
     assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr
     assert b"caf" in r.stdout and b"1." in r.stdout
 
 
+def test_a_recipe_file_with_an_infinite_rate_fails_before_training(corpus, capsys, tmp_path):
+    bad = tmp_path / "inf.yaml"
+    bad.write_text(corpus.recipe.read_text().replace("lr: 5.0e-3", "lr: .inf"))
+    code, _, err = run(capsys, ["train", "-r", bad, "--out", tmp_path / "run"])
+    line = assert_one_line_error(err, "train", code)
+    assert "optim.lr" in line and "finite" in line and not (tmp_path / "run").exists()
+
+
+def test_topk_above_the_class_count_is_clamped_with_a_note(corpus, capsys):
+    code, out, err = run(capsys, ["predict", corpus.good, "-w", corpus.model, "--topk", "9", "--json",
+                                  "--no-progress"])
+    assert code == 0 and "Traceback" not in err
+    assert "warning: topk=9 is more than the model's 4 classes: showing all 4" in err
+    assert len(json.loads(out.splitlines()[0])["top"]) == 4
+
+
+# --- exit codes decided by the exception's type ---------------------------------------------------------------
+def test_diverged_training_exits_1_naming_the_step_and_the_fix(corpus, capsys, tmp_path):
+    code, _, err = run(capsys, ["train", "-r", corpus.recipe, "--out", tmp_path / "run", "--no-progress",
+                                "--set", "optim.lr=1e30", "--set", "schedule.warmup_steps=0"])
+    line = assert_one_line_error(err, "train", code)
+    assert "training diverged at step" in line and "lower the learning rate" in line
+
+
+def test_a_full_disk_through_the_cli_is_one_line(monkeypatch, capsys, tmp_path):
+    """ENOSPC from the write itself (as a full disk raises it, without a file name): one line naming the
+    file and what to do, exit 1, nothing left behind."""
+    import errno
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    code, _, err = run(capsys, ["recipes", "fmnist-fast", "--save", tmp_path / "r.yaml"])
+    line = assert_one_line_error(err, "recipes", code)
+    assert "r.yaml" in line and "no space left" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_without_onnx_names_the_extra_before_loading(corpus, capsys, monkeypatch, tmp_path):
+    import vitkit.cli.checkpoints as cli_checkpoints
+
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as if the onnx extra were not installed
+    monkeypatch.setattr(cli_checkpoints, "_load", lambda *a, **k: pytest.fail("loaded the model first"))
+    code, _, err = run(capsys, ["export", corpus.model, tmp_path / "m.onnx"])
+    line = assert_one_line_error(err, "export", code)
+    assert "onnx" in line and "pip install 'vitkit[onnx]'" in line and "bug" not in err
+
+
 # --- the boundary itself --------------------------------------------------------------------------------------
-def test_a_bug_shows_its_traceback_and_asks_to_be_reported(c, capsys, monkeypatch):
+def test_a_bug_shows_its_traceback_and_asks_to_be_reported(corpus, capsys, monkeypatch):
     import vitkit.cli.model as model_cli
 
     def broken(args):
@@ -372,10 +439,10 @@ def test_a_bug_shows_its_traceback_and_asks_to_be_reported(c, capsys, monkeypatc
     assert code == 70 and "Traceback" in err and "KeyError" in err and "bug in vitkit" in err
 
 
-def test_debug_shows_the_traceback_of_an_expected_error(c, capsys):
-    code, _, err = run(capsys, ["inspect", c.random, "--debug"])
+def test_debug_shows_the_traceback_of_an_expected_error(corpus, capsys):
+    code, _, err = run(capsys, ["inspect", corpus.random, "--debug"])
     assert code == 1 and "Traceback" in err and "vitkit inspect: error:" in err
-    code, _, err = run(capsys, ["--debug", "inspect", c.random])
+    code, _, err = run(capsys, ["--debug", "inspect", corpus.random])
     assert code == 1 and "Traceback" in err
 
 
@@ -402,9 +469,9 @@ def _file_size_limit(nbytes):
 
 
 @pytest.mark.parametrize("to", ["hf", "torchvision"])  # a folder of files, one file
-def test_a_full_disk_is_one_line_and_leaves_nothing(c, tmp_path, to):
+def test_a_full_disk_is_one_line_and_leaves_nothing(corpus, tmp_path, to):
     dst = tmp_path / ("out" if to == "hf" else "out.pth")
-    r = _subprocess(["convert", c.model, dst, "--to", to], preexec=_file_size_limit(20_000))
+    r = _subprocess(["convert", corpus.model, dst, "--to", to], preexec=_file_size_limit(20_000))
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     line = r.stderr.strip().splitlines()[-1]
     assert line.startswith("vitkit convert: error:") and str(dst) in line
@@ -412,9 +479,9 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(c, tmp_path, to):
     assert list(tmp_path.iterdir()) == []  # no partial output, no temporary files
 
 
-def test_training_on_a_full_disk_stops_in_one_line(c, tmp_path):
+def test_training_on_a_full_disk_stops_in_one_line(corpus, tmp_path):
     run_dir = tmp_path / "run"
-    r = _subprocess(["train", "-r", c.recipe, "--out", run_dir, "--no-progress"], preexec=_file_size_limit(60_000))
+    r = _subprocess(["train", "-r", corpus.recipe, "--out", run_dir, "--no-progress"], preexec=_file_size_limit(60_000))
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert "vitkit train: error:" in r.stderr and "last.pt" in r.stderr
     assert not list(run_dir.rglob("*.tmp"))
@@ -429,22 +496,22 @@ def _without_root_powers():
     return ("setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner")
 
 
-def test_a_read_only_run_folder_is_one_line(c, tmp_path):
+def test_a_read_only_run_folder_is_one_line(corpus, tmp_path):
     prefix = _without_root_powers()
     run_dir = tmp_path / "run"
-    r = _subprocess(["train", "-r", c.recipe, "--out", run_dir, "--no-progress", "--steps", "8"])
+    r = _subprocess(["train", "-r", corpus.recipe, "--out", run_dir, "--no-progress", "--steps", "8"])
     assert r.returncode == 0, r.stderr
     before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
     for p in [run_dir, *run_dir.rglob("*")]:
         if p.is_dir():
             p.chmod(0o555)
     try:
-        r = _subprocess(["train", "-r", c.recipe, "--out", run_dir, "--no-progress", "--steps", "8", "--resume"],
+        r = _subprocess(["train", "-r", corpus.recipe, "--out", run_dir, "--no-progress", "--steps", "8", "--resume"],
                         prefix=prefix)
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
         line = r.stderr.strip().splitlines()[-1]
         assert line.startswith("vitkit train: error:") and str(run_dir) in line and "permission" in line
-        r = _subprocess(["predict", c.good, "-w", c.model, "--save-crop", run_dir / "crops", "--no-progress"],
+        r = _subprocess(["predict", corpus.good, "-w", corpus.model, "--save-crop", run_dir / "crops", "--no-progress"],
                         prefix=prefix)
         assert r.returncode == 1 and "Traceback" not in r.stderr and "permission" in r.stderr, r.stderr
     finally:

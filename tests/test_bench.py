@@ -1,9 +1,11 @@
 """The benchmark harness and the fast paths it measures: mechanics and numerics, never timings."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
+import vitkit
 from conftest import randomize_head
 from vitkit import VisionTransformer, cost, create_model
 from vitkit.config import config_from_name
@@ -84,6 +86,24 @@ def test_machine_line_names_cores_threads_torch():
     busy = dict(info, load_avg=[info["cores"] + 3.0, 0, 0])
     assert "other processes" in busy_warning(busy)
     assert busy_warning(dict(info, load_avg=[0.1, 0, 0])) is None
+
+
+def test_machine_info_records_the_code_version(tmp_path):
+    """Every benchmark JSON carries machine_info (or its line): the commit and dirty flag of the code."""
+    import subprocess
+
+    from vitkit import __version__
+    from vitkit.version import describe_code
+
+    code = machine_info()["code"]
+    root = Path(vitkit.__file__).resolve().parents[2]
+    if (root / ".git").exists():  # the tests run from the checkout
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+        assert code["commit"] == head.stdout.strip() and isinstance(code["dirty"], bool)
+    assert code["vitkit"] == __version__ and describe_code(code) in machine_line(dict(machine_info(), code=code))
+    assert describe_code({"vitkit": "1.2", "commit": "0123456789abcdef", "dirty": True}) == \
+        "vitkit 1.2 0123456789ab (dirty)"
+    assert describe_code({"vitkit": "1.2", "commit": None, "dirty": None}) == "vitkit 1.2"
 
 
 # --- roofline ----------------------------------------------------------------------------------------
@@ -299,16 +319,16 @@ def test_cli_bench_rejects_bad_arguments(argv, msg, capsys):
 
 
 def test_peers_without_patch_dropout_are_refused_not_mismatched(tiny_cfg):
-    from vitkit.bench.peers import _problems
+    from vitkit.bench.peers import peer_problems
 
     cfg = tiny_cfg.replace(patch_drop=0.5)
-    assert "patch dropout" in _problems("hf", cfg) and "patch dropout" in _problems("torchvision", cfg)
-    assert "patch dropout" not in _problems("timm", cfg)  # timm has patch_drop_rate: built with it
-    assert "patch dropout" not in _problems("hf", tiny_cfg)
+    assert "patch dropout" in peer_problems("hf", cfg) and "patch dropout" in peer_problems("torchvision", cfg)
+    assert "patch dropout" not in peer_problems("timm", cfg)  # timm has patch_drop_rate: built with it
+    assert "patch dropout" not in peer_problems("hf", tiny_cfg)
     deit = tiny_cfg.replace(distill_token=True)  # timm and HF build DeiT; torchvision has no such model
-    assert "a distillation token" in _problems("torchvision", deit)
-    assert not _problems("timm", deit) and not _problems("hf", deit)
-    assert "a distillation token read out by the class token only" in _problems(
+    assert "a distillation token" in peer_problems("torchvision", deit)
+    assert not peer_problems("timm", deit) and not peer_problems("hf", deit)
+    assert "a distillation token read out by the class token only" in peer_problems(
         "timm", deit.replace(distill_head=False))
 
 

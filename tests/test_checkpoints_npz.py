@@ -95,7 +95,8 @@ def test_b16_fine_tuned_384_no_pre_logits_through_torchvision(tmp_path, depth):
 
 @pytest.mark.parametrize("depth", DEPTHS)
 def test_big_vision_layout_prefix_and_posemb_without_class_slot(tmp_path, depth):
-    arrays = released_arrays(depth=depth, names=BIG_VISION, prefix="params/", posemb_key="pos_embedding", class_slot=False)
+    arrays = released_arrays(depth=depth, names=BIG_VISION, prefix="params/", posemb_key="pos_embedding",
+                             class_slot=False)
     src = write(tmp_path / "bv.npz", arrays)
     ck = read_checkpoint(src)
     assert ck.layout == {"flavour": "big_vision", "prefix": "params/", "posemb_key": "pos_embedding",

@@ -32,7 +32,8 @@ def torchvision_keys(pre_logits=None):
         k.update({b + "ln_1.weight": (D,), b + "ln_1.bias": (D,), b + "ln_2.weight": (D,), b + "ln_2.bias": (D,),
                   b + "self_attention.in_proj_weight": (3 * D, D), b + "self_attention.in_proj_bias": (3 * D,),
                   b + "self_attention.out_proj.weight": (D, D), b + "self_attention.out_proj.bias": (D,),
-                  b + "mlp.0.weight": (M, D), b + "mlp.0.bias": (M,), b + "mlp.3.weight": (D, M), b + "mlp.3.bias": (D,)})
+                  b + "mlp.0.weight": (M, D), b + "mlp.0.bias": (M,), b + "mlp.3.weight": (D, M),
+                  b + "mlp.3.bias": (D,)})
     if pre_logits:
         k.update({"heads.pre_logits.weight": (pre_logits, D), "heads.pre_logits.bias": (pre_logits,)})
     k.update({"heads.head.weight": (C, pre_logits or D), "heads.head.bias": (C,)})
@@ -414,7 +415,8 @@ def test_timm_folder_config_variants_and_refusals(tmp_path):
         with pytest.raises(ValueError, match=match):
             load_weights(out)
     gray = tiny(in_chans=1)
-    gray.meta.preprocessing = get_preset({"name": "fmnist", "size": [IMG, IMG], "mean": [0.286], "std": [0.353]}).to_dict()
+    preset = {"name": "fmnist", "size": [IMG, IMG], "mean": [0.286], "std": [0.353]}
+    gray.meta.preprocessing = get_preset(preset).to_dict()
     out = save_weights(gray, tmp_path / "gray", "timm")
     pc = json.loads((out / "config.json").read_text())["pretrained_cfg"]
     assert pc["input_size"] == [1, IMG, IMG] and pc["mean"] == [0.286] and pc["crop_mode"] == "squash"

@@ -9,7 +9,15 @@ A marker is an HTML comment right after the number (invisible in the rendered pa
 ``FORMAT`` says how
 the value is written: ``pct1`` / ``pct2`` (a fraction as a percentage with 1 / 2 decimals), ``f0`` ...
 ``f4`` (fixed decimals), ``e1`` / ``e2`` (scientific), ``int`` (an integer, thousands separated by commas
-or not), ``min1`` (seconds as minutes, 1 decimal), ``x2`` (a ratio with 2 decimals, written 1.23x).
+or not), ``min1`` (seconds as minutes, 1 decimal), ``ms0`` (seconds as whole milliseconds), ``x2`` (a ratio
+with 2 decimals, written 1.23x).
+``KEY`` may also be ``KEY_A / KEY_B``: the ratio of two values of the same JSON (a speed-up, "1.31x").
+
+A number that looks measured (a figure with a unit - %, ms, s, min, hours, MiB, GB, img/s - or a ratio such as
+1.40x) and carries no claim marker fails the test, unless its line says why it is not a measurement of this
+project with ``<!-- not measured: REASON -->`` (a setting, a target, a figure quoted from the paper or
+another project). Code blocks and inline code are examples and are not read; docs/reproduction/report.md is
+rendered from its JSON and checked whole by its own test.
 """
 import json
 import re
@@ -19,7 +27,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"<!--\s*claim\s+(\S+)\s+(.+?)\s+(\S+)\s*-->")  # path, key (may hold spaces), format
-NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
+NUMBER = re.compile(r"(?:(?<![\d>])[-+])?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")  # "1.04-1.40x": two numbers
 
 
 def _docs():
@@ -27,6 +35,9 @@ def _docs():
 
 
 def _value(data, key):
+    if " / " in key:  # a ratio of two values
+        a, b = key.split(" / ")
+        return _value(data, a) / _value(data, b)
     for part in key.split("."):
         data = data[int(part)] if isinstance(data, list) else data[part]
     return data
@@ -43,9 +54,11 @@ def _format(value, fmt):
         return str(int(round(value)))
     if fmt == "min1":
         return f"{value / 60:.1f}"
+    if fmt == "ms0":
+        return f"{value * 1000:.0f}"
     if fmt == "x2":
         return f"{value:.2f}"
-    raise ValueError(f"unknown claim format {fmt!r}")
+    raise AssertionError(f"unknown claim format {fmt!r}")
 
 
 def _claims():
@@ -76,6 +89,52 @@ def test_quoted_number_matches_its_artefact(doc, lineno, number, marker):
         f"{doc}:{lineno}: the docs say {number}, {path} {key} is {value} ({_format(value, fmt)})"
 
 
+UNIT = (r"%|[x×](?!\s?\d)|ms|s|sec|seconds?|min|minutes?|h|hours?|[KMG]i?B|images/s|img/s|steps/s")
+MEASURED = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s?(?:" + UNIT + r")(?![\w/])")
+NOT_MEASURED = re.compile(r"<!--\s*not measured:\s*\S.*?-->")
+RENDERED = {"docs/reproduction/report.md", "docs/reproduction/v1/report.md"}  # written by `vitkit reproduce` (own test)
+
+
+def unmarked_numbers(text: str):
+    """(line, number with unit) of every measured-looking number in ``text`` that carries no claim marker."""
+    fence, indented, blank = False, False, True
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith(("```", "~~~")):
+            fence = not fence
+            continue
+        indented = line.startswith(("    ", "\t")) and (blank or indented)  # an indented code block
+        blank = not line.strip()
+        if fence or indented or NOT_MEASURED.search(line):
+            continue
+        line = re.sub(r"`[^`]*`", "", line)
+        pos = 0
+        for m in list(MARKER.finditer(line)) + [None]:
+            segment = line[pos:m.start() if m else len(line)]
+            found = list(MEASURED.finditer(segment))
+            if m is not None and found and not NUMBER.search(segment[found[-1].end():]):
+                found = found[:-1]  # the last number before a marker is the claim's
+            for hit in found:
+                yield lineno, hit.group(0)
+            pos = m.end() if m else len(line)
+
+
+def test_every_measured_number_carries_a_marker():
+    bad = [f"{doc.relative_to(ROOT)}:{lineno}: {number}" for doc in _docs()
+           if doc.relative_to(ROOT).as_posix() not in RENDERED
+           for lineno, number in unmarked_numbers(doc.read_text())]
+    assert not bad, ("numbers that look measured but name no artefact: add <!-- claim FILE KEY FMT --> after "
+                     "each, or <!-- not measured: REASON --> to the line:\n" + "\n".join(bad))
+
+
+def test_the_unmarked_number_check_can_fail():
+    text = ("vitkit runs 1.40x faster, 35 ms a batch<!-- claim a.json t f0 -->, 650 MiB\n"
+            "a 4 x 4 grid, ViT-B/16 and 12 blocks\n"
+            "the target: >= 91 % in 15 minutes <!-- not measured: the recipe's target -->\n"
+            "```\n88.00 % in a code block\n```\n\n    machine: 23.5 GiB, an indented code block\n"
+            "`--epochs 3` and 2.5x<!-- claim a.json r x2 -->\n")
+    assert list(unmarked_numbers(text)) == [(1, "1.40x"), (1, "650 MiB")]
+
+
 def test_markers_are_read_as_intended():
     line = ("took **8 min 33 s**, 1,234 steps<!-- claim a.json steps int --> and 88.40%<!-- claim a.json "
             "runs.seed 0.t pct2 -->")
@@ -83,6 +142,7 @@ def test_markers_are_read_as_intended():
     assert found == [("1,234", ("a.json", "steps", "int")), ("88.40", ("a.json", "runs.seed 0.t", "pct2"))]
     assert _format(0.884, "pct2") == "88.40" and _format(512.0, "min1") == "8.5" and _format(1234, "int") == "1234"
     assert _value({"runs": [{"a": 1}]}, "runs.0.a") == 1
+    assert _value({"a": 3.0, "b": {"c": 2.0}}, "a / b.c") == 1.5
 
 
 def test_hybrid_cost_table_is_what_the_cost_model_computes():

@@ -146,7 +146,7 @@ def test_offline_mode_asks_nothing_and_says_where_to_put_the_file(server, tv_byt
 def test_known_torchvision_name_downloads_from_its_url_and_checks_the_hash(server, tv_bytes, tmp_path):
     """A known entry's published hash prefix is checked: our stand-in file is not torchvision's."""
     from vitkit.checkpoints.registry import get_known
-    from vitkit.checkpoints.sources import _fetch_known
+    from vitkit.checkpoints.sources import fetch_known
 
     data, _ = tv_bytes
     entry = get_known("ViT_B_16_Weights.DEFAULT")
@@ -155,7 +155,7 @@ def test_known_torchvision_name_downloads_from_its_url_and_checks_the_hash(serve
     local = dataclasses.replace(entry, url=server.url + "/models/" + entry.file)
     server.files["/models/" + entry.file] = data
     with pytest.raises(ValueError, match="c867db91"):
-        _fetch_known(local, tmp_path, None, False)
+        fetch_known(local, tmp_path, None, False)
     assert not (tmp_path / entry.file).exists()
 
 

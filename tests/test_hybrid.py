@@ -263,7 +263,8 @@ def test_authors_hybrid_npz_reads_and_round_trips(tmp_path):
     s = ck.state
     assert torch.equal(s["patch_embed.backbone.conv_root.weight"],
                        torch.from_numpy(arrays["conv_root/kernel"]).permute(3, 2, 0, 1))
-    assert torch.equal(s["patch_embed.backbone.stages.1.0.gn_proj.bias"], torch.from_numpy(arrays["block2/unit1/gn_proj/bias"]))
+    assert torch.equal(s["patch_embed.backbone.stages.1.0.gn_proj.bias"],
+                       torch.from_numpy(arrays["block2/unit1/gn_proj/bias"]))
     assert torch.equal(s["patch_embed.backbone.stages.1.1.conv2.weight"],
                        torch.from_numpy(arrays["block2/unit2/conv2/kernel"]).permute(3, 2, 0, 1))
     model = load_weights(tmp_path / "R_B.npz")

@@ -283,7 +283,8 @@ def test_finetune_after_mpp_on_a_stratified_subset(quadrants, mpp_run):
     d, data = quadrants
     recipe = load_recipe("fmnist-1k", {**{k: v for k, v in TINY.items() if not k.startswith("mpp.")},
                                        "name": "tiny-ft", "data.dataset": f"tensors:{data}", "data.train_subset": 128,
-                                       "optim.name": "adamw", "schedule.epochs": 2, "init.checkpoint": str(mpp_run[0] / "model")})
+                                       "optim.name": "adamw", "schedule.epochs": 2,
+                                       "init.checkpoint": str(mpp_run[0] / "model")})
     t = Trainer(recipe, d / "ft", progress=False)
     # the 512 training images left after the validation hold-out, of which a class-stratified 128
     per_class = torch.bincount(tensor_file(data, "train").labels) - torch.bincount(t.val_data.labels)

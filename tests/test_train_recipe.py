@@ -24,13 +24,23 @@ def test_every_builtin_recipe_loads_and_builds_its_model():
             cfg = r.model_config(num_classes=10, in_chans=3)
             assert cfg.num_classes == 10
     pre = load_recipe("paper-pretrain")
-    assert (pre.optim.betas, pre.optim.clip_grad, pre.model_config(10, 3).representation_size) == ((0.9, 0.999), 1.0, 768)
+    got = (pre.optim.betas, pre.optim.clip_grad, pre.model_config(10, 3).representation_size)
+    assert got == ((0.9, 0.999), 1.0, 768)
     ft = load_recipe("paper-finetune")
     assert (ft.optim.name, ft.optim.momentum, ft.schedule.warmup_steps, ft.init.head) == ("sgd", 0.9, 500, "reset")
     plain = load_recipe("plain-baseline").model_config(1000, 3)
     assert (plain.posemb, plain.pool, plain.class_token) == ("sincos2d", "gap", False)
     deit = load_recipe("deit")
     assert deit.augment.randaugment == (2, 9.0) and deit.augment.repeats == 3 and deit.augment.mixup == 0.8
+
+
+def test_the_demo_is_a_step_budget():
+    """make demo reports the same accuracy on every machine: its length is steps, never a time budget."""
+    from vitkit.train.recipe import DEFAULT_RECIPE
+
+    r = load_recipe()
+    assert r.name == DEFAULT_RECIPE == "fmnist-demo"
+    assert r.schedule.minutes is None and r.schedule.steps == 5584 and r.schedule.warmup_steps == 258
 
 
 def test_inheritance_and_overrides():
@@ -70,7 +80,9 @@ def test_save_and_reload_round_trip(tmp_path):
 
 
 def test_cli_prints_lists_and_saves(tmp_path):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "vitkit", *a], capture_output=True, text=True, timeout=120)
+    def run(*a):
+        return subprocess.run([sys.executable, "-m", "vitkit", *a], capture_output=True, text=True, timeout=120)
+
     out = run("recipes")
     assert out.returncode == 0 and "paper-finetune" in out.stdout
     out = run("train", "-r", "fmnist-fast", "--set", "optim.lr=0.01", "--epochs", "3", "--print")

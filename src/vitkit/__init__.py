@@ -9,8 +9,7 @@ from .checkpoints import WeightsUnavailable, convert, load_weights, read_checkpo
 from .data.preprocess import get_preset
 from .api import create_model
 from .predict import classify, create_transform
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "ConfigError", "ModelMeta", "ViTConfig", "VisionTransformer", "WeightsUnavailable", "adapt_state_dict",

@@ -44,16 +44,16 @@ def default_weights(name: Union[str, ViTConfig]) -> str:
     if isinstance(name, str):
         if get_known(name) is not None:
             return get_known(name).name
-        from .checkpoints.sources import _as_repo, _as_url
-        if _as_url(name) or (_as_repo(name) and "/" in name and not name.startswith("hf-hub:")
+        from .checkpoints.sources import as_repo, as_url
+        if as_url(name) or (as_repo(name) and "/" in name and not name.startswith("hf-hub:")
                              and name.split("/")[0].lower() in ("google", "facebook")):
             return name  # a URL, or a Hub repository of a model name: itself
-        if "." in name and _as_repo(name):
+        if "." in name and as_repo(name):
             return name  # timm's name.tag: that tag's repository
         try:
             cfg = config_from_name(name)
         except ConfigError:
-            if _as_repo(name):
+            if as_repo(name):
                 return name  # hf-hub:org/name, org/name, timm's name.tag
             raise
     else:

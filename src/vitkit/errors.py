@@ -6,7 +6,8 @@ operating-system errors such as a full disk or a missing folder, see :func:`desc
 one line on stderr and an exit code; anything else is a bug in vitkit and shows its traceback.
 
 The classes also derive from the builtin type callers caught before this module existed
-(``ValueError`` / ``FileNotFoundError``), so ``except ValueError`` keeps working.
+(``ValueError``, ``FileNotFoundError``, ``RuntimeError``, ``ImportError``), so ``except ValueError``
+keeps working.
 
 Exit codes of the ``vitkit`` command (README, "Errors and exit codes"): 0 success; 1 an expected
 failure, reported in one line; 2 a usage error; 3 a many-file command where some files failed (each
@@ -33,6 +34,7 @@ class VitkitError(Exception):
     def __init__(self, message: str, *, path: Any = None, key: Optional[str] = None, hint: Optional[str] = None):
         self.message, self.path, self.key, self.hint = message, path, key, hint
         super().__init__(self._format())
+        self.path = path  # ImportError's own __init__ (MissingDependency) resets ``path``
 
     def _format(self) -> str:
         subject = str(self.path) if self.path is not None else self.key
@@ -85,6 +87,52 @@ class OutputError(VitkitError, OSError):
     is left behind (writes go to a temporary file that is renamed only when complete)."""
 
 
+class InputError(VitkitError, ValueError):
+    """An argument of a library function that is out of range or of the wrong shape (a tensor, an array,
+    a count): the caller can fix it."""
+
+
+class ExportError(VitkitError, RuntimeError):
+    """An exported model that does not compute what the PyTorch model computes (checked after writing)."""
+
+
+class BusyError(VitkitError, RuntimeError):
+    """A resource another process holds (a run folder's lock): wait for it or choose another."""
+
+
+class TrainingDiverged(VitkitError, RuntimeError):
+    """The loss or the gradients became NaN/Inf: the message names the step and how to go on."""
+
+
+class MissingDependency(VitkitError, ImportError):
+    """An optional package is not installed; ``extra`` names the vitkit extra that installs it."""
+
+    def __init__(self, message: str, *, extra: str, path: Any = None, key: Optional[str] = None,
+                 hint: Optional[str] = None):
+        self.extra = extra
+        super().__init__(message, path=path, key=key, hint=hint or f"pip install 'vitkit[{extra}]'")
+
+    def __reduce__(self):
+        return (_rebuild_missing, (self.message, self.extra, self.path, self.key, self.hint))
+
+
+def _rebuild_missing(message, extra, path, key, hint):
+    return MissingDependency(message, extra=extra, path=path, key=key, hint=hint)
+
+
+def require(extra: str, *modules: str, what: str) -> None:
+    """Import ``modules`` or raise :class:`MissingDependency` naming ``extra``: a command calls this
+    before any work starts, so a missing optional package fails in a second, not after training."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise MissingDependency(f"{what} needs the {name.split('.')[0]} package, which is not installed",
+                                    extra=extra) from None
+
+
 class VitkitWarning(UserWarning):
     """Something suspicious that does not stop the work (e.g. non-finite weights in a checkpoint)."""
 
@@ -123,6 +171,7 @@ def describe_os_error(err: OSError) -> str:
     return text if err.errno not in _OS_HINTS else f"{text} ({what})"
 
 
-__all__ = ["EXIT_BUG", "EXIT_ERROR", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "CheckpointError", "ConfigError",
-           "DataError", "NotFoundError", "OutputError", "UnsafeCheckpointError", "UsageError", "VitkitError", "VitkitWarning",
-           "describe_os_error", "os_error_hint"]
+__all__ = ["EXIT_BUG", "EXIT_ERROR", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "BusyError", "CheckpointError",
+           "ConfigError", "DataError", "ExportError", "InputError", "MissingDependency", "NotFoundError", "OutputError",
+           "TrainingDiverged", "UnsafeCheckpointError", "UsageError", "VitkitError", "VitkitWarning",
+           "describe_os_error", "os_error_hint", "require"]

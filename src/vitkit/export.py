@@ -18,6 +18,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from .utils import PathLike, atomic_path
+from .errors import ConfigError, ExportError, require
 
 DEFAULT_ATOL = 1e-4  # fp32: exporters may reorder reductions; logits agree to ~1e-6 in practice
 
@@ -50,7 +51,7 @@ def _compare(ref: torch.Tensor, out: torch.Tensor, atol: float, what: str) -> Di
     diff = (ref - out).abs().max().item()
     rel = diff / max(ref.abs().max().item(), 1e-12)
     if not diff <= atol:
-        raise RuntimeError(f"{what} logits differ from eager PyTorch by {diff:.3g} (> {atol:g}): the export is "
+        raise ExportError(f"{what} logits differ from eager PyTorch by {diff:.3g} (> {atol:g}): the export is "
                            f"not faithful")
     return {"max_abs_diff": diff, "max_rel_diff": rel}
 
@@ -63,10 +64,7 @@ def export_onnx(model, path: PathLike, *, opset: int = 17, dynamic_batch: bool =
     With ``validate`` and onnxruntime installed, the file is run on a batch of 3
     random images and compared with eager logits.
     """
-    try:
-        import onnx  # noqa: F401  (the exporter needs it)
-    except ImportError:
-        raise RuntimeError("ONNX export needs the onnx package: pip install 'vitkit[onnx]'") from None
+    require("onnx", "onnx", what="ONNX export")  # the exporter needs it
     model = model.eval()
     path = Path(path)
     example = _inputs(model, 2)
@@ -125,10 +123,9 @@ def openvino_paths(path: PathLike) -> "tuple[Path, Path]":
 
 
 def _openvino():
-    try:
-        import openvino as ov
-    except ImportError:
-        raise RuntimeError("OpenVINO export needs the openvino package: pip install 'vitkit[openvino]'") from None
+    require("openvino", "onnx", "openvino", what="OpenVINO export")
+    import openvino as ov
+
     return ov
 
 
@@ -192,4 +189,4 @@ def export(model, path: PathLike, fmt: Optional[str] = None, **kwargs: Any) -> D
     if fmt in ("torch", "pt2", "torch.export", "export"):
         kwargs.pop("opset", None)
         return export_program(model, path, **kwargs)
-    raise ValueError(f"export format {fmt!r}: use 'onnx', 'torch' or 'openvino'")
+    raise ConfigError(f"export format {fmt!r}: use 'onnx', 'torch' or 'openvino'")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
@@ -22,6 +23,7 @@ from PIL import Image
 
 from .data.preprocess import ImageError, Preset, get_preset, load_image, to_gray
 from .utils import PathLike, atomic_path
+from .errors import ConfigError, InputError, VitkitWarning
 
 
 @dataclass
@@ -57,7 +59,7 @@ def create_transform(model, preset: Union[None, str, Preset, Dict[str, Any]] = N
         return get_preset(preset, size)
     if model.meta.preprocessing:
         return get_preset(model.meta.preprocessing, size)
-    raise ValueError("the model carries no preprocessing (its checkpoint did not say): pass a preset, e.g. "
+    raise ConfigError("the model carries no preprocessing (its checkpoint did not say): pass a preset, e.g. "
                      "--preset torchvision, hf, authors or timm")
 
 
@@ -87,19 +89,22 @@ def iter_classify(model, images: Sequence[Union[PathLike, Image.Image]], *, topk
                   progress: bool = True) -> Iterator[Prediction]:
     """Yield one :class:`Prediction` per image, in input order, as each batch is done (on the model's device)."""
     if topk < 1:
-        raise ValueError(f"topk must be at least 1, got {topk}")
+        raise InputError(f"topk must be at least 1, got {topk}")
     if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        raise InputError(f"batch_size must be at least 1, got {batch_size}")
     pre = create_transform(model, preset)
     labels = model.meta.labels
     n_classes = model.config.num_classes
     if n_classes == 0:
-        raise ValueError("the model has no classification head (num_classes=0): load a checkpoint with a head")
+        raise InputError("the model has no classification head (num_classes=0): load a checkpoint with a head")
     k = min(topk, n_classes)
+    if k < topk:
+        warnings.warn(f"topk={topk} is more than the model's {n_classes} classes: showing all {n_classes}",
+                      VitkitWarning, stacklevel=2)
     device = next(model.parameters()).device
     gray = model.config.in_chans == 1
     if model.config.in_chans not in (1, 3):
-        raise ValueError(f"images have 3 (RGB) or 1 (gray) channels; the model takes {model.config.in_chans}")
+        raise InputError(f"images have 3 (RGB) or 1 (gray) channels; the model takes {model.config.in_chans}")
     crop_dir = Path(save_crop) if save_crop is not None else None
     if crop_dir is not None:
         crop_dir.mkdir(parents=True, exist_ok=True)

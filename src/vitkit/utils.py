@@ -8,6 +8,7 @@ import re
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator, List, Union
+from .errors import BusyError
 
 PathLike = Union[str, os.PathLike]
 
@@ -130,7 +131,8 @@ def remove_stale_temps(folder: PathLike) -> List[Path]:
 @contextlib.contextmanager
 def exclusive(lock: PathLike, *, wait: bool = True, busy: str = "") -> Iterator[None]:
     """An advisory lock on the file ``lock`` (POSIX ``flock``; elsewhere none), released when the block ends
-    or the process dies. ``wait=False``: raise ``RuntimeError(busy)`` at once when another process holds it."""
+    or the process dies. ``wait=False``: raise :class:`~vitkit.errors.BusyError` (``busy``) at once when
+    another process holds it."""
     try:
         import fcntl
     except ImportError:
@@ -142,7 +144,7 @@ def exclusive(lock: PathLike, *, wait: bool = True, busy: str = "") -> Iterator[
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
-            raise RuntimeError(busy or f"{lock} is held by another process") from None
+            raise BusyError(busy or f"{lock} is held by another process") from None
         try:
             yield
         finally:

@@ -19,7 +19,7 @@ done
 cp "$TMP/fmnist/summary.json" "$HERE/fmnist_summary.json"
 cp "$TMP/fmnist/attention_distance.json" "$HERE/fmnist_attention_distance.json"
 
-# real photos from scikit-image, analysed at 112 px (the position embeddings resized to a 28x28 grid)
+# real photos from scikit-image, analysed at 112 px (the position embeddings resized to a 16x16 grid)
 $PY - "$TMP/photos" <<'PYEOF'
 import sys, pathlib
 from PIL import Image

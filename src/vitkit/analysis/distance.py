@@ -12,6 +12,7 @@ from typing import Iterable, Sequence, Union
 
 import torch
 from tqdm.auto import tqdm
+from ..errors import InputError
 
 
 def patch_distances(grid: Sequence[int], patch_size: Union[int, Sequence[int]]) -> torch.Tensor:
@@ -28,10 +29,10 @@ def attention_distance(attention: torch.Tensor, grid: Sequence[int], patch_size:
                        num_prefix_tokens: int = 1) -> torch.Tensor:
     """Mean attention distance per head of one layer's maps [B, heads, T, T], averaged over the batch: [heads]."""
     if attention.ndim != 4:
-        raise ValueError(f"attention maps must be [batch, heads, tokens, tokens], got {tuple(attention.shape)}")
+        raise InputError(f"attention maps must be [batch, heads, tokens, tokens], got {tuple(attention.shape)}")
     n = int(grid[0]) * int(grid[1])
     if attention.shape[-1] != num_prefix_tokens + n or attention.shape[-2] != attention.shape[-1]:
-        raise ValueError(f"attention over {attention.shape[-1]} tokens does not match a {grid[0]}x{grid[1]} grid "
+        raise InputError(f"attention over {attention.shape[-1]} tokens does not match a {grid[0]}x{grid[1]} grid "
                          f"with {num_prefix_tokens} prefix token(s)")
     a = attention[..., num_prefix_tokens:, num_prefix_tokens:].double()
     a = a / a.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
@@ -59,5 +60,5 @@ def mean_attention_distance(model: torch.nn.Module, batches: Iterable[torch.Tens
         total = d if total is None else total + d
         count += x.shape[0]
     if not count:
-        raise ValueError("no images given")
+        raise InputError("no images given")
     return (total / count).float()

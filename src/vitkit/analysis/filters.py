@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Tuple
 
 import torch
+from ..errors import InputError
 
 
 @torch.no_grad()
@@ -26,7 +27,7 @@ def embedding_filters(model: torch.nn.Module, num_components: int = 28) -> Tuple
     _, s, vh = torch.linalg.svd(centred, full_matrices=False)
     k = min(int(num_components), vh.shape[0])
     if k < 1:
-        raise ValueError(f"num_components must be >= 1, got {num_components}")
+        raise InputError(f"num_components must be >= 1, got {num_components}")
     comps = vh[:k]
     sign = torch.sign(comps.gather(1, comps.abs().argmax(dim=1, keepdim=True)))
     comps = comps * sign

@@ -1,7 +1,7 @@
 """PNG figures for the analysis and few-shot results (matplotlib, an optional dependency).
 
 matplotlib is imported only when a figure is drawn; without it the drawing
-functions raise :class:`MissingDependencyError` saying how to install it.
+functions raise :class:`~vitkit.errors.MissingDependency` saying how to install it.
 Figures are built with ``matplotlib.figure.Figure`` (no pyplot global state,
 no display needed) and written atomically.
 """
@@ -14,26 +14,23 @@ import numpy as np
 import torch
 
 from ..utils import PathLike, atomic_path
+from ..errors import InputError, MissingDependency
 
 
-class MissingDependencyError(ImportError, RuntimeError):
-    """An optional dependency (here matplotlib) is not installed."""
-
-
-def _mpl():
+def matplotlib_figure():
+    """(matplotlib, its Figure class), imported on first use; :class:`~vitkit.errors.MissingDependency`
+    naming the ``plots`` extra when matplotlib is not installed."""
     try:
         import matplotlib
         from matplotlib.figure import Figure
     except ImportError:
-        raise MissingDependencyError(
-            "drawing figures needs matplotlib, which is not installed: pip install 'vitkit[plots]' "
-            "(or pip install matplotlib)") from None
+        raise MissingDependency("drawing figures needs matplotlib, which is not installed", extra="plots") from None
     return matplotlib, Figure
 
 
 def colorize(values: np.ndarray, cmap: str = "jet") -> np.ndarray:
     """Map values in [0, 1] to RGB [..., 3] floats with a matplotlib colormap."""
-    matplotlib, _ = _mpl()
+    matplotlib, _ = matplotlib_figure()
     return np.asarray(matplotlib.colormaps[cmap](np.clip(values, 0.0, 1.0)))[..., :3]
 
 
@@ -57,17 +54,17 @@ def overlay(image: torch.Tensor, heat: torch.Tensor, cmap: str = "jet", alpha: f
     img = _to_hwc(image)
     h = torch.as_tensor(heat).detach().float().cpu().numpy()
     if h.shape != img.shape[:2]:
-        raise ValueError(f"heat map {h.shape} and image {img.shape[:2]} differ in size")
+        raise InputError(f"heat map {h.shape} and image {img.shape[:2]} differ in size")
     return (1.0 - alpha) * img + alpha * colorize(h, cmap)
 
 
 def plot_rollout(images: torch.Tensor, maps: torch.Tensor, path: PathLike, *, titles: Optional[Sequence[str]] = None,
                  ncols: int = 4, cmap: str = "jet", alpha: float = 0.5, suptitle: Optional[str] = None) -> None:
     """A grid of (input, rollout overlay) pairs, as in Figure 6. ``maps`` [B, H, W] already in [0, 1]."""
-    _, Figure = _mpl()
+    _, Figure = matplotlib_figure()
     b = len(images)
     if len(maps) != b:
-        raise ValueError(f"{b} images but {len(maps)} maps")
+        raise InputError(f"{b} images but {len(maps)} maps")
     ncols = max(1, min(ncols, b))
     nrows = math.ceil(b / ncols)
     fig = Figure(figsize=(2 * 2.1 * ncols, 2.3 * nrows + 0.4), constrained_layout=True)
@@ -90,7 +87,7 @@ def plot_rollout(images: torch.Tensor, maps: torch.Tensor, path: PathLike, *, ti
 def plot_attention_distance(distance: torch.Tensor, path: PathLike, *, uniform: Optional[float] = None,
                             title: Optional[str] = None) -> None:
     """Figure 7 (right): layer on the x-axis, one dot per head, mean attention distance in pixels."""
-    matplotlib, Figure = _mpl()
+    matplotlib, Figure = matplotlib_figure()
     d = torch.as_tensor(distance).detach().float().cpu().numpy()
     layers, heads = d.shape
     fig = Figure(figsize=(5.0, 3.8))
@@ -127,7 +124,7 @@ def plot_posemb_similarity(sim: torch.Tensor, path: PathLike, *, title: Optional
                            cmap: str = "viridis") -> None:
     """Figure 7 (centre): tile (r, c) is the cosine similarity of patch (r, c)'s position embedding
     with every other patch's."""
-    _, Figure = _mpl()
+    _, Figure = matplotlib_figure()
     gh, gw = sim.shape[:2]
     mosaic = posemb_mosaic(sim)
     fig = Figure(figsize=(5.2, 4.6))
@@ -150,7 +147,7 @@ def plot_filters(components: torch.Tensor, path: PathLike, *, ncols: int = 7,
                  explained: Optional[torch.Tensor] = None, title: Optional[str] = None) -> None:
     """Figure 7 (left): principal components of the patch embedding as C x P x P patches, each rescaled
     to [0, 1] by its own range."""
-    _, Figure = _mpl()
+    _, Figure = matplotlib_figure()
     comps = torch.as_tensor(components).detach().float().cpu()
     k = comps.shape[0]
     ncols = max(1, min(ncols, k))
@@ -173,7 +170,7 @@ def plot_filters(components: torch.Tensor, path: PathLike, *, ncols: int = 7,
 def plot_fewshot(results: Dict[str, Dict[str, Any]], path: PathLike, *, title: Optional[str] = None) -> None:
     """Few-shot accuracy against shots per class (mean and spread over seeds), one line per model;
     the linear probe on all training data, when present, as a dashed line."""
-    matplotlib, Figure = _mpl()
+    matplotlib, Figure = matplotlib_figure()
     fig = Figure(figsize=(5.0, 3.8))
     ax = fig.add_subplot(1, 1, 1)
     colors = matplotlib.colormaps["tab10"]

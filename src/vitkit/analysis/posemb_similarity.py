@@ -7,6 +7,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 
 from .distance import patch_distances
+from ..errors import InputError
 
 
 def cosine_similarity_grid(table: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:
@@ -16,7 +17,7 @@ def cosine_similarity_grid(table: torch.Tensor, grid: Sequence[int]) -> torch.Te
     """
     gh, gw = int(grid[0]), int(grid[1])
     if table.ndim != 2 or table.shape[0] != gh * gw:
-        raise ValueError(f"expected a [{gh * gw}, width] table for a {gh}x{gw} grid, got {tuple(table.shape)}")
+        raise InputError(f"expected a [{gh * gw}, width] table for a {gh}x{gw} grid, got {tuple(table.shape)}")
     t = table.detach().double()
     t = t / t.norm(dim=1, keepdim=True).clamp_min(1e-12)
     return (t @ t.T).reshape(gh, gw, gh, gw).float()
@@ -34,12 +35,12 @@ def posemb_similarity(model: torch.nn.Module, grid: Optional[Sequence[int]] = No
     """
     cfg = model.config
     if cfg.posemb in ("none", "relative"):
-        raise ValueError(f"the model has posemb={cfg.posemb!r}: there is no additive position table to compare "
+        raise InputError(f"the model has posemb={cfg.posemb!r}: there is no additive position table to compare "
                          f"(relative position biases are per offset, not per patch)")
     grid = tuple(int(g) for g in grid) if grid is not None else cfg.grid_size
     pe = model.position_embedding(grid)
     if not 0 <= table < pe.shape[0]:
-        raise ValueError(f"table {table} does not exist: the model has {pe.shape[0]} position table(s)")
+        raise InputError(f"table {table} does not exist: the model has {pe.shape[0]} position table(s)")
     return cosine_similarity_grid(pe[table, cfg.num_prefix_tokens:], grid)
 
 
@@ -67,5 +68,5 @@ def near_far_similarity(sim: torch.Tensor) -> Tuple[float, float]:
     near = flat[(dist > 0.5) & (dist < 1.5)]
     far = flat[dist >= max(gh, gw) / 2.0]
     if not len(near) or not len(far):
-        raise ValueError(f"a {gh}x{gw} grid is too small to compare near and far patches")
+        raise InputError(f"a {gh}x{gw} grid is too small to compare near and far patches")
     return float(near.mean()), float(far.mean())

@@ -14,6 +14,7 @@ from .distance import mean_attention_distance, patch_distances
 from .filters import embedding_filters
 from .posemb_similarity import near_far_similarity, posemb_similarity, similarity_by_distance
 from .rollout import normalize_maps, rollout_maps
+from ..errors import InputError
 
 
 def load_images(sources: Sequence[Union[PathLike, Any]], model: torch.nn.Module
@@ -52,7 +53,7 @@ def load_images(sources: Sequence[Union[PathLike, Any]], model: torch.nn.Module
         inputs.append(x[0])
         names.append(name)
     if not inputs:
-        raise ValueError("no images given")
+        raise InputError("no images given")
     return torch.stack(shown), torch.stack(inputs), names
 
 
@@ -76,8 +77,8 @@ def analyze(model: torch.nn.Module, inputs: torch.Tensor, out_dir: PathLike, *,
     ``"tensors"``, which are not written to JSON).
     """
     if plots:
-        from .plots import _mpl
-        _mpl()  # fail now, before the work, when matplotlib is missing
+        from .plots import matplotlib_figure
+        matplotlib_figure()  # fail now, before the work, when matplotlib is missing
     from . import plots as P
 
     out = Path(out_dir)
@@ -138,7 +139,8 @@ def analyze(model: torch.nn.Module, inputs: torch.Tensor, out_dir: PathLike, *,
     heads = dist.shape[1]
     lo, hi = int(dist.argmin()), int(dist.argmax())  # the most and least local heads, 1-based like the paper's plots
     extremes = {"most_local_head": {"layer": lo // heads + 1, "head": lo % heads + 1, "distance_px": float(dist.min())},
-                "least_local_head": {"layer": hi // heads + 1, "head": hi % heads + 1, "distance_px": float(dist.max())}}
+                "least_local_head": {"layer": hi // heads + 1, "head": hi % heads + 1,
+                                     "distance_px": float(dist.max())}}
     dist_json.update(extremes)
     write_json_atomic(out / "attention_distance.json", dist_json)
     summary["attention_distance"] = {"mean_per_layer": per_layer.tolist(), "uniform_attention_px": uniform,

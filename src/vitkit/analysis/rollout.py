@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+from ..errors import ConfigError, InputError
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
@@ -23,14 +24,14 @@ HEAD_FUSIONS = ("mean", "max", "min")
 def fuse_heads(attention: torch.Tensor, head_fusion: str = "mean") -> torch.Tensor:
     """[B, heads, T, T] -> [B, T, T] by the mean, max or min over heads."""
     if attention.ndim != 4 or attention.shape[-1] != attention.shape[-2]:
-        raise ValueError(f"attention maps must be [batch, heads, tokens, tokens], got {tuple(attention.shape)}")
+        raise InputError(f"attention maps must be [batch, heads, tokens, tokens], got {tuple(attention.shape)}")
     if head_fusion == "mean":
         return attention.mean(dim=1)
     if head_fusion == "max":
         return attention.amax(dim=1)
     if head_fusion == "min":
         return attention.amin(dim=1)
-    raise ValueError(f"unknown head fusion {head_fusion!r}: use one of {', '.join(HEAD_FUSIONS)}")
+    raise ConfigError(f"unknown head fusion {head_fusion!r}: use one of {', '.join(HEAD_FUSIONS)}")
 
 
 def attention_rollout(attentions: Sequence[torch.Tensor], head_fusion: str = "mean",
@@ -42,7 +43,7 @@ def attention_rollout(attentions: Sequence[torch.Tensor], head_fusion: str = "me
     renormalised to sum to 1 before the product.
     """
     if len(attentions) == 0:
-        raise ValueError("no attention maps given: run the model with return_attention=True")
+        raise InputError("no attention maps given: run the model with return_attention=True")
     result = None
     for attn in attentions:
         a = fuse_heads(attn.detach().double(), head_fusion)
@@ -74,14 +75,14 @@ def rollout_to_grid(rollout: torch.Tensor, grid: Sequence[int], num_prefix_token
     """
     gh, gw = int(grid[0]), int(grid[1])
     if rollout.shape[-1] != num_prefix_tokens + gh * gw:
-        raise ValueError(f"rollout over {rollout.shape[-1]} tokens does not match a {gh}x{gw} grid with "
+        raise InputError(f"rollout over {rollout.shape[-1]} tokens does not match a {gh}x{gw} grid with "
                          f"{num_prefix_tokens} prefix token(s)")
     readout = readout or ("token" if num_prefix_tokens else "gap")
     if readout not in READOUTS:
-        raise ValueError(f"unknown read-out {readout!r}: use one of {', '.join(READOUTS)}")
+        raise ConfigError(f"unknown read-out {readout!r}: use one of {', '.join(READOUTS)}")
     need = {"token": 1, "distilled": 2, "gap": 0}[readout]
     if num_prefix_tokens < need:
-        raise ValueError(f"read-out {readout!r} needs {need} prefix token(s), the rollout has {num_prefix_tokens}")
+        raise InputError(f"read-out {readout!r} needs {need} prefix token(s), the rollout has {num_prefix_tokens}")
     cols = rollout[..., num_prefix_tokens:]
     if readout == "token":
         row = cols[:, 0]

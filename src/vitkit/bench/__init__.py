@@ -23,6 +23,7 @@ from .report import comparison_table, plot_figure12, rows_table, write_json
 from .roofline import Gemm, Roofline, model_gemms, peak_gemm, roofline
 from .runner import BenchOptions, compare, run_inference, run_training
 from .timing import Stats, alternate
+from ..errors import ConfigError, InputError
 
 KINDS = ("inference", "latency", "train", "memory", "roofline")
 
@@ -40,15 +41,15 @@ def run_bench(what: Sequence[str], models: Sequence[str], *, img_sizes: Sequence
     """
     bad = [w for w in what if w not in KINDS]
     if bad:
-        raise ValueError(f"unknown benchmark(s) {bad}: choose from {', '.join(KINDS)}")
+        raise ConfigError(f"unknown benchmark(s) {bad}: choose from {', '.join(KINDS)}")
     if not models:
-        raise ValueError("name at least one model, e.g. B/16")
+        raise InputError("name at least one model, e.g. B/16")
     opts = options or BenchOptions()
     if opts.device.startswith("cuda"):
         import torch
 
         if not torch.cuda.is_available():
-            raise RuntimeError("--device cuda was asked for but torch sees no CUDA device")
+            raise ConfigError("--device cuda was asked for but torch sees no CUDA device")
     set_threads(threads)
     info = machine_info(opts.device)
     opts.log(machine_line(info))

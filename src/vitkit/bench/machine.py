@@ -16,6 +16,7 @@ import torch
 
 from ..models import backend
 from ..models.backend import cpu_has_native_bf16
+from ..version import code_version, describe_code
 
 _ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_tile")
 
@@ -88,6 +89,7 @@ def machine_info(device: str = "cpu") -> Dict[str, Any]:
     except (ValueError, OSError, AttributeError):
         info["mem_gib"] = None
     info["paths"] = chosen_paths(device)
+    info["code"] = code_version()
     if str(device).startswith("cuda") and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.device(device))
         info["gpu"] = props.name
@@ -98,7 +100,8 @@ def machine_info(device: str = "cpu") -> Dict[str, Any]:
 
 
 def machine_line(info: Optional[Dict[str, Any]] = None, device: str = "cpu") -> str:
-    """One line: date, CPU/GPU, instruction sets, threads, torch build, load average."""
+    """One line: date, CPU/GPU, instruction sets, threads, torch build, load average, the code (vitkit's
+    version, commit, dirty) and the kernels chosen."""
     i = info or machine_info(device)
     isa = " ".join(i["isa"]) or "no avx2"
     missing = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f not in i["isa"]]
@@ -110,6 +113,7 @@ def machine_line(info: Optional[Dict[str, Any]] = None, device: str = "cpu") -> 
         f"torch {i['torch']} ({i['cpu_capability']}{', MKL' if i['mkl'] else ''}{', oneDNN' if i['mkldnn'] else ''})",
         f"threads {i['threads']}",
         f"load {' '.join(str(x) for x in i['load_avg'])}" if i.get("load_avg") else None,
+        describe_code(i.get("code")),
     ]
     paths = i.get("paths") or {}
     if paths:

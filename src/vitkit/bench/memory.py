@@ -54,7 +54,7 @@ def _build(lib: str, model: str, overrides, dt, device: str, spec: Dict[str, Any
 
     from ..models.inference import prepare_inference
     from .models import build_model, model_config
-    from .peers import _forward_fn, build_peer
+    from .peers import forward_fn, build_peer
 
     label, cfg = model_config(model, img_size, overrides)
     base = build_model(cfg, 0)
@@ -68,7 +68,7 @@ def _build(lib: str, model: str, overrides, dt, device: str, spec: Dict[str, Any
         module = peer.module.to(device)
         if dt != torch.float32 and ctx is None:
             module = module.to(dt)
-        fn = _forward_fn(lib, module)
+        fn = forward_fn(lib, module)
     return fn, ctx, label, cfg
 
 

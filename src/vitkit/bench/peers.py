@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..models import VisionTransformer
+from ..errors import ConfigError
 
 PEERS = ("timm", "hf", "torchvision", "onnxruntime", "openvino")
 _MODULE = {"timm": "timm", "hf": "transformers", "torchvision": "torchvision", "onnxruntime": "onnxruntime",
@@ -52,7 +53,7 @@ class Peer:
 def peer_version(library: str) -> Optional[str]:
     """The installed version of a peer library, or None."""
     if library not in _MODULE:
-        raise ValueError(f"unknown peer {library!r}: use one of {', '.join(PEERS)}")
+        raise ConfigError(f"unknown peer {library!r}: use one of {', '.join(PEERS)}")
     try:
         importlib.import_module(_MODULE[library])
     except Exception:  # noqa: BLE001 - a broken install counts as missing
@@ -71,7 +72,7 @@ def parse_peers(names: Optional[List[str]]) -> List[str]:
         return []
     bad = [n for n in names if n not in PEERS]
     if bad:
-        raise ValueError(f"unknown peer(s) {bad}: use some of {', '.join(PEERS)}, 'all' or 'none'")
+        raise ConfigError(f"unknown peer(s) {bad}: use some of {', '.join(PEERS)}, 'all' or 'none'")
     return list(dict.fromkeys(names))
 
 
@@ -85,7 +86,8 @@ def _common_problems(cfg) -> List[str]:
     return out
 
 
-def _problems(library: str, cfg) -> List[str]:
+def peer_problems(library: str, cfg) -> List[str]:
+    """Why ``library`` cannot build the model of ``cfg`` (empty: it can)."""
     if library in INFERENCE_ONLY:  # runs vitkit's own model, exported: every configuration
         return []
     p = _common_problems(cfg)
@@ -172,7 +174,7 @@ class OrtModel(nn.Module):
         from ..export import export_onnx
 
         if quantize not in (None, "int8"):
-            raise ValueError(f"ONNX Runtime quantisation {quantize!r}: use None or 'int8'")
+            raise ConfigError(f"ONNX Runtime quantisation {quantize!r}: use None or 'int8'")
         with tempfile.TemporaryDirectory(prefix="vitkit-onnx-") as tmp:
             path = str(Path(tmp) / "model.onnx")
             export_onnx(model.float().cpu().eval(), path, opset=17, validate=False)  # vitkit's own exporter
@@ -264,13 +266,13 @@ def build_peer(library: str, model: VisionTransformer, *, copy_weights: bool = T
     if version is None:
         raise PeerUnavailable(f"{library} is not installed ({_MODULE[library]} cannot be imported)")
     cfg = model.config
-    problems = _problems(library, cfg)
+    problems = peer_problems(library, cfg)
     if problems:
         raise PeerUnavailable(f"{library} cannot build this configuration: {', '.join(problems)}")
     src = model.float().cpu().eval()
     if library in INFERENCE_ONLY:  # vitkit's own model, exported: its weights by construction
         module = OrtModel(src) if library == "onnxruntime" else OvModel(src, precision)
-        forward = _forward_fn(library, module)
+        forward = forward_fn(library, module)
         weights = ("vitkit's model exported to ONNX" if library == "onnxruntime" else
                    f"vitkit's model exported to OpenVINO IR, run in {precision}")
         if check:
@@ -292,7 +294,7 @@ def build_peer(library: str, model: VisionTransformer, *, copy_weights: bool = T
                 raise PeerUnavailable(f"HF model could not be built from vitkit's weights: {err}") from err
             weights = f"own random init (copying vitkit's weights failed: {err})"
     module = module.eval()
-    forward = _forward_fn(library, module)
+    forward = forward_fn(library, module)
     if check and weights == "vitkit's weights":
         weights += _agreement(model, forward, cfg)
     return Peer(library, version, module, forward, weights)
@@ -307,7 +309,8 @@ def _agreement(model, forward, cfg) -> str:
     return f" (logits agree to {diff:.1e} relative)"
 
 
-def _forward_fn(library: str, module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+def forward_fn(library: str, module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The call that runs a built peer ``module`` of ``library`` on a batch of pixels and returns its logits."""
     def dtype_of() -> torch.dtype:
         return next(module.parameters()).dtype
 

@@ -23,6 +23,7 @@ from .models import build_model, clone, example_batch, model_config
 from .peers import PEERS, PeerUnavailable, build_peer
 from .roofline import roofline
 from .timing import alternate, synchronizer
+from ..errors import ConfigError
 
 
 @dataclass
@@ -58,7 +59,7 @@ def _freezing(compiled: bool, device: str):
     """Inductor's weight freezing (constant folding, pre-packed CPU GEMM weights) for every compiled
     contender alike; it applies to inference graphs only."""
     if compiled and device == "cpu":
-        import torch._inductor.config as inductor_config
+        import torch._inductor.config as inductor_config  # noqa: PLC2701 (torch's only way to set it)
 
         return inductor_config.patch(freezing=True)
     return contextlib.nullcontext()
@@ -108,12 +109,12 @@ def inference_contenders(model, dtype: str, compiled: bool, opts: BenchOptions) 
         module = _cast_peer(peer, dt, dev, opts.peer_bf16)
         if compiled:
             module = torch.compile(module, mode=opts.compile_mode)
-        from .peers import _forward_fn
+        from .peers import forward_fn
 
         info = {"version": peer.version, "weights": peer.weights,
                 "precision": "fp32" if dt == torch.float32 else
                 ("bf16 weights" if opts.peer_bf16 == "weights" else "fp32 weights + bf16 autocast")}
-        out.append(Contender(peer.label, _forward_fn(lib, module), info, _peer_context(dt, dev, opts.peer_bf16)))
+        out.append(Contender(peer.label, forward_fn(lib, module), info, _peer_context(dt, dev, opts.peer_bf16)))
     return out, notes
 
 
@@ -264,7 +265,7 @@ def run_training(models: List[str], img_sizes: List[Optional[int]], batches: Lis
             base = build_model(cfg, opts.seed)
             for dtype in dtypes:
                 if dtype not in ("fp32", "bf16"):
-                    raise ValueError(f"training precision {dtype!r}: use fp32 or bf16 (autocast)")
+                    raise ConfigError(f"training precision {dtype!r}: use fp32 or bf16 (autocast)")
                 bounds: Dict[int, Any] = {}
                 for compiled in compiles:
                     contenders, why = training_contenders(base, dtype, compiled, opts)

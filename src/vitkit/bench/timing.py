@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
+from ..errors import InputError
 
 
 @dataclass
@@ -80,7 +81,7 @@ def alternate(cases: Dict[str, Callable[[], object]], *, warmup: int = 1, repeat
     ``on_repeat(name, seconds)`` is called after each timed repeat (progress).
     """
     if repeats < 1:
-        raise ValueError(f"repeats must be at least 1, got {repeats}")
+        raise InputError(f"repeats must be at least 1, got {repeats}")
     names = list(cases)
     inner = {n: 1 for n in names}
     out = {n: Stats() for n in names}

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..config import SIZES, ViTConfig
+from ..errors import CheckpointError
 
 Tensor = torch.Tensor
 
@@ -47,7 +48,7 @@ def guess_num_heads(width: int) -> int:
             return dims["num_heads"]
     if width % 64 == 0:
         return width // 64
-    raise ValueError(f"cannot guess the number of heads for width {width}: pass num_heads=")
+    raise CheckpointError(f"cannot guess the number of heads for width {width}: pass num_heads=")
 
 
 def square_grid(n: int) -> Optional[int]:
@@ -99,13 +100,13 @@ def infer_config(state: Dict[str, Tensor], *, num_heads: Optional[int] = None, i
     try:
         w = state["patch_embed.proj.weight"]
     except KeyError:
-        raise ValueError("no patch embedding in the weights: not a ViT checkpoint") from None
+        raise CheckpointError("no patch embedding in the weights: not a ViT checkpoint") from None
     width, in_chans, ph, pw = (int(s) for s in w.shape)
     depth = 0
     while f"blocks.{depth}.norm1.weight" in state:
         depth += 1
     if depth == 0:
-        raise ValueError("no encoder blocks in the weights: not a ViT checkpoint")
+        raise CheckpointError("no encoder blocks in the weights: not a ViT checkpoint")
     class_token = "cls_token" in state
     distill_token = "dist_token" in state  # DeiT's distillation token (timm / HF distilled models)
     prefix = sum(k in state for k in PREFIX_KEYS)
@@ -127,7 +128,7 @@ def infer_config(state: Dict[str, Tensor], *, num_heads: Optional[int] = None, i
     elif pe is not None:
         side = square_grid(pe.shape[-2] - prefix)
         if side is None:
-            raise ValueError(
+            raise CheckpointError(
                 f"the position table has {pe.shape[-2]} slots, not a square grid plus {prefix} token slot(s): "
                 f"pass img_size=(height, width) of the checkpoint")
         fields["img_size"] = (side * ph * stride, side * pw * stride)

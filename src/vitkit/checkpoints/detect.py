@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 from .keymap import show_keys, signature_hits
+from ..errors import CheckpointError
 
 
 def _candidates(keys: List[str]) -> Dict[str, int]:
@@ -26,7 +27,7 @@ def detect_layout(tensors: Dict[str, Any], source: str = "weights") -> str:
     scores = _candidates(keys)
     best = max(scores, key=scores.get)
     if scores[best] == 0:
-        raise ValueError(
+        raise CheckpointError(
             f"{source}: no known ViT layout recognised ({len(keys)} tensors, none matched the authors' .npz, "
             f"torchvision, timm or Hugging Face key names). First keys: {show_keys(keys)}. Expected e.g. "
             f"'embedding/kernel' (npz), 'conv_proj.weight' (torchvision), 'patch_embed.proj.weight' (timm) or "

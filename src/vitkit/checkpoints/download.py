@@ -26,8 +26,9 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
-from ..errors import NotFoundError
+from ..errors import CheckpointError, NotFoundError
 from ..utils import PathLike, exclusive
+from ..version import __version__
 
 CHUNK = 1 << 20
 _HASH_IN_NAME = re.compile(r"-([0-9a-f]{8,64})\.[A-Za-z0-9]+$")  # torch.hub's convention: name-<sha256 prefix>.ext
@@ -63,7 +64,7 @@ def check_sha256(path: PathLike, expected: str, what: str) -> None:
     """Raise a ValueError if the file's SHA-256 does not start with ``expected`` (a full digest or a prefix)."""
     digest = sha256_of(path)
     if not digest.startswith(expected.lower()):
-        raise ValueError(f"{what}: SHA-256 {digest[:16]}... does not match the published {expected[:16]}...: "
+        raise CheckpointError(f"{what}: SHA-256 {digest[:16]}... does not match the published {expected[:16]}...: "
                          f"the file is corrupt or a different one")
 
 
@@ -114,14 +115,13 @@ def _download(url: str, dst: Path, part: Path, expected: Optional[str], progress
             check_sha256(part, expected, url)
         except ValueError as err:
             part.unlink()
-            raise ValueError(f"{err}; the download was deleted, try again") from None
+            raise CheckpointError(f"{err}; the download was deleted, try again") from None
     os.replace(part, dst)
 
 
 def _fetch(url: str, part: Path, progress: bool, timeout: float) -> None:
     """One request: the rest of ``part`` (or all of it) appended to ``part``."""
     have = part.stat().st_size if part.exists() else 0
-    from .. import __version__
     headers = {"User-Agent": f"vitkit/{__version__}", "Accept-Encoding": "identity"}
     if have:
         headers["Range"] = f"bytes={have}-"

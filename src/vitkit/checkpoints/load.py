@@ -26,6 +26,7 @@ from .formats import FORMATS, timm_folder
 from .download import check_sha256
 from .sources import resolve_weights
 from .validate import validate_checkpoint
+from ..errors import CheckpointError, InputError, NotFoundError
 
 TARGETS = ("vitkit", "npz", "torchvision", "timm", "hf")
 _KEEP = object()
@@ -37,7 +38,8 @@ def read_checkpoint(path: PathLike, *, num_heads: Optional[int] = None) -> Check
     """Read weights in any supported format (recognised from the contents) as a vitkit-layout Checkpoint."""
     p = Path(path).expanduser()
     if not p.exists():
-        raise FileNotFoundError(f"{p} does not exist")
+        raise NotFoundError("does not exist", path=p,
+                            hint="read_checkpoint takes a local file or folder; load_weights also takes names and URLs")
     if p.is_dir():
         ckpt = _read_folder(p, num_heads)
     elif native.is_native(p) and p.name == native.WEIGHTS:
@@ -70,7 +72,7 @@ def _read_folder(p: Path, num_heads: Optional[int]) -> Checkpoint:
             ckpt.preprocessing = _hf_preprocessing(read_json(pre), ckpt) or ckpt.preprocessing
         return ckpt
     files = sorted(x.name for x in p.iterdir())[:12]
-    raise ValueError(f"{p} is a folder but neither a vitkit checkpoint ({native.META}) nor a Hugging Face or timm "
+    raise CheckpointError(f"{p} is a folder but neither a vitkit checkpoint ({native.META}) nor a Hugging Face or timm "
                      f"one (config.json + model.safetensors); it holds {files}: pass the weights file itself")
 
 
@@ -82,7 +84,7 @@ def _read_hf_weights(p: Path) -> Dict[str, Any]:
         if name.endswith(".index.json"):
             shards = sorted(set(read_json(f).get("weight_map", {}).values()))
             if not shards:
-                raise ValueError(f"{f} lists no weight files")
+                raise CheckpointError(f"{f} lists no weight files")
             out: Dict[str, Any] = {}
             for shard in shards:
                 out.update(read_tensors(p / shard)[1])
@@ -224,7 +226,7 @@ def build(ckpt: Checkpoint, *, model: Optional[VisionTransformer] = None, img_si
     check_state_dict(state, m.state_dict(), ckpt.source or "weights", strict=strict)
     notes = ckpt.notes + notes
     if labels is not None and target.num_classes and len(labels) != target.num_classes:
-        raise ValueError(f"{len(labels)} labels given for a {target.num_classes}-class model")
+        raise InputError(f"{len(labels)} labels given for a {target.num_classes}-class model")
     same_head = target.num_classes == src.num_classes and not any(n.startswith("head re-init") for n in notes)
     out_labels = list(labels) if labels is not None else (ckpt.labels if same_head else None)
     pre = _preprocessing_for(ckpt.preprocessing, target)
@@ -260,7 +262,7 @@ def save_weights(obj: Union[VisionTransformer, Checkpoint], dst: PathLike, to: s
     ckpt = obj if isinstance(obj, Checkpoint) else checkpoint_of(obj)
     to = to.lower()
     if to not in TARGETS:
-        raise ValueError(f"--to {to!r}: use one of {', '.join(TARGETS)}")
+        raise InputError(f"--to {to!r}: use one of {', '.join(TARGETS)}")
     dst = Path(dst).expanduser()
     safetensors = _check_name(dst, to, safetensors)
     if to == "vitkit":
@@ -291,13 +293,13 @@ def _check_name(dst: Path, to: str, safetensors: bool) -> bool:
     if to in ("torchvision", "timm") and suffix == ".safetensors":
         return True
     if to in ("torchvision", "timm") and suffix in _TORCH_SUFFIXES and safetensors:
-        raise ValueError(f"{dst}: safetensors asked for, but {suffix} names a PyTorch pickle file; "
+        raise InputError(f"{dst}: safetensors asked for, but {suffix} names a PyTorch pickle file; "
                          f"name the file {dst.with_suffix('.safetensors').name}")
     if (to == "npz") != (suffix == ".npz") and suffix in _FILE_SUFFIXES:
-        raise ValueError(f"{dst}: a {suffix} name for the {to} format; name it "
+        raise InputError(f"{dst}: a {suffix} name for the {to} format; name it "
                          f"{dst.with_suffix('.npz' if to == 'npz' else '').name} or choose --to by the name")
     if to in ("vitkit", "hf") and suffix in _FILE_SUFFIXES:
-        raise ValueError(f"{dst}: the {to} format writes a folder (config and model.safetensors), not a "
+        raise InputError(f"{dst}: the {to} format writes a folder (config and model.safetensors), not a "
                          f"{suffix} file; give a folder name such as {dst.with_suffix('').name}")
     return safetensors
 
@@ -308,10 +310,10 @@ def convert(src: PathLike, dst: PathLike, to: str = "vitkit", *, num_heads: Opti
     An existing ``dst`` is refused unless ``overwrite``."""
     out = Path(dst).expanduser()
     if out.exists() and not overwrite:
-        raise ValueError(f"{out} already exists: choose another name, or pass --force (overwrite=True) "
+        raise InputError(f"{out} already exists: choose another name, or pass --force (overwrite=True) "
                          f"to replace it")
     if out.exists() and Path(src).expanduser().resolve() == out.resolve():
-        raise ValueError(f"{out} is both the source and the destination: write to another name")
+        raise InputError(f"{out} is both the source and the destination: write to another name")
     return save_weights(read_checkpoint(src, num_heads=num_heads), out, to, **kwargs)
 
 

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional
 from safetensors.torch import save_file
 
 from ..config import ViTConfig
-from ..errors import CheckpointError, ConfigError, NotFoundError
+from ..errors import CheckpointError, ConfigError, InputError, NotFoundError
 from .files import read_safetensors
 from ..models import VisionTransformer
 from ..utils import PathLike, atomic_path, write_json_atomic
@@ -33,7 +33,7 @@ def save_model(model: VisionTransformer, path: PathLike, *, labels: Optional[Lis
     preprocessing = preprocessing if preprocessing is not None else model.meta.preprocessing
     folder.mkdir(parents=True, exist_ok=True)
     if labels is not None and model.config.num_classes and len(labels) != model.config.num_classes:
-        raise ValueError(f"{len(labels)} labels given for a {model.config.num_classes}-class model")
+        raise InputError(f"{len(labels)} labels given for a {model.config.num_classes}-class model")
     if preprocessing is not None and hasattr(preprocessing, "to_dict"):
         preprocessing = preprocessing.to_dict()
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
@@ -71,10 +71,11 @@ def read_meta(path: PathLike) -> Dict[str, Any]:
         raise NotFoundError(f"not found: a vitkit checkpoint is a folder with {WEIGHTS} and {META}",
                             path=meta) from None
     except json.JSONDecodeError as err:  # its message names the line and column
-        raise CheckpointError(f"not valid JSON ({err})", path=meta,
-                              hint="the checkpoint's description is damaged: restore it or save the model again") from None
+        raise CheckpointError(f"not valid JSON ({err})", path=meta, hint="the checkpoint's description is damaged: "
+                              "restore it or save the model again") from None
     except UnicodeDecodeError as err:
-        raise CheckpointError(f"not UTF-8 text ({err})", path=meta, hint="the checkpoint's description is damaged") from None
+        raise CheckpointError(f"not UTF-8 text ({err})", path=meta,
+                              hint="the checkpoint's description is damaged") from None
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise CheckpointError(f"not a vitkit checkpoint description (format="
                               f"{d.get('format') if isinstance(d, dict) else None!r})", path=meta)

@@ -31,6 +31,7 @@ from typing import List, Optional, Tuple
 from ..utils import PathLike
 from .download import WeightsUnavailable, download_url, is_offline
 from .registry import DEFAULT_CACHE, JAX, KNOWN, KnownCheckpoint, get_known
+from ..errors import InputError
 
 HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 HUB_OPTIONAL = ("preprocessor_config.json",)
@@ -69,13 +70,13 @@ def resolve_weights(name_or_path: PathLike, *, file: Optional[PathLike] = None,
     if p.exists():
         return Resolved(p, None, text)
     if entry is not None:
-        return Resolved(_fetch_known(entry, cache_dir, offline, progress), entry, text)
-    url = _as_url(text)
+        return Resolved(fetch_known(entry, cache_dir, offline, progress), entry, text)
+    url = as_url(text)
     if url is not None:
         dst = _cache_dirs(cache_dir)[0] / _cache_name(url)
         found = _cached(_cache_name(url), cache_dir)
         return Resolved(found or download_url(url, dst, progress=progress, offline=offline), None, text)
-    repo = _as_repo(text)
+    repo = as_repo(text)
     if repo is not None:
         manual = _cache_dirs(cache_dir)[-1] / repo[0].replace("/", "--")
         if (manual / "config.json").is_file():  # the repository's files saved by hand
@@ -90,7 +91,8 @@ def resolve_weights(name_or_path: PathLike, *, file: Optional[PathLike] = None,
 
 
 # --- known checkpoints -------------------------------------------------------------
-def _fetch_known(entry: KnownCheckpoint, cache_dir, offline, progress) -> Path:
+def fetch_known(entry: KnownCheckpoint, cache_dir, offline, progress) -> Path:
+    """The local path of a known checkpoint's weights: the cached copy if there is one, else a download."""
     if entry.hub_repo:
         folder = entry.file.replace(".safetensors", "")
         legacy = _cached(folder, cache_dir)
@@ -122,7 +124,8 @@ def _cached(name: str, cache_dir: Optional[PathLike]) -> Optional[Path]:
 
 
 # --- URLs ---------------------------------------------------------------------------
-def _as_url(text: str) -> Optional[str]:
+def as_url(text: str) -> Optional[str]:
+    """``text`` as an http(s) URL of a weights file, else None."""
     if text.startswith(("https://", "http://")):
         return text
     if text.startswith("gs://"):  # the authors' bucket is public over https
@@ -141,12 +144,12 @@ def _cache_name(url: str) -> str:
         return f"{stem}-imagenet2012.npz"
     name = base.rstrip("/").rsplit("/", 1)[-1]
     if not name:
-        raise ValueError(f"{url} names no file")
+        raise InputError(f"{url} names no file")
     return name
 
 
 # --- Hugging Face Hub ---------------------------------------------------------------
-def _as_repo(text: str) -> Optional[Tuple[str, Optional[str]]]:
+def as_repo(text: str) -> Optional[Tuple[str, Optional[str]]]:
     """(repo id, revision) for a Hub id, ``hf-hub:`` id, or a timm ``name.tag``; else None."""
     s = text[len("hf-hub:"):] if text.startswith("hf-hub:") else text
     s, _, rev = s.partition("@")

@@ -3,9 +3,9 @@
 Each command group lives in its own module with a ``register(subparsers)`` function; add new groups to
 COMMAND_MODULES.
 
-:func:`main` is the one error boundary: an expected failure (a :class:`~vitkit.errors.VitkitError`, an
-operating-system error such as a missing file or a full disk, or a ``ValueError`` raised by vitkit's
-own checks) becomes one line ``vitkit COMMAND: error: ...`` and exit code 1 (2 for usage errors);
+:func:`main` is the one error boundary, and the exception's type alone decides: an expected failure (a
+:class:`~vitkit.errors.VitkitError`, or an operating-system error such as a missing file or a full disk)
+becomes one line ``vitkit COMMAND: error: ...`` and the type's exit code (1; 2 for usage errors);
 anything else is a bug and shows its traceback with a request to report it (exit code 70).
 ``--debug`` shows the traceback of every error.
 """
@@ -17,10 +17,9 @@ import re
 import sys
 import traceback
 import warnings
-from pathlib import Path
 from typing import List, Optional, Tuple
 
-from .. import __version__
+from ..version import __version__
 from ..errors import EXIT_BUG, EXIT_ERROR, VitkitError, VitkitWarning, describe_os_error
 from ..models.backend import use_backend
 
@@ -57,23 +56,7 @@ def classify_failure(err: BaseException) -> Tuple[int, Optional[str]]:
         return err.exit_code, str(err)
     if isinstance(err, OSError):
         return EXIT_ERROR, describe_os_error(err)
-    if isinstance(err, ValueError) and _raised_by_vitkit(err):
-        return EXIT_ERROR, str(err)  # vitkit's own input checks (raise ValueError("... : fix"))
     return EXIT_BUG, None
-
-
-def _raised_by_vitkit(err: BaseException) -> bool:
-    """Whether the innermost frame of ``err``'s traceback is vitkit's own code (a deliberate check), not
-    a library underneath failing on input vitkit did not check (which is a bug in vitkit)."""
-    tb = err.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    try:
-        return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE)
-    except (OSError, ValueError):
-        return False
 
 
 def _one_line(text: str) -> str:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List
@@ -43,15 +44,25 @@ def parse_overrides(items: Iterable[str]) -> Dict[str, Any]:
     return out
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (sizes, counts); anything else is a usage error (exit code 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _number(kind: type, low: float, strict: bool, what: str):
+    """An argparse type: a finite ``kind`` above ``low`` (``strict``) or at least ``low``; anything else is a
+    usage error (exit code 2) before any work starts."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
+        return value
+    parse.__name__ = what.replace(" ", "_")  # argparse names the type in its messages
+    return parse
+
+
+positive_int = _number(int, 1, False, "a positive integer")  # sizes, counts
+nonneg_int = _number(int, 0, False, "an integer >= 0")  # workers, warm-up calls
+positive_float = _number(float, 0.0, True, "a positive number")  # rates, epochs
+nonneg_float = _number(float, 0.0, False, "a number >= 0")  # regularisation strengths
 
 
 class ManyFiles:
@@ -65,7 +76,8 @@ class ManyFiles:
 
     def skip(self, path: Any, reason: Any) -> None:
         from ..errors import describe_os_error
-        text = describe_os_error(reason) if isinstance(reason, OSError) and getattr(reason, "errno", None) else str(reason)
+        is_os = isinstance(reason, OSError) and getattr(reason, "errno", None)
+        text = describe_os_error(reason) if is_os else str(reason)
         text = " ".join(text.split())
         shown = str(path)
         if text.startswith(shown):  # the reason already names the file

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError, UsageError
-from ._util import ManyFiles, positive_int
+from ._util import ManyFiles, nonneg_float, nonneg_int, positive_int
 
 DEFAULT_CACHE = "~/.cache/vitkit/features"
 
@@ -29,13 +29,13 @@ def register(sub) -> None:
                         "(default: fashion-mnist from /usr/share/datasets)")
     p.add_argument("--load-size", type=positive_int, default=None,
                    help="size image folders are decoded at before the model's resize (default: the model size)")
-    p.add_argument("--shots", type=int, nargs="*", default=[1, 5, 10, 25], metavar="K",
+    p.add_argument("--shots", type=positive_int, nargs="*", default=[1, 5, 10, 25], metavar="K",
                    help="examples per class (default: 1 5 10 25; none: only the linear probe)")
     p.add_argument("--seeds", type=positive_int, default=5, help="repetitions with different shots (default 5)")
     p.add_argument("--representation", default="pre_logits", choices=["pre_logits", "token", "gap"],
                    help="pre_logits (what the head sees; default), token (final class token) or gap "
                         "(mean of the final patch tokens)")
-    p.add_argument("--l2", type=float, nargs="+", metavar="L2",
+    p.add_argument("--l2", type=nonneg_float, nargs="+", metavar="L2",
                    help="L2 strengths to choose from (default: 2^-10 ... 2^19)")
     p.add_argument("--val-per-class", type=positive_int, default=20,
                    help="validation images per class for choosing the L2 strength (default 20)")
@@ -65,12 +65,13 @@ def register(sub) -> None:
                    "cifar10:DIR, folder:DIR, ... (as vitkit train reads them)")
     p.add_argument("--num-images", type=positive_int, default=128,
                    help="dataset images the attention distance is averaged over (default 128, as the paper)")
-    p.add_argument("--rollout-images", type=int, default=10,
+    p.add_argument("--rollout-images", type=nonneg_int, default=10,
                    help="dataset images in the rollout grid (one per class first; default 10)")
     p.add_argument("--head-fusion", default="mean", choices=["mean", "max", "min"])
     p.add_argument("--img-size", type=positive_int, nargs="+", metavar="N",
                    help="analyse at another resolution: N or H W (position embeddings resized)")
-    p.add_argument("--filters", type=positive_int, default=28, help="principal components of the embedding (default 28)")
+    p.add_argument("--filters", type=positive_int, default=28,
+                   help="principal components of the embedding (default 28)")
     p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument("--device", default="cpu")
     p.add_argument("--title", help="model name shown in the figures")

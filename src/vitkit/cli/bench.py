@@ -6,7 +6,7 @@ import shlex
 import sys
 
 from ..errors import UsageError
-from ._util import parse_overrides, positive_int
+from ._util import nonneg_int, parse_overrides, positive_int
 
 WHAT = ("inference", "latency", "train", "memory", "roofline")
 
@@ -28,7 +28,8 @@ def register(sub) -> None:
                    help="input resolutions (default: the model's own); e.g. 64 128 224 384 512 for Figure 12")
     p.add_argument("--batch", type=positive_int, nargs="+", default=[16], metavar="N",
                    help="inference batch sizes; each library is reported at its best one (default: 16)")
-    p.add_argument("--train-batch", type=positive_int, nargs="+", default=[32], metavar="N", help="training batch sizes")
+    p.add_argument("--train-batch", type=positive_int, nargs="+", default=[32], metavar="N",
+                   help="training batch sizes")
     p.add_argument("--memory-batch", type=positive_int, nargs="+", default=[64], metavar="N",
                    help="batch sizes for peak memory (default: 64)")
     p.add_argument("--dtype", nargs="+", choices=("fp32", "bf16"), default=["fp32"],
@@ -38,15 +39,16 @@ def register(sub) -> None:
     p.add_argument("--compile-mode", default=None,
                    help="torch.compile mode, e.g. reduce-overhead (CUDA graphs) or max-autotune")
     p.add_argument("--peers", nargs="+", default=["all"], metavar="LIB",
-                   help="timm hf torchvision, 'all' (default) or 'none'")
+                   help="timm hf torchvision onnxruntime, 'all' (default) or 'none'")
     p.add_argument("--peer-bf16", choices=("weights", "autocast"), default="weights",
                    help="how peers run bf16: bf16 weights (model.to(bfloat16), default) or fp32 weights + autocast")
     p.add_argument("--vitkit-module", action="store_true",
-                   help="also time vitkit's plain nn.Module (without the inference engine)")
+                   help="also time vitkit's model called directly (without prepare_inference's wrapper)")
     p.add_argument("--threads", type=positive_int, help="intra-op threads for every library (default: torch's)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    p.add_argument("--warmup", type=int, default=1, help="untimed calls per contender first (default 1)")
-    p.add_argument("--repeats", type=positive_int, default=5, help="timed repeats per contender, alternated (default 5)")
+    p.add_argument("--warmup", type=nonneg_int, default=1, help="untimed calls per contender first (default 1)")
+    p.add_argument("--repeats", type=positive_int, default=5,
+                   help="timed repeats per contender, alternated (default 5)")
     p.add_argument("--no-roofline", action="store_true", help="skip measuring the GEMM roofline")
     p.add_argument("--no-copy-weights", action="store_true",
                    help="peers keep their own random init instead of vitkit's weights")

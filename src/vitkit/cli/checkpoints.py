@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import NotFoundError, UsageError
+from ..errors import InputError, NotFoundError, UsageError, require
 from ._util import ManyFiles, positive_int
 
 
@@ -58,7 +58,7 @@ def register(sub) -> None:
     p.add_argument("--to", "--format", dest="format", choices=["onnx", "torch", "openvino"],
                    help="default: from the output's suffix (.onnx, .xml: openvino, else torch)")
     p.add_argument("--img-size", type=positive_int, help="export at this resolution")
-    p.add_argument("--opset", type=int, default=17)
+    p.add_argument("--opset", type=positive_int, default=17)
     p.add_argument("--static-batch", action="store_true", help="fix the batch size instead of a dynamic axis")
     _weights_args(p)
     p.set_defaults(func=_export)
@@ -88,7 +88,7 @@ def _convert(args) -> int:
         check_sha256(src, where.entry.sha256, str(src))
     dst = Path(args.dst)
     if (dst.exists() or dst.is_symlink()) and not args.force:  # before staging: staging writes in place then
-        raise ValueError(f"{dst} already exists: choose another name, or pass --force to replace it")
+        raise InputError(f"{dst} already exists: choose another name, or pass --force to replace it")
     with staged_output(args.dst) as tmp:  # a failed conversion leaves no partial folder
         out = convert(src, tmp, args.to, num_heads=args.num_heads, safetensors=args.safetensors,
                       flavour=args.flavour, prefix=args.prefix, overwrite=args.force)
@@ -176,11 +176,15 @@ def _predict_remote(args, files, many) -> int:
 def _export(args) -> int:
     from ..export import export
 
-    model = _load(args, img_size=args.img_size) if args.img_size else _load(args)
     kw = {"dynamic_batch": not args.static_batch}
     fmt = args.format or {".onnx": "onnx", ".xml": "openvino"}.get(Path(args.output).suffix.lower(), "torch")
+    if fmt == "onnx":
+        require("onnx", "onnx", what="vitkit export to ONNX")  # before any work
+    if fmt == "openvino":
+        require("openvino", "onnx", "openvino", what="vitkit export to OpenVINO")
     if fmt in ("onnx", "openvino"):
         kw["opset"] = args.opset
+    model = _load(args, img_size=args.img_size) if args.img_size else _load(args)
     report = export(model, args.output, fmt, **kw)
     print(json.dumps(report))
     return 0
@@ -191,7 +195,7 @@ def _weights(args) -> int:
 
     if args.download:
         if not args.name:
-            raise ValueError("--download needs a NAME: vitkit weights --download torchvision/vit_b_16")
+            raise UsageError("--download needs a NAME: vitkit weights --download torchvision/vit_b_16")
         print(resolve_weights(args.name).path)
         return 0
     if args.name:

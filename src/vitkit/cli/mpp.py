@@ -4,7 +4,7 @@ Fine-tune the result with ``vitkit finetune RUN/model --recipe ...``.
 """
 from __future__ import annotations
 
-from .train import _common, _overrides, resolve_run
+from .train import add_run_args, overrides_of, resolve_run
 
 
 def register(sub) -> None:
@@ -12,7 +12,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("pretrain-mpp", help="self-supervised pre-training by masked patch prediction (Section 4.6): "
                        "50%% of patch embeddings corrupted, predict their 3-bit mean colour; labels unused")
-    _common(p, "fmnist-mpp")
+    add_run_args(p, "fmnist-mpp")
     p.add_argument("--target", choices=MPP_TARGETS,
                    help="mpp.target: mean_color (3-bit mean colour), color4x4 (4x4 downsampled, 3-bit), pixels (L2)")
     p.set_defaults(func=_pretrain)
@@ -21,7 +21,7 @@ def register(sub) -> None:
 def _pretrain(args) -> int:
     from ..train.mpp import pretrain_mpp
 
-    ov = _overrides(args)
+    ov = overrides_of(args)
     if args.target:
         ov["mpp.target"] = args.target
     run = resolve_run(args, ov)

@@ -9,10 +9,12 @@ import time
 from pathlib import Path
 
 from ..errors import UsageError
-from ._util import ManyFiles, parse_overrides, positive_int
+from ..train.recipe import DEFAULT_RECIPE
+from ._util import ManyFiles, nonneg_int, parse_overrides, positive_float, positive_int
 
 
-def _common(p, default_recipe: str) -> None:
+def add_run_args(p, default_recipe: str) -> None:
+    """The options every training command takes (recipe, overrides, data, length, run folder)."""
     p.add_argument("--recipe", "-r", default=None,
                    help=f"built-in recipe name or a .yaml/.json file (default: {default_recipe}, or with --resume the "
                    f"run's own recipe.yaml; list: vitkit recipes)")
@@ -21,9 +23,9 @@ def _common(p, default_recipe: str) -> None:
                    help="override a recipe value: optim.lr=3e-4, schedule.epochs=20, width=192 ... (repeatable)")
     p.add_argument("--data", metavar="SPEC", help="dataset: fashion-mnist[:DIR], mnist[:DIR], cifar10:DIR, "
                    "cifar100:DIR, folder:DIR, shards:PATTERN, tensors:FILE")
-    p.add_argument("--epochs", type=float, help="schedule.epochs")
+    p.add_argument("--epochs", type=positive_float, help="schedule.epochs")
     p.add_argument("--steps", type=positive_int, help="schedule.steps (wins over epochs)")
-    p.add_argument("--lr", type=float, help="optim.lr (peak)")
+    p.add_argument("--lr", type=positive_float, help="optim.lr (peak)")
     p.add_argument("--batch-size", type=positive_int, help="optim.batch_size (global)")
     p.add_argument("--device", help="train.device: auto, cpu, cuda, cuda:N")
     p.add_argument("--out", "-o", help="run folder (default: runs/<recipe>-<time>)")
@@ -35,14 +37,14 @@ def _common(p, default_recipe: str) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a ViT from a recipe (from scratch, or fine-tune with init.checkpoint)")
-    _common(p, "fmnist-demo")
+    add_run_args(p, DEFAULT_RECIPE)
     p.set_defaults(func=_train)
 
     p = sub.add_parser("finetune", help="fine-tune a checkpoint (any format vitkit loads) the paper's way: "
                        "new zero head, position embeddings resized to the new resolution")
     p.add_argument("checkpoint", help="weights to start from: a vitkit folder, timm/torchvision/HF file, .npz")
     p.add_argument("--img-size", type=positive_int, help="fine-tuning resolution (position embeddings are resized)")
-    _common(p, "paper-finetune")
+    add_run_args(p, "paper-finetune")
     p.set_defaults(func=_finetune)
 
     p = sub.add_parser("eval", help="top-1/top-5 accuracy of a checkpoint on a dataset, with its preprocessing")
@@ -52,7 +54,7 @@ def register(sub) -> None:
     p.add_argument("--root", help="dataset folder for specs without a path")
     p.add_argument("--batch-size", type=positive_int, default=500)
     p.add_argument("--device", default="auto")
-    p.add_argument("--workers", type=int, default=0, help="decoding processes for image folders / shards")
+    p.add_argument("--workers", type=nonneg_int, default=0, help="decoding processes for image folders / shards")
     p.add_argument("--tta", choices=["none", "flip"], default="none",
                    help="test-time augmentation: flip scores each image by the mean probability of it and its "
                         "mirror image (default: none)")
@@ -67,7 +69,8 @@ def register(sub) -> None:
     p.set_defaults(func=_recipes)
 
 
-def _overrides(args) -> dict:
+def overrides_of(args) -> dict:
+    """The recipe overrides of a training command: ``--set`` pairs plus the shortcut options."""
     ov = parse_overrides(args.set)
     for flag, key in (("data", "data.dataset"), ("epochs", "schedule.epochs"), ("steps", "schedule.steps"),
                       ("lr", "optim.lr"), ("batch_size", "optim.batch_size"), ("device", "train.device")):
@@ -131,11 +134,11 @@ def _report(res: dict, out: Path) -> None:
 
 
 def _train(args) -> int:
-    return _run(args, _overrides(args))
+    return _run(args, overrides_of(args))
 
 
 def _finetune(args) -> int:
-    ov = _overrides(args)
+    ov = overrides_of(args)
     ov["init.checkpoint"] = args.checkpoint
     if args.img_size:
         ov["model.img_size"] = args.img_size
@@ -165,11 +168,11 @@ def _eval(args) -> int:
 
 def _recipes(args) -> int:
     from ..train import list_recipes, load_recipe
-    from ..train.recipe import _raw
+    from ..train.recipe import raw_recipe
 
     if not args.name:
         for name in list_recipes():
-            desc = " ".join(str(_raw(name).get("description", "")).split())
+            desc = " ".join(str(raw_recipe(name).get("description", "")).split())
             print(f"{name:18s} {desc[:100]}{'...' if len(desc) > 100 else ''}")
         return 0
     recipe = load_recipe(args.name, parse_overrides(args.set))

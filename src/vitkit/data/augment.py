@@ -20,6 +20,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+from ..errors import ConfigError
 
 Tensor = torch.Tensor
 
@@ -151,7 +152,7 @@ def _color_op(name: str, x: Tensor, m: float, sign: Tensor) -> Tensor:
         return _blend(x, torch.zeros_like(x), f)
     if name == "sharpness":
         return _sharpen(x, f)
-    raise ValueError(f"unknown op {name}")
+    raise ConfigError(f"unknown op {name}")
 
 
 def _affine_for(name: str, m: float, sign: Tensor, h: int, w: int) -> Tensor:
@@ -188,7 +189,7 @@ def rand_augment(x: Tensor, g: torch.Generator, num_ops: int = 2, magnitude: flo
     at magnitude ``magnitude`` out of 10 (jittered by ``magnitude_std`` per batch, as timm's ``mstd``)."""
     unknown = sorted(set(ops) - set(RAND_AUGMENT_OPS))
     if unknown:
-        raise ValueError(f"unknown RandAugment ops {unknown}: choose from {', '.join(RAND_AUGMENT_OPS)}")
+        raise ConfigError(f"unknown RandAugment ops {unknown}: choose from {', '.join(RAND_AUGMENT_OPS)}")
     b, _, h, w = x.shape
     for _ in range(num_ops):
         choice = torch.randint(0, len(ops), (b,), generator=g)
@@ -294,20 +295,20 @@ class AugmentConfig:
         if self.crop is None:  # "none" on the command line parses to None
             self.crop = "none"
         if self.crop not in ("none", "pad", "inception", "center"):
-            raise ValueError(f"augment.crop={self.crop!r}: use none, pad, inception or center")
+            raise ConfigError(f"augment.crop={self.crop!r}: use none, pad, inception or center")
         if self.randaugment is not None:
             ra = tuple(self.randaugment)
             if len(ra) != 2 or ra[0] < 0 or not 0 <= ra[1] <= 10:
-                raise ValueError(f"augment.randaugment={self.randaugment!r}: give [num_ops, magnitude 0..10], "
+                raise ConfigError(f"augment.randaugment={self.randaugment!r}: give [num_ops, magnitude 0..10], "
                                  f"e.g. [2, 10], or null")
             self.randaugment = (int(ra[0]), float(ra[1]))
         for k in ("mix_prob", "switch_prob", "erasing"):
             if not 0 <= getattr(self, k) <= 1:
-                raise ValueError(f"augment.{k} must be in [0, 1], got {getattr(self, k)}")
+                raise ConfigError(f"augment.{k} must be in [0, 1], got {getattr(self, k)}")
         if not 0 <= self.label_smoothing < 1:
-            raise ValueError(f"augment.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+            raise ConfigError(f"augment.label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.repeats < 1:
-            raise ValueError(f"augment.repeats must be >= 1, got {self.repeats}")
+            raise ConfigError(f"augment.repeats must be >= 1, got {self.repeats}")
 
     @property
     def mixes(self) -> bool:
@@ -345,13 +346,13 @@ class Normalize:
             c = x.shape[1]
             mean, std = [float(v) for v in self.mean], [float(v) for v in self.std]
             if len(mean) != len(std):
-                raise ValueError(f"normalisation has {len(mean)} means but {len(std)} stds")
+                raise ConfigError(f"normalisation has {len(mean)} means but {len(std)} stds")
             if c == 1 and len(mean) > 1:
                 mean, std = [sum(mean) / len(mean)], [sum(std) / len(std)]
             if len(mean) == 1:
                 mean, std = mean * c, std * c
             if len(mean) != c:
-                raise ValueError(f"normalisation has {len(self.mean)} means for {c}-channel images: give one "
+                raise ConfigError(f"normalisation has {len(self.mean)} means for {c}-channel images: give one "
                                  f"value or one per channel")
             self._cache[key] = (torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, c, 1, 1),
                                 1.0 / torch.tensor(std, dtype=x.dtype, device=x.device).view(1, c, 1, 1))

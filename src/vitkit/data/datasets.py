@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ..errors import DataError, NotFoundError
+from ..errors import ConfigError, DataError, InputError, NotFoundError
 from ..utils import PathLike
 from .idx import FASHION_MNIST_CLASSES, MNIST_CLASSES, load_idx_split
 
@@ -45,15 +45,15 @@ class TensorImages:
         if self.images.ndim == 3:  # [N, H, W] grayscale
             self.images = self.images.unsqueeze(1)
         if self.images.ndim != 4:
-            raise ValueError(f"{self.name}: images must be [N, C, H, W] (or [N, H, W]), got {tuple(self.images.shape)}")
+            raise DataError(f"{self.name}: images must be [N, C, H, W] (or [N, H, W]), got {tuple(self.images.shape)}")
         if self.images.dtype != torch.uint8:
-            raise ValueError(f"{self.name}: images must be uint8 (0..255), got {self.images.dtype}: "
+            raise DataError(f"{self.name}: images must be uint8 (0..255), got {self.images.dtype}: "
                              f"convert with (x * 255).round().clamp(0, 255).to(torch.uint8)")
         self.labels = torch.as_tensor(self.labels, dtype=torch.int64)
         if self.labels.ndim != 1 or len(self.labels) != len(self.images):
-            raise ValueError(f"{self.name}: {len(self.images)} images but labels of shape {tuple(self.labels.shape)}")
+            raise DataError(f"{self.name}: {len(self.images)} images but labels of shape {tuple(self.labels.shape)}")
         if len(self.labels) and (self.labels.min() < 0 or self.labels.max() >= len(self.classes)):
-            raise ValueError(f"{self.name}: labels must be in [0, {len(self.classes)}), got "
+            raise DataError(f"{self.name}: labels must be in [0, {len(self.classes)}), got "
                              f"[{int(self.labels.min())}, {int(self.labels.max())}]")
 
     in_memory = True
@@ -178,7 +178,7 @@ def cifar(root: PathLike, split: str = "train", which: Optional[int] = None) -> 
     are read with a restricted unpickler that refuses anything else."""
     folder = Path(root)
     if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        raise InputError(f"split must be 'train' or 'test', got {split!r}")
     if which is None:
         which = 100 if (folder / "meta").is_file() and not (folder / "batches.meta").is_file() else 10
     if which == 10:
@@ -187,7 +187,7 @@ def cifar(root: PathLike, split: str = "train", which: Optional[int] = None) -> 
     elif which == 100:
         files, meta_file, label_key, names_key = [folder / split], folder / "meta", "fine_labels", "fine_label_names"
     else:
-        raise ValueError(f"CIFAR comes as 10 or 100 classes, got {which}")
+        raise InputError(f"CIFAR comes as 10 or 100 classes, got {which}")
     missing = [str(f) for f in files + [meta_file] if not f.is_file()]
     if missing:
         raise FileNotFoundError(
@@ -221,7 +221,7 @@ def _load_pickle(path: Path) -> Dict[Any, Any]:
         with open(path, "rb") as f:
             d = _SafeUnpickler(f, encoding="bytes").load()
     except (pickle.UnpicklingError, EOFError, ValueError) as err:
-        raise ValueError(f"{path}: not a CIFAR python batch ({err})") from None
+        raise DataError(f"{path}: not a CIFAR python batch ({err})") from None
     return {k.decode() if isinstance(k, bytes) else k: v for k, v in d.items()}
 
 
@@ -243,7 +243,7 @@ def image_folder(root: PathLike, split: Optional[str] = None, *, load_size: int 
     classes = list(classes) if classes is not None else found
     unknown = sorted(set(found) - set(classes))
     if unknown:
-        raise ValueError(f"{folder}: class folders {unknown} are not among the training classes")
+        raise DataError(f"{folder}: class folders {unknown} are not among the training classes")
     items = []
     for label, name in enumerate(classes):
         d = folder / name
@@ -267,7 +267,7 @@ def tensor_file(path: PathLike, split: str = "train") -> TensorImages:
     x = d.get(f"{split}_images", d.get("images"))
     y = d.get(f"{split}_labels", d.get("labels"))
     if x is None or y is None:
-        raise ValueError(f"{p}: needs arrays '{split}_images' and '{split}_labels' (or 'images' and 'labels'); "
+        raise DataError(f"{p}: needs arrays '{split}_images' and '{split}_labels' (or 'images' and 'labels'); "
                          f"found {sorted(d)}")
     x, y = torch.as_tensor(np.asarray(x)), torch.as_tensor(np.asarray(y)).long()
     if x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):  # NHWC -> NCHW
@@ -322,21 +322,21 @@ def open_dataset(spec: str, split: str = "train", *, root: Optional[PathLike] = 
         return mnist(split, path)
     if kind in ("cifar10", "cifar100", "cifar-10", "cifar-100"):
         if not path:
-            raise ValueError(f"{spec}: give the folder of the python batches, e.g. {kind}:/data/cifar-10-batches-py")
+            raise ConfigError(f"{spec}: give the folder of the python batches, e.g. {kind}:/data/cifar-10-batches-py")
         return cifar(path, split, 100 if kind.endswith("100") else 10)
     if kind == "folder":
         if not path:
-            raise ValueError("folder: give the folder, e.g. folder:/data/pets")
+            raise ConfigError("folder: give the folder, e.g. folder:/data/pets")
         return image_folder(path, split, load_size=load_size, channels=channels, classes=classes)
     if kind == "shards":
         from .shards import tar_shards
         if not path:
-            raise ValueError("shards: give a pattern, e.g. shards:/data/{split}-{000..015}.tar")
+            raise ConfigError("shards: give a pattern, e.g. shards:/data/{split}-{000..015}.tar")
         return tar_shards(path.replace("{split}", split), load_size=load_size, channels=channels, classes=classes)
     if kind == "tensors":
         if not path:
-            raise ValueError("tensors: give a .npz or .pt file, e.g. tensors:/data/digits.npz")
+            raise ConfigError("tensors: give a .npz or .pt file, e.g. tensors:/data/digits.npz")
         return tensor_file(path, split)
-    raise ValueError(f"unknown dataset {spec!r}: use one of {', '.join(KNOWN)} (e.g. 'fashion-mnist', "
+    raise ConfigError(f"unknown dataset {spec!r}: use one of {', '.join(KNOWN)} (e.g. 'fashion-mnist', "
                      f"'folder:/data/pets', 'cifar10:/data/cifar-10-batches-py')")
 

@@ -8,6 +8,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from ..utils import PathLike
+from ..errors import DataError, InputError
 
 _DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
@@ -20,24 +21,24 @@ _FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
 
 
 def read_idx(path: PathLike) -> np.ndarray:
-    """Read an IDX array; raise ValueError naming the file when it is corrupt or truncated."""
+    """Read an IDX array; raise DataError naming the file when it is corrupt or truncated."""
     path = Path(path)
     try:
         with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
             raw = f.read()
     except (OSError, EOFError) as err:
-        raise ValueError(f"{path}: cannot read IDX data ({err}); the file is corrupt or truncated") from None
+        raise DataError(f"{path}: cannot read IDX data ({err}); the file is corrupt or truncated") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _DTYPES:
-        raise ValueError(f"{path}: not an IDX file (bad magic number)")
+        raise DataError(f"{path}: not an IDX file (bad magic number)")
     ndim = raw[3]
     header = 4 + 4 * ndim
     if len(raw) < header:
-        raise ValueError(f"{path}: truncated IDX header")
+        raise DataError(f"{path}: truncated IDX header")
     shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
     dtype = np.dtype(_DTYPES[raw[2]])
     need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if len(raw) - header != need:
-        raise ValueError(f"{path}: IDX header promises {shape} ({need} bytes) but the file holds "
+        raise DataError(f"{path}: IDX header promises {shape} ({need} bytes) but the file holds "
                          f"{len(raw) - header} bytes: truncated or corrupt")
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
 
@@ -69,13 +70,13 @@ def load_idx_split(split: str = "train", root: Optional[PathLike] = None,
                    defaults: Sequence[str] = DEFAULT_FASHION_MNIST_DIRS) -> Tuple[np.ndarray, np.ndarray]:
     """(images uint8 [N, H, W], labels int64 [N]) of the ``train`` or ``test`` split."""
     if split not in _FILES:
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        raise InputError(f"split must be 'train' or 'test', got {split!r}")
     folder = find_idx_dataset(root, defaults)
     img_stem, lbl_stem = _FILES[split]
     images = read_idx(_find(folder, img_stem))
     labels = read_idx(_find(folder, lbl_stem)).astype(np.int64)
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-        raise ValueError(f"{folder}: {split} images {images.shape} and labels {labels.shape} do not match")
+        raise DataError(f"{folder}: {split} images {images.shape} and labels {labels.shape} do not match")
     return images, labels
 
 

@@ -13,6 +13,7 @@ from typing import Iterator, Optional, Tuple
 import torch
 
 from .datasets import Dataset
+from ..errors import ConfigError
 
 
 def split_indices(n: int, fraction: float, seed: int = 0, labels: Optional[torch.Tensor] = None
@@ -21,7 +22,7 @@ def split_indices(n: int, fraction: float, seed: int = 0, labels: Optional[torch
     (the paper holds out 1-10 % of the training set to choose hyper-parameters). Sorted, disjoint,
     identical for the same (n, fraction, seed)."""
     if not 0 <= fraction < 1:
-        raise ValueError(f"val_fraction must be in [0, 1), got {fraction}")
+        raise ConfigError(f"val_fraction must be in [0, 1), got {fraction}")
     g = torch.Generator().manual_seed(int(seed) + 7919)
     if fraction == 0 or n == 0:
         return torch.arange(n), torch.zeros(0, dtype=torch.int64)
@@ -58,9 +59,9 @@ class EpochSampler:
     def __init__(self, n: int, batch_size: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0,
                  world: int = 1, repeats: int = 1, drop_last: bool = True):
         if batch_size % world:
-            raise ValueError(f"global batch {batch_size} is not divisible by {world} processes")
+            raise ConfigError(f"global batch {batch_size} is not divisible by {world} processes")
         if batch_size > n and drop_last:
-            raise ValueError(f"batch size {batch_size} is larger than the dataset ({n} images): lower it")
+            raise ConfigError(f"batch size {batch_size} is larger than the dataset ({n} images): lower it")
         self.n, self.batch_size, self.shuffle, self.seed = n, batch_size, shuffle, seed
         self.rank, self.world, self.repeats, self.drop_last = rank, world, repeats, drop_last
 

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image, ImageOps
+from ..errors import ConfigError, DataError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -193,19 +194,19 @@ class Preset:
         object.__setattr__(self, "mean", mean)
         object.__setattr__(self, "std", std)
         if self.resize_mode not in ("shorter", "square", "squash"):
-            raise ValueError(f"resize_mode={self.resize_mode!r}: use 'shorter', 'square' or 'squash'")
+            raise ConfigError(f"resize_mode={self.resize_mode!r}: use 'shorter', 'square' or 'squash'")
         if self.crop_rounding not in ("round", "floor"):
-            raise ValueError(f"crop_rounding={self.crop_rounding!r}: use 'round' or 'floor'")
+            raise ConfigError(f"crop_rounding={self.crop_rounding!r}: use 'round' or 'floor'")
         if self.interpolation not in _PIL_FILTERS:
-            raise ValueError(f"interpolation={self.interpolation!r}: use one of {', '.join(_PIL_FILTERS)}")
+            raise ConfigError(f"interpolation={self.interpolation!r}: use one of {', '.join(_PIL_FILTERS)}")
         if self.backend not in ("pil", "tensor"):
-            raise ValueError(f"backend={self.backend!r}: use 'pil' or 'tensor'")
+            raise ConfigError(f"backend={self.backend!r}: use 'pil' or 'tensor'")
         if self.backend == "tensor" and self.interpolation not in ("bilinear", "bicubic", "nearest"):
-            raise ValueError("the tensor backend resizes with bilinear, bicubic or nearest")
+            raise ConfigError("the tensor backend resizes with bilinear, bicubic or nearest")
         if self.resize_mode != "squash" and not self.resize:
-            raise ValueError(f"resize_mode={self.resize_mode!r} needs a resize size")
+            raise ConfigError(f"resize_mode={self.resize_mode!r} needs a resize size")
         if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
-            raise ValueError(f"mean and std need 3 values each, std > 0 (got {self.mean}, {self.std})")
+            raise ConfigError(f"mean and std need 3 values each, std > 0 (got {self.mean}, {self.std})")
 
     def crop_fraction(self) -> float:
         if self.resize_mode == "squash":
@@ -271,7 +272,7 @@ class Preset:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
-            raise ValueError(f"unknown preprocessing fields {unknown} (known: {sorted(names)})")
+            raise ConfigError(f"unknown preprocessing fields {unknown} (known: {sorted(names)})")
         d = dict(d)
         d.setdefault("name", "custom")
         if "resize" not in d and "resize_mode" not in d:  # a bare mean/std record: resize to the model size
@@ -362,7 +363,7 @@ def get_preset(name: Union[str, Preset, Dict[str, Any]], img_size: Union[None, i
     else:
         key = _ALIASES.get(str(name).lower(), str(name).lower())
         if key not in PRESETS:
-            raise ValueError(f"unknown preprocessing preset {name!r}: use one of {', '.join(PRESETS)}")
+            raise ConfigError(f"unknown preprocessing preset {name!r}: use one of {', '.join(PRESETS)}")
         preset = PRESETS[key]
     return preset.with_size(img_size) if img_size is not None else preset
 
@@ -372,5 +373,5 @@ def imagenet_classes() -> List[str]:
     text = (Path(__file__).with_name("imagenet_classes.txt")).read_text(encoding="utf-8")
     names = [line for line in text.splitlines() if line]
     if len(names) != 1000:
-        raise RuntimeError(f"imagenet_classes.txt has {len(names)} names, expected 1000: reinstall vitkit")
+        raise DataError(f"imagenet_classes.txt has {len(names)} names, expected 1000: reinstall vitkit")
     return names

@@ -25,6 +25,7 @@ import torch
 
 from ..utils import atomic_path
 from .datasets import IMAGE_SUFFIXES, FileImages, TensorImages
+from ..errors import DataError, InputError, NotFoundError
 
 CLASSES_FILE = "classes.txt"
 
@@ -95,7 +96,7 @@ def index_shard(path: str) -> List[Tuple[Member, int]]:
                     f = tar.extractfile(info)
                     labels[key] = int(f.read().decode().strip())
     except (tarfile.TarError, OSError, ValueError) as err:
-        raise ValueError(f"{path}: not a readable tar shard ({err})") from None
+        raise DataError(f"{path}: not a readable tar shard ({err})") from None
     return [(images[k], labels[k]) for k in sorted(images) if k in labels]
 
 
@@ -105,13 +106,13 @@ def tar_shards(pattern: str, *, load_size: int = 256, channels: int = 3,
     paths = expand_pattern(pattern)
     missing = [p for p in paths if not os.path.isfile(p)]
     if not paths or missing:
-        raise FileNotFoundError(f"tar shards {pattern!r}: {'missing ' + ', '.join(missing[:3]) if missing else 'no file matches'}"
-                                f" (write them with vitkit.data.shards.write_shards)")
+        what = "missing " + ", ".join(missing[:3]) if missing else "no file matches"
+        raise NotFoundError(f"tar shards {pattern!r}: {what} (write them with vitkit.data.shards.write_shards)")
     items: List[Tuple[Member, int]] = []
     for p in paths:
         items += index_shard(p)
     if not items:
-        raise ValueError(f"tar shards {pattern!r} hold no complete samples (KEY.jpg + KEY.cls)")
+        raise DataError(f"tar shards {pattern!r} hold no complete samples (KEY.jpg + KEY.cls)")
     if classes is None:
         names = Path(paths[0]).with_name(CLASSES_FILE)
         n = max(lbl for _, lbl in items) + 1
@@ -128,9 +129,9 @@ def write_shards(data, pattern: str, *, per_shard: int = 10000, fmt: str = "png"
     from PIL import Image
 
     if "{shard}" not in pattern:
-        raise ValueError("pattern must contain {shard}, e.g. /data/train-{shard}.tar")
+        raise InputError("pattern must contain {shard}, e.g. /data/train-{shard}.tar")
     if fmt not in ("png", "jpg", "webp"):
-        raise ValueError(f"fmt={fmt!r}: use png (lossless), jpg or webp")
+        raise InputError(f"fmt={fmt!r}: use png (lossless), jpg or webp")
     if isinstance(data, TensorImages):
         classes = classes if classes is not None else data.classes
         samples: Iterable = ((data.images[i], int(data.labels[i])) for i in range(len(data)))

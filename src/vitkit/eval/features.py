@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..utils import PathLike, atomic_path, write_json_atomic
+from ..errors import ConfigError, InputError
 
 REPRESENTATIONS = ("pre_logits", "token", "gap", "pixels")
 ArrayLike = Union[np.ndarray, torch.Tensor]
@@ -36,7 +37,7 @@ def _as_uint8_nchw(images: ArrayLike) -> torch.Tensor:
     if x.ndim == 3:  # [N, H, W] grayscale
         x = x.unsqueeze(1)
     if x.ndim != 4:
-        raise ValueError(f"images must be [N, H, W] or [N, C, H, W], got shape {tuple(x.shape)}")
+        raise InputError(f"images must be [N, H, W] or [N, C, H, W], got shape {tuple(x.shape)}")
     return x
 
 
@@ -58,7 +59,7 @@ def prepare_images(images: ArrayLike, img_size: Sequence[int], in_chans: int,
         elif in_chans == 1:
             x = x.mean(dim=1, keepdim=True)
         else:
-            raise ValueError(f"cannot feed {c}-channel images to a {in_chans}-channel model")
+            raise InputError(f"cannot feed {c}-channel images to a {in_chans}-channel model")
     size = (int(img_size[0]), int(img_size[1]))
     if tuple(x.shape[-2:]) != size:
         x = F.interpolate(x, size=size, mode="bilinear", align_corners=False, antialias=True)
@@ -86,11 +87,11 @@ def represent(model: torch.nn.Module, x: torch.Tensor, representation: str = "pr
         return model.forward_head(tokens, pre_logits=True)
     if representation == "token":
         if not model.config.class_token:
-            raise ValueError("representation 'token' needs a class token; this model has none: use 'gap'")
+            raise ConfigError("representation 'token' needs a class token; this model has none: use 'gap'")
         return tokens[:, 0]
     if representation == "gap":
         return tokens[:, model.config.num_prefix_tokens:].mean(dim=1)
-    raise ValueError(f"unknown representation {representation!r}: use one of {', '.join(REPRESENTATIONS)}")
+    raise ConfigError(f"unknown representation {representation!r}: use one of {', '.join(REPRESENTATIONS)}")
 
 
 @torch.no_grad()
@@ -106,11 +107,11 @@ def extract_features(model: Optional[torch.nn.Module], images: ArrayLike, *, rep
     ``img_size`` defaults to the images' size).
     """
     if representation not in REPRESENTATIONS:
-        raise ValueError(f"unknown representation {representation!r}: use one of {', '.join(REPRESENTATIONS)}")
+        raise ConfigError(f"unknown representation {representation!r}: use one of {', '.join(REPRESENTATIONS)}")
     x_all = _as_uint8_nchw(images)
     if model is None:
         if representation != "pixels":
-            raise ValueError(f"representation {representation!r} needs a model")
+            raise ConfigError(f"representation {representation!r} needs a model")
         size, chans, pre = img_size or x_all.shape[-2:], x_all.shape[1], preprocessing
         dev = torch.device("cpu")
     else:
@@ -120,7 +121,7 @@ def extract_features(model: Optional[torch.nn.Module], images: ArrayLike, *, rep
         dev = torch.device(device) if device is not None else next(model.parameters()).device
         model.eval().to(dev)
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise InputError(f"batch_size must be >= 1, got {batch_size}")
     out = []
     n = x_all.shape[0]
     for start in tqdm(range(0, n, batch_size), desc=desc, disable=not progress, unit="batch",
@@ -128,7 +129,7 @@ def extract_features(model: Optional[torch.nn.Module], images: ArrayLike, *, rep
         x = prepare_images(x_all[start:start + batch_size], size, chans, pre).to(dev)
         out.append(represent(model, x, representation).float().cpu())
     if not out:
-        raise ValueError("no images given")
+        raise InputError("no images given")
     return torch.cat(out).numpy()
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+from ..errors import ConfigError, InputError
 
 DEFAULT_SHOTS = (1, 5, 10, 25)
 DEFAULT_L2_GRID = tuple(2.0 ** i for i in range(-10, 20))  # the sweep big_vision uses
@@ -47,18 +48,18 @@ class RidgeSolver:
         x = np.asarray(features, dtype=np.float64)
         y = np.asarray(labels)
         if x.ndim != 2:
-            raise ValueError(f"features must be a 2-D array [samples, features], got shape {x.shape}")
+            raise InputError(f"features must be a 2-D array [samples, features], got shape {x.shape}")
         if y.shape != (x.shape[0],):
-            raise ValueError(f"labels must be a 1-D array of {x.shape[0]} class ids, got shape {y.shape}")
+            raise InputError(f"labels must be a 1-D array of {x.shape[0]} class ids, got shape {y.shape}")
         if x.shape[0] == 0:
-            raise ValueError("no training samples given")
+            raise InputError("no training samples given")
         if not np.all(np.isfinite(x)):
-            raise ValueError("features contain NaN or Inf: check the model and the input images")
+            raise InputError("features contain NaN or Inf: check the model and the input images")
         if not np.issubdtype(y.dtype, np.integer) or y.min() < 0:
-            raise ValueError("labels must be non-negative integer class ids")
+            raise InputError("labels must be non-negative integer class ids")
         k = int(num_classes) if num_classes is not None else int(y.max()) + 1
         if y.max() >= k:
-            raise ValueError(f"label {int(y.max())} is out of range for {k} classes")
+            raise InputError(f"label {int(y.max())} is out of range for {k} classes")
         self.num_classes = k
         self.bias_value = float(bias_value)
         self.mean = x.mean(axis=0, keepdims=True)
@@ -67,7 +68,7 @@ class RidgeSolver:
         targets = 2.0 * np.eye(k)[y] - 1.0
         n, d = xa.shape
         if branch not in ("auto", "gram", "kernel"):
-            raise ValueError(f"branch must be 'auto', 'gram' or 'kernel', got {branch!r}")
+            raise ConfigError(f"branch must be 'auto', 'gram' or 'kernel', got {branch!r}")
         if branch == "gram" or (branch == "auto" and n >= d):  # the d x d Gram matrix
             eigs, q = np.linalg.eigh(xa.T @ xa)
             self.lhs, self.rhs = q, q.T @ (xa.T @ targets)
@@ -87,7 +88,7 @@ class RidgeSolver:
 
     def _inverse(self, l2: float) -> np.ndarray:
         if l2 < 0:
-            raise ValueError(f"L2 strength must be >= 0, got {l2}")
+            raise InputError(f"L2 strength must be >= 0, got {l2}")
         shifted = self.eigs + l2
         keep = shifted > self.cutoff
         return np.where(keep, 1.0 / np.where(keep, shifted, 1.0), 0.0)
@@ -105,7 +106,7 @@ class RidgeSolver:
         """Top-1 accuracy [len(l2s)] on new samples, for every L2 strength."""
         labels = np.asarray(labels)
         if len(labels) == 0:
-            raise ValueError("no evaluation samples given")
+            raise InputError("no evaluation samples given")
         proj = self.design(features) @ self.lhs  # one [n, K] score matrix at a time: large test sets fit
         return np.array([((proj @ (self._inverse(l2)[:, None] * self.rhs)).argmax(axis=-1) == labels).mean()
                          for l2 in l2s])
@@ -122,14 +123,14 @@ def sample_shots(labels: np.ndarray, shots: int, seed: int, classes: Optional[Se
     """
     labels = np.asarray(labels)
     if shots < 1 or val_per_class < 0:
-        raise ValueError(f"shots must be >= 1 and val_per_class >= 0, got {shots} and {val_per_class}")
+        raise InputError(f"shots must be >= 1 and val_per_class >= 0, got {shots} and {val_per_class}")
     rng = np.random.default_rng(seed)
     classes = np.unique(labels) if classes is None else classes
     picked, val = [], []
     for c in classes:
         pool = rng.permutation(np.flatnonzero(labels == c))
         if len(pool) < val_per_class + shots:
-            raise ValueError(f"class {c} has only {len(pool)} training examples, fewer than the {shots} shots "
+            raise InputError(f"class {c} has only {len(pool)} training examples, fewer than the {shots} shots "
                              f"plus {val_per_class} validation examples asked for: use fewer")
         val.append(pool[:val_per_class])
         picked.append(pool[val_per_class:val_per_class + shots])
@@ -169,7 +170,7 @@ class ShotResult:
 
 def _check_pair(x: np.ndarray, y: np.ndarray, what: str) -> None:
     if np.ndim(x) != 2 or np.ndim(y) != 1 or len(x) != len(y):
-        raise ValueError(f"{what}: features must be [n, d] and labels [n], got {np.shape(x)} and {np.shape(y)}")
+        raise InputError(f"{what}: features must be [n, d] and labels [n], got {np.shape(x)} and {np.shape(y)}")
 
 
 def _select(val: np.ndarray) -> int:
@@ -198,7 +199,7 @@ def fewshot_evaluate(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarra
     if train_rows is not None:
         train_rows = np.asarray(train_rows, dtype=np.int64)
         if np.ndim(train_x) != 2 or len(train_x) != len(train_rows):
-            raise ValueError(f"train_x has {len(train_x)} rows but train_rows lists {len(train_rows)}")
+            raise InputError(f"train_x has {len(train_x)} rows but train_rows lists {len(train_rows)}")
         where = np.full(len(train_y), -1, dtype=np.int64)
         where[train_rows] = np.arange(len(train_rows))
     else:
@@ -206,14 +207,14 @@ def fewshot_evaluate(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarra
         where = None
     _check_pair(test_x, test_y, "test set")
     if not shots or min(shots) < 1:
-        raise ValueError(f"shots must be positive integers, got {list(shots)}")
+        raise InputError(f"shots must be positive integers, got {list(shots)}")
     if not seeds:
-        raise ValueError("give at least one seed")
+        raise InputError("give at least one seed")
     l2s = [float(v) for v in l2_grid]
     if not l2s:
-        raise ValueError("the L2 grid is empty")
+        raise InputError("the L2 grid is empty")
     if len(l2s) > 1 and val_per_class < 1:
-        raise ValueError("choosing among several L2 strengths needs validation data: set val_per_class >= 1 "
+        raise InputError("choosing among several L2 strengths needs validation data: set val_per_class >= 1 "
                          "or give a single L2 value")
 
     def feats(idx: np.ndarray) -> np.ndarray:
@@ -221,7 +222,7 @@ def fewshot_evaluate(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarra
             return train_x[idx]
         rows = where[idx]
         if (rows < 0).any():
-            raise ValueError("train_rows does not cover every example the sweep uses: pass "
+            raise InputError("train_rows does not cover every example the sweep uses: pass "
                              "needed_indices(train_y, shots, seeds, val_per_class)")
         return train_x[rows]
 
@@ -260,7 +261,7 @@ def linear_probe(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, t
     k_all = int(num_classes) if num_classes is not None else int(max(train_y.max(), test_y.max())) + 1
     if len(l2s) > 1:
         if not 0.0 < val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in (0, 1) to choose the L2 strength, got {val_fraction}")
+            raise InputError(f"val_fraction must be in (0, 1) to choose the L2 strength, got {val_fraction}")
         perm = np.random.default_rng(seed).permutation(len(train_y))
         n_val = max(1, int(round(val_fraction * len(train_y))))
         val_idx, fit_idx = perm[:n_val], perm[n_val:]

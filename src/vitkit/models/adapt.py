@@ -14,6 +14,7 @@ import torch
 
 from ..config import ViTConfig
 from .posemb import infer_square_grid, resize_grid, resize_pos_embed, resize_relative_table
+from ..errors import CheckpointError, ConfigError
 
 
 def adapt_state_dict(state: Dict[str, torch.Tensor], config: ViTConfig, *,
@@ -32,7 +33,7 @@ def adapt_state_dict(state: Dict[str, torch.Tensor], config: ViTConfig, *,
       None (the fine-tuning head sits directly on the class token).
     """
     if head not in ("auto", "keep", "reset"):
-        raise ValueError(f"head={head!r}: use 'auto', 'keep' or 'reset'")
+        raise ConfigError(f"head={head!r}: use 'auto', 'keep' or 'reset'")
     method = method or config.posemb_resize
     out = dict(state)
     notes: List[str] = []
@@ -109,6 +110,6 @@ def check_state_dict(state: Dict[str, torch.Tensor], expected: Dict[str, torch.T
     if bad:
         parts = [f"{name} ({len(keys)}): {', '.join(keys[:12])}{' ...' if len(keys) > 12 else ''}"
                  for name, keys in report.items() if keys and (strict or name == "mismatched")]
-        raise ValueError(f"{source} does not fit the model: " + "; ".join(parts) +
+        raise CheckpointError(f"{source} does not fit the model: " + "; ".join(parts) +
                          ". Build the model with the checkpoint's config, or pass strict=False to load what fits")
     return report

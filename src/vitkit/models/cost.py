@@ -12,6 +12,7 @@ from typing import Dict, Sequence, Union
 
 from ..config import ViTConfig, grid_for
 from .resnet import resnet_cost
+from ..errors import InputError
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,9 @@ def cost(cfg: ViTConfig, img_size: Union[None, int, Sequence[int]] = None) -> Co
         size = cfg.img_size
     fsize = cfg.feature_size(size)  # the image itself, or a hybrid's ResNet feature map
     gh, gw = grid_for(fsize, cfg.patch_size, pad=cfg.dynamic_img_pad)
-    if img_size is not None and not cfg.dynamic_img_pad and (fsize[0] % cfg.patch_size[0] or fsize[1] % cfg.patch_size[1]):
-        raise ValueError(f"image {size[0]}x{size[1]} is not divisible by patch {cfg.patch_size[0]}x{cfg.patch_size[1]}")
+    uneven = fsize[0] % cfg.patch_size[0] or fsize[1] % cfg.patch_size[1]
+    if img_size is not None and not cfg.dynamic_img_pad and uneven:
+        raise InputError(f"image {size[0]}x{size[1]} is not divisible by patch {cfg.patch_size[0]}x{cfg.patch_size[1]}")
     rc = resnet_cost(cfg.in_chans, cfg.backbone_layers, cfg.backbone_width, size) if cfg.backbone else None
     n = gh * gw
     t = n + cfg.num_prefix_tokens

@@ -21,6 +21,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as F
 from torch import nn
+from ..errors import ConfigError, InputError
 
 MPP_TARGETS = ("mean_color", "color4x4", "pixels")
 NONE, MASKED, RANDOM, KEPT = 0, 1, 2, 3  # corruption kinds
@@ -59,7 +60,7 @@ def patchify(images: torch.Tensor, patch: Tuple[int, int]) -> torch.Tensor:
     b, c, h, w = images.shape
     ph, pw = patch
     if h % ph or w % pw:
-        raise ValueError(f"images {h}x{w} are not divisible by the {ph}x{pw} pixel patches of the model: resize them")
+        raise InputError(f"images {h}x{w} are not divisible by the {ph}x{pw} pixel patches of the model: resize them")
     x = images.reshape(b, c, h // ph, ph, w // pw, pw).permute(0, 2, 4, 1, 3, 5)
     return x.reshape(b, (h // ph) * (w // pw), c, ph, pw)
 
@@ -74,13 +75,13 @@ def mpp_targets(images: torch.Tensor, patch: Tuple[int, int], target: str = "mea
         return color_classes(p.mean(dim=(-2, -1)), bits)
     if target == "color4x4":
         if ph % 4 or pw % 4:
-            raise ValueError(f"the color4x4 target needs pixel patches divisible by 4, got {ph}x{pw}: "
+            raise ConfigError(f"the color4x4 target needs pixel patches divisible by 4, got {ph}x{pw}: "
                              f"use target='mean_color' or 'pixels'")
         cells = F.avg_pool2d(p.reshape(b * n, c, ph, pw), (ph // 4, pw // 4))  # [B*N, C, 4, 4]
         return color_classes(cells.reshape(b, n, c, 16).transpose(-1, -2), bits)
     if target == "pixels":
         return p.reshape(b, n, c * ph * pw)
-    raise ValueError(f"target={target!r} is not one of {', '.join(MPP_TARGETS)}")
+    raise ConfigError(f"target={target!r} is not one of {', '.join(MPP_TARGETS)}")
 
 
 def corrupt(tokens: torch.Tensor, mask_embedding: torch.Tensor, ratio: float = 0.5, p_mask: float = 0.8,
@@ -90,7 +91,7 @@ def corrupt(tokens: torch.Tensor, mask_embedding: torch.Tensor, ratio: float = 0
     (p_random) or kept. Returns (corrupted tokens, kind [B, N] with NONE / MASKED / RANDOM / KEPT), and with
     ``return_source`` also the flat batch index (b * N + n) of each RANDOM patch's replacement (-1 elsewhere)."""
     if not 0.0 < ratio <= 1.0 or p_mask < 0 or p_random < 0 or p_mask + p_random > 1.0:
-        raise ValueError(f"need 0 < ratio <= 1 and p_mask + p_random <= 1, got ratio={ratio}, "
+        raise ConfigError(f"need 0 < ratio <= 1 and p_mask + p_random <= 1, got ratio={ratio}, "
                          f"p_mask={p_mask}, p_random={p_random}")
     b, n, d = tokens.shape
     dev = tokens.device
@@ -125,7 +126,7 @@ class MaskedPatchPrediction(nn.Module):
                  pixel_mean: Union[float, Sequence[float]] = 0.5, pixel_std: Union[float, Sequence[float]] = 0.5):
         super().__init__()
         if target not in MPP_TARGETS:
-            raise ValueError(f"target={target!r} is not one of {', '.join(MPP_TARGETS)}")
+            raise ConfigError(f"target={target!r} is not one of {', '.join(MPP_TARGETS)}")
         cfg = vit.config
         self.vit = vit
         self.target, self.bits = target, bits
@@ -207,5 +208,5 @@ def _channels(v: Union[float, Sequence[float]], c: int) -> torch.Tensor:
     if t.numel() == 1:
         t = t.expand(c)
     if t.numel() != c:
-        raise ValueError(f"pixel mean/std has {t.numel()} values for a {c}-channel model")
+        raise InputError(f"pixel mean/std has {t.numel()} values for a {c}-channel model")
     return t.reshape(1, c, 1, 1).clone()

@@ -6,13 +6,14 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from ..errors import ConfigError, InputError
 
 Grid = Tuple[int, int]
 
 
 def _check_grid(grid: Sequence[int], what: str) -> Grid:
     if len(grid) != 2 or any((not isinstance(n, int)) or isinstance(n, bool) or n <= 0 for n in grid):
-        raise ValueError(f"{what} must be two positive ints (rows, columns), got {tuple(grid)!r}")
+        raise InputError(f"{what} must be two positive ints (rows, columns), got {tuple(grid)!r}")
     return int(grid[0]), int(grid[1])
 
 
@@ -37,7 +38,7 @@ def resize_grid(grid: torch.Tensor, new_grid: Sequence[int], method: str = "bili
     elif method == "bicubic":
         out = F.interpolate(work, size=new_grid, mode="bicubic", align_corners=False, antialias=antialias)
     else:
-        raise ValueError(f"unknown resize method {method!r}: use 'bilinear' (authors) or 'bicubic' (timm)")
+        raise ConfigError(f"unknown resize method {method!r}: use 'bilinear' (authors) or 'bicubic' (timm)")
     out = out.permute(0, 2, 3, 1).reshape(*lead, *new_grid, c)
     return out.to(dtype)
 
@@ -54,10 +55,10 @@ def resize_pos_embed(posemb: torch.Tensor, old_grid: Sequence[int], new_grid: Se
     old_grid = _check_grid(tuple(old_grid), "old_grid")
     new_grid = _check_grid(tuple(new_grid), "new_grid")
     if posemb.ndim != 3:
-        raise ValueError(f"position embeddings must be [n, tokens, width], got shape {tuple(posemb.shape)}")
+        raise InputError(f"position embeddings must be [n, tokens, width], got shape {tuple(posemb.shape)}")
     n_old = old_grid[0] * old_grid[1]
     if posemb.shape[1] != num_prefix_tokens + n_old:
-        raise ValueError(
+        raise InputError(
             f"position table has {posemb.shape[1]} slots but old grid {old_grid[0]}x{old_grid[1]} plus "
             f"{num_prefix_tokens} prefix token(s) needs {num_prefix_tokens + n_old}: pass the grid the table "
             f"was trained with")
@@ -71,7 +72,7 @@ def infer_square_grid(num_slots: int, num_prefix_tokens: int) -> Grid:
     n = num_slots - num_prefix_tokens
     side = int(round(n ** 0.5))
     if side * side != n or n <= 0:
-        raise ValueError(
+        raise InputError(
             f"cannot infer the patch grid of a {num_slots}-slot position table ({num_prefix_tokens} prefix): "
             f"it is not square, pass the original grid (rows, columns) explicitly")
     return side, side
@@ -82,7 +83,7 @@ def sincos_2d(grid: Sequence[int], width: int, temperature: float = 10000.0,
     """Fixed 2D sine-cosine embedding [rows*cols, width] (big_vision layout: sin x, cos x, sin y, cos y)."""
     gh, gw = _check_grid(tuple(grid), "grid")
     if width % 4:
-        raise ValueError(f"sincos2d needs a width divisible by 4, got {width}")
+        raise ConfigError(f"sincos2d needs a width divisible by 4, got {width}")
     y, x = torch.meshgrid(torch.arange(gh, dtype=torch.float64, device=device),
                           torch.arange(gw, dtype=torch.float64, device=device), indexing="ij")
     quarter = width // 4

@@ -26,6 +26,7 @@ from typing import Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from ..errors import ConfigError, InputError
 
 GN_GROUPS = 32
 STD_STYLES = ("std", "var")
@@ -60,7 +61,7 @@ class StdConv2d(nn.Conv2d):
     def __init__(self, in_chans: int, out_chans: int, kernel: int, stride: int = 1, *,
                  eps: float = 1e-5, style: str = "std"):
         if style not in STD_STYLES:
-            raise ValueError(f"std_conv_style={style!r} is not one of {', '.join(STD_STYLES)}")
+            raise ConfigError(f"std_conv_style={style!r} is not one of {', '.join(STD_STYLES)}")
         # stride 1 with an odd kernel: SAME is symmetric and static; stride 2 pads per input size in forward
         static = kernel // 2 if stride == 1 else 0
         super().__init__(in_chans, out_chans, kernel, stride=stride, padding=static, bias=False)
@@ -182,7 +183,7 @@ class HybridEmbed(nn.Module):
         (ph, pw), (h, w) = self.patch_size, f.shape[-2:]
         if h % ph or w % pw:
             if not self.pad:
-                raise ValueError(
+                raise InputError(
                     f"the backbone's {h}x{w} feature map is not divisible by patch {ph}x{pw}: use an image size "
                     f"that is a multiple of {ph * self.backbone.stride} or build with dynamic_img_pad=True")
             f = F.pad(f, (0, (-w) % pw, 0, (-h) % ph))

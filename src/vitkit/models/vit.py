@@ -13,6 +13,7 @@ from .layers import AxialBlock, Block, PatchEmbed, chunk_images, fast_inference,
 from .meta import ModelMeta
 from .posemb import RelativePositionBias, resize_grid, resize_pos_embed, resize_relative_table, sincos_2d
 from .resnet import HybridEmbed
+from ..errors import InputError
 
 Grid = Tuple[int, int]
 
@@ -174,22 +175,22 @@ class VisionTransformer(nn.Module):
     def _check_input(self, x: torch.Tensor) -> None:
         cfg = self.config
         if x.ndim != 4:
-            raise ValueError(
+            raise InputError(
                 f"expected a batch of images [batch, channels, height, width], got a {x.ndim}-D tensor of "
                 f"shape {tuple(x.shape)}" + (": add a batch axis with x.unsqueeze(0)" if x.ndim == 3 else ""))
         if x.shape[1] != cfg.in_chans:
-            raise ValueError(
+            raise InputError(
                 f"the model takes {cfg.in_chans}-channel images, got {x.shape[1]} channels (shape "
                 f"{tuple(x.shape)}): convert the images (e.g. grayscale to RGB with x.expand(-1, 3, -1, -1)) "
                 f"or build the model with in_chans={x.shape[1]}")
         (h, w), (ph, pw) = x.shape[-2:], cfg.patch_size
         if (h % ph or w % pw) and not cfg.dynamic_img_pad:
-            raise ValueError(
+            raise InputError(
                 f"image {h}x{w} is not divisible by patch {ph}x{pw}: resize or crop it to a multiple of "
                 f"{ph}x{pw}, or build the model with dynamic_img_pad=True")
         if (h, w) != cfg.img_size and not cfg.dynamic_img_size:
             bh, bw = cfg.img_size
-            raise ValueError(
+            raise InputError(
                 f"the model was built for {bh}x{bw} images, got {h}x{w}: resize the input, call "
                 f"model.set_img_size(({h}, {w})) to resize the position embeddings once, or build the model "
                 f"with dynamic_img_size=True to resize them on the fly")
@@ -313,13 +314,13 @@ class VisionTransformer(nn.Module):
             return list(range(depth))
         if isinstance(indices, int):
             if not 0 < indices <= depth:
-                raise ValueError(f"asked for the last {indices} blocks of a {depth}-block model")
+                raise InputError(f"asked for the last {indices} blocks of a {depth}-block model")
             return list(range(depth - indices, depth))
         out = []
         for i in indices:
             j = i + depth if i < 0 else i
             if not 0 <= j < depth:
-                raise ValueError(f"block index {i} is out of range for a {depth}-block model")
+                raise InputError(f"block index {i} is out of range for a {depth}-block model")
             out.append(j)
         return sorted(set(out))
 
@@ -350,7 +351,7 @@ class VisionTransformer(nn.Module):
         """A new zero-initialised head (the paper's fine-tuning head) for ``num_classes`` classes (0: none);
         the old class names no longer apply and are dropped."""
         if num_classes < 0:
-            raise ValueError(f"num_classes must be 0 or more, got {num_classes}")
+            raise InputError(f"num_classes must be 0 or more, got {num_classes}")
         cfg = self.config = self.config.replace(num_classes=num_classes)
         ref = next(self.parameters())
         def zero_head(n_in: int) -> nn.Module:

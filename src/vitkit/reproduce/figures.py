@@ -19,9 +19,9 @@ def _err(s: Dict[str, Any], scale: float) -> float:
 
 
 def figure(rec: Dict[str, Any], report: Dict[str, Any], path: Path) -> Optional[Path]:
-    from ..analysis.plots import _mpl, save_figure
+    from ..analysis.plots import matplotlib_figure, save_figure
 
-    _, Figure = _mpl()
+    _, Figure = matplotlib_figure()
     fig = Figure(figsize=(6.4, 3.8))
     ax = fig.add_subplot(1, 1, 1)
     metric, kind = rec["metric"], rec.get("figure", "bars")
@@ -117,12 +117,12 @@ def _bars(ax, rec, report, metric, scale) -> bool:
 
 def curves_figure(report: Dict[str, Any], path: Path) -> Optional[Path]:
     """The validation curve of every arm that has one (seed 0), one panel: do the arms stop improving?"""
-    from ..analysis.plots import _mpl, save_figure
+    from ..analysis.plots import matplotlib_figure, save_figure
 
     rows = [(arm, c[min(c, key=int)]) for arm, c in sorted(report.get("curves", {}).items()) if c]
     if not rows:
         return None
-    _, Figure = _mpl()
+    _, Figure = matplotlib_figure()
     fig = Figure(figsize=(7.2, 4.2))
     ax = fig.add_subplot(1, 1, 1)
     for i, (arm, curve) in enumerate(rows):

@@ -27,6 +27,7 @@ from torch import nn
 from ..data.augment import Normalize, resize
 from .optim import unwrap
 from .step import TrainStep, classification_loss
+from ..errors import ConfigError
 
 KINDS = ("hard", "soft")
 
@@ -60,7 +61,7 @@ class DistillStep(TrainStep):
                  teacher_input=None, kind: str = "hard", alpha: float = 0.5, tau: float = 1.0, **kw: Any):
         super().__init__(model, optimizer, **kw)
         if kind not in KINDS:
-            raise ValueError(f"distillation kind {kind!r}: use {' or '.join(KINDS)}")
+            raise ConfigError(f"distillation kind {kind!r}: use {' or '.join(KINDS)}")
         self.teacher = teacher.eval().requires_grad_(False)
         self.teacher_input = teacher_input or (lambda x: x)
         self.kind, self.alpha, self.tau = kind, float(alpha), float(tau)
@@ -97,7 +98,7 @@ def distillation_loss(logits: torch.Tensor, targets: torch.Tensor, teacher_logit
         teacher_term = F.kl_div(F.log_softmax(student / tau, 1), F.log_softmax(teacher_logits.float() / tau, 1),
                                 reduction="batchmean", log_target=True) * (tau * tau)
     else:
-        raise ValueError(f"distillation kind {kind!r}: use {' or '.join(KINDS)}")
+        raise ConfigError(f"distillation kind {kind!r}: use {' or '.join(KINDS)}")
     if alpha >= 1.0:
         return teacher_term
     return (1.0 - alpha) * classification_loss(logits, targets, label_smoothing) + alpha * teacher_term
@@ -112,11 +113,11 @@ def load_teacher(path: str, classes: List[str], *, num_heads: Optional[int] = No
     model = load_weights(path, num_heads=num_heads)
     k = model.config.num_classes
     if k != len(classes):
-        raise ValueError(f"distill.teacher {path} predicts {k} classes but the training data has {len(classes)}: "
+        raise ConfigError(f"distill.teacher {path} predicts {k} classes but the training data has {len(classes)}: "
                          f"the teacher must be trained on the same classes")
     labels = model.meta.labels
     if labels and [str(v) for v in labels] != [str(v) for v in classes]:
         diff = next(i for i, (a, b) in enumerate(zip(labels, classes)) if str(a) != str(b))
-        raise ValueError(f"distill.teacher {path} has other classes or another order than the training data "
+        raise ConfigError(f"distill.teacher {path} has other classes or another order than the training data "
                          f"(class {diff}: teacher {labels[diff]!r}, data {classes[diff]!r})")
     return model.eval().requires_grad_(False), dict(model.meta.preprocessing or {})

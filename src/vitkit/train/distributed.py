@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 from torch import nn
+from ..errors import ConfigError
 
 
 @dataclass
@@ -37,7 +38,7 @@ def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
         return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     dev = torch.device(name)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device asks for CUDA but no GPU is visible: use train.device=cpu")
+        raise ConfigError("train.device asks for CUDA but no GPU is visible: use train.device=cpu")
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device(f"cuda:{local_rank}")
     return dev

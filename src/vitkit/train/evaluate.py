@@ -13,6 +13,7 @@ from ..data.datasets import Dataset, open_dataset
 from ..data.loader import eval_batches
 from ..utils import PathLike
 from .distributed import Dist, all_reduce_sum
+from ..errors import ConfigError, DataError
 
 TTA_MODES = ("none", "flip")
 
@@ -29,7 +30,7 @@ def evaluate(model: nn.Module, data: Dataset, transform: EvalTransform, *, batch
     its logits.
     """
     if tta not in TTA_MODES:
-        raise ValueError(f"tta={tta!r}: use one of {', '.join(TTA_MODES)}")
+        raise ConfigError(f"tta={tta!r}: use one of {', '.join(TTA_MODES)}")
     dist = dist or Dist()
     device = device or next(model.parameters()).device
     was_training = model.training
@@ -124,9 +125,9 @@ def evaluate_checkpoint(path: PathLike, dataset: str, split: str = "test", *, ro
     data = open_dataset(dataset, split, root=root, load_size=int(load_size), channels=cfg.in_chans,
                         classes=labels if dataset.startswith("folder") else None)
     if getattr(data, "channels", cfg.in_chans) != cfg.in_chans:
-        raise ValueError(f"{dataset} has {data.channels}-channel images but the model takes {cfg.in_chans}")
+        raise DataError(f"{dataset} has {data.channels}-channel images but the model takes {cfg.in_chans}")
     if cfg.num_classes and len(data.classes) > cfg.num_classes:
-        raise ValueError(f"{dataset} has {len(data.classes)} classes but the model predicts {cfg.num_classes}: "
+        raise DataError(f"{dataset} has {len(data.classes)} classes but the model predicts {cfg.num_classes}: "
                          f"fine-tune it first (vitkit finetune)")
     if hasattr(data, "skip_unreadable"):  # a folder: unreadable images are left out and reported
         data.skip_unreadable = True

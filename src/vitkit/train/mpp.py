@@ -22,23 +22,14 @@ from torch import nn
 
 from ..checkpoints import save_model
 from ..models import VisionTransformer
-from ..models.mpp import KEPT, MASKED, MPP_TARGETS, NONE, RANDOM, MaskedPatchPrediction, patchify
+from ..models.mpp import KEPT, MASKED, NONE, RANDOM, MaskedPatchPrediction, patchify
 from ..utils import PathLike, atomic_path, write_json_atomic
 from . import distributed as D
 from .optim import unwrap
-from .recipe import MPPConfig, Recipe
+from .recipe import Recipe, check_mpp
 from .step import TrainStep
 from .trainer import Trainer
-
-
-def check_mpp(m: MPPConfig) -> None:
-    if m.target not in MPP_TARGETS:
-        raise ValueError(f"mpp.target={m.target!r}: use one of {', '.join(MPP_TARGETS)}")
-    if not 0 < m.ratio <= 1 or m.p_mask < 0 or m.p_random < 0 or m.p_mask + m.p_random > 1:
-        raise ValueError(f"mpp: need 0 < ratio <= 1, p_mask, p_random >= 0 and p_mask + p_random <= 1 (got ratio "
-                         f"{m.ratio}, p_mask {m.p_mask}, p_random {m.p_random})")
-    if not 1 <= m.bits <= 8:
-        raise ValueError(f"mpp.bits must be 1..8, got {m.bits}")
+from ..errors import ConfigError, InputError
 
 
 class MPPStep(TrainStep):
@@ -47,7 +38,7 @@ class MPPStep(TrainStep):
 
     def loss(self, x: torch.Tensor, t: torch.Tensor, **forward_kw) -> Tuple[torch.Tensor, torch.Tensor]:
         if forward_kw:  # MPP sees every patch (the corrupted ones are its targets): no patch dropout
-            raise ValueError(f"masked patch prediction takes no forward options, got {sorted(forward_kw)}")
+            raise InputError(f"masked patch prediction takes no forward options, got {sorted(forward_kw)}")
         with self.autocast():
             out = self.model(x)
         correct = out["correct"] if out["correct"] is not None else torch.zeros((), device=x.device)
@@ -64,10 +55,10 @@ class MPPTrainer(Trainer):
     def __init__(self, recipe: Recipe, out: PathLike, **kwargs: Any):
         check_mpp(recipe.mpp)
         if recipe.model.get("patch_drop"):
-            raise ValueError("masked patch prediction must see every patch (the corrupted ones are its targets): "
+            raise ConfigError("masked patch prediction must see every patch (the corrupted ones are its targets): "
                              "set model.patch_drop=0 for MPP")
         if recipe.augment.mixes:
-            raise ValueError("Mixup/CutMix blend images, so the patch targets would be blends too: turn "
+            raise ConfigError("Mixup/CutMix blend images, so the patch targets would be blends too: turn "
                              "augment.mixup and augment.cutmix off for MPP")
         recipe = copy.deepcopy(recipe)
         recipe.model["num_classes"] = 0  # no classification head: labels are never used

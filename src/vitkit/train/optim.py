@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .recipe import OptimConfig, ScheduleConfig
+from ..errors import ConfigError
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> List[Dict]:
@@ -60,9 +61,9 @@ class Schedule:
 
     def __init__(self, peak: float, total: int, warmup: int, decay: str = "cosine", min_lr: float = 0.0):
         if total <= 0:
-            raise ValueError(f"the run has {total} steps: train for at least one step")
+            raise ConfigError(f"the run has {total} steps: train for at least one step")
         if warmup >= total and total > 1:
-            raise ValueError(f"warm-up ({warmup} steps) is not shorter than the run ({total} steps): shorten it")
+            raise ConfigError(f"warm-up ({warmup} steps) is not shorter than the run ({total} steps): shorten it")
         self.peak, self.total, self.warmup, self.decay, self.min_lr = peak, total, warmup, decay, min_lr
 
     def __call__(self, step: int) -> float:
@@ -83,7 +84,7 @@ class Schedule:
         if warm >= total > 1:
             given = (f"schedule.warmup_steps={cfg.warmup_steps}" if cfg.warmup_steps is not None
                      else f"schedule.warmup_epochs={cfg.warmup_epochs:g} ({warm} steps)")
-            raise ValueError(f"the warm-up, {given}, is not shorter than the run ({total} steps): shorten it, e.g. "
+            raise ConfigError(f"the warm-up, {given}, is not shorter than the run ({total} steps): shorten it, e.g. "
                              f"--set schedule.warmup_steps={max(1, total // 10)}")
         return cls(peak, total, warm, cfg.decay, cfg.min_lr)
 

@@ -2,9 +2,10 @@
 
 A recipe is a YAML (or JSON) file with the sections ``model``, ``data``, ``augment``, ``optim``,
 ``schedule``, ``train``, ``init`` (and ``mpp`` / ``distill`` for those objectives). ``base: NAME``
-inherits another recipe and changes only what it lists. Built-in recipes live in ``vitkit/recipes/*.yaml`` (``paper-pretrain``, ``paper-finetune``,
-``deit``, ``plain-baseline``, ``fmnist-*``). Overrides are dotted keys (``optim.lr=3e-4``) or, when
-unambiguous, bare field names (``lr=3e-4``). The resolved recipe is saved in every run folder.
+inherits another recipe and changes only what it lists. Built-in recipes live in ``vitkit/recipes/*.yaml``
+(``paper-pretrain``, ``paper-finetune``, ``deit``, ``plain-baseline``, ``fmnist-*``). Overrides are dotted
+keys (``optim.lr=3e-4``) or, when unambiguous, bare field names (``lr=3e-4``). The resolved recipe is saved
+in every run folder.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import copy
 import dataclasses
 import difflib
 import json
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -22,15 +24,18 @@ import yaml
 from ..config import ViTConfig, check_fields, coerce_field, config_from_name
 from ..errors import ConfigError, NotFoundError
 from ..data.augment import AugmentConfig
+from ..models.mpp import MPP_TARGETS
 from ..utils import PathLike, atomic_path
 from .loggers import LOGGERS
 
 _RECIPE_PACKAGE = "vitkit.recipes"
+DEFAULT_RECIPE = "fmnist-demo"  # what `vitkit train` and load_recipe() train without a recipe (make demo)
 
 
 @dataclass
 class DataConfig:
-    dataset: Optional[str] = "fashion-mnist"  # fashion-mnist | mnist | cifar10:DIR | cifar100:DIR | folder:DIR | shards:PATTERN | tensors:FILE
+    # fashion-mnist | mnist | cifar10:DIR | cifar100:DIR | folder:DIR | shards:PATTERN | tensors:FILE
+    dataset: Optional[str] = "fashion-mnist"
     root: Optional[str] = None  # folder for specs without a path (e.g. Fashion-MNIST elsewhere)
     train_split: str = "train"
     eval_split: Optional[str] = "test"  # the test split, read once at the end (null: none)
@@ -102,7 +107,8 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     export: str = "auto"  # exported weights: auto (raw or EMA, the better on the validation split) | ema | raw
     predictions: int = 16  # test images shown in predictions.png
-    log: List[str] = field(default_factory=list)  # the metrics also to: tensorboard (RUN/tensorboard), csv (RUN/metrics.csv)
+    # the metrics also to: tensorboard (RUN/tensorboard), csv (RUN/metrics.csv)
+    log: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -137,6 +143,21 @@ class DistillConfig:
     num_heads: Optional[int] = None  # for teacher weight files that do not record it
 
 
+# The range of each numeric recipe field that has one (None values mean "not set" and are not checked; every
+# float must also be finite). Lists are checked element by element (data.std, optim.betas).
+_RULES = {">0": (lambda v: v > 0, "a positive number"), ">=0": (lambda v: v >= 0, "a number >= 0"),
+          "[0,1)": (lambda v: 0 <= v < 1, "a number in [0, 1)")}
+RANGES = {
+    **{k: ">0" for k in ("data.load_size", "data.train_subset", "data.eval_batch_size", "data.std", "optim.lr",
+                         "optim.batch_size", "optim.accum_steps", "optim.eps", "optim.clip_grad", "schedule.epochs",
+                         "schedule.steps", "schedule.minutes", "train.log_every", "train.threads", "init.num_heads",
+                         "distill.num_heads", "distill.tau", "mpp.bits")},
+    **{k: ">=0" for k in ("data.val_size", "data.val_seed", "data.workers", "optim.weight_decay", "optim.momentum",
+                          "schedule.warmup_steps", "schedule.warmup_epochs", "schedule.min_lr", "train.seed",
+                          "train.eval_every", "train.ckpt_every", "train.predictions", "mpp.eval_images",
+                          "mpp.figure_images")},
+    **{k: "[0,1)" for k in ("optim.betas", "data.val_fraction", "train.ema")},
+}
 AUTO_FIELDS = ("num_classes", "in_chans")  # model fields a recipe may leave to the dataset ("auto")
 SECTIONS = {"data": DataConfig, "augment": AugmentConfig, "optim": OptimConfig, "schedule": ScheduleConfig,
             "train": TrainConfig, "init": InitConfig, "mpp": MPPConfig, "distill": DistillConfig}
@@ -206,34 +227,24 @@ class Recipe:
         o, s, t = self.optim, self.schedule, self.train
         if o.name not in ("adamw", "adam", "sgd"):
             raise ConfigError(f"optim.name={o.name!r}: use adamw, adam or sgd")
-        if o.lr <= 0 or o.batch_size <= 0 or o.accum_steps <= 0:
-            raise ConfigError("optim.lr, optim.batch_size and optim.accum_steps must be positive")
+        self._check_ranges()
         if o.batch_size % o.accum_steps:
             raise ConfigError(f"optim.batch_size {o.batch_size} is not divisible by accum_steps {o.accum_steps}")
         if o.implementation not in ("auto", "fused", "foreach", "loop"):
             raise ConfigError(f"optim.implementation={o.implementation!r}: use auto, fused, foreach or loop")
         if s.decay not in ("cosine", "linear", "constant"):
             raise ConfigError(f"schedule.decay={s.decay!r}: use cosine, linear or constant")
-        if s.steps is None and (s.epochs is None or s.epochs <= 0):
+        if s.steps is None and s.epochs is None:
             raise ConfigError("give schedule.epochs > 0 or schedule.steps")
-        if s.minutes is not None and not s.minutes > 0:
-            raise ConfigError(f"schedule.minutes must be positive (a training-time budget), got {s.minutes}")
         if s.patch_drop_end is not None and not 0 <= s.patch_drop_end < 1:
             raise ConfigError(f"schedule.patch_drop_end must be in [0, 1), got {s.patch_drop_end}")
         if not 0 <= s.patch_drop_from < 1:
             raise ConfigError(f"schedule.patch_drop_from must be in [0, 1) (a fraction of the run), got "
                              f"{s.patch_drop_from}")
-        dc = self.data
-        if not 0 <= dc.val_fraction < 1:
-            raise ConfigError(f"data.val_fraction must be in [0, 1), got {dc.val_fraction}")
-        if dc.val_size is not None and dc.val_size < 0:
-            raise ConfigError(f"data.val_size must be a number of images >= 0, got {dc.val_size}")
         if t.precision not in ("fp32", "bf16"):
             raise ConfigError(f"train.precision={t.precision!r}: use fp32 or bf16")
         if t.distributed not in ("ddp", "fsdp"):
             raise ConfigError(f"train.distributed={t.distributed!r}: use ddp or fsdp")
-        if not 0 <= t.ema < 1:
-            raise ConfigError(f"train.ema must be in [0, 1) (e.g. 0.9999), got {t.ema}")
         if t.export not in ("auto", "ema", "raw"):
             raise ConfigError(f"train.export={t.export!r}: use auto, ema or raw")
         bad = [name for name in t.log if name not in LOGGERS]
@@ -248,8 +259,29 @@ class Recipe:
         if not 0 < dd.alpha <= 1 or not dd.tau > 0:
             raise ConfigError(f"distill.alpha must be in (0, 1] and distill.tau positive, got alpha={dd.alpha}, "
                              f"tau={dd.tau}")
+        check_mpp(self.mpp)
         if "arch" in self.model and self.model["arch"] is not None:
             config_from_name(str(self.model["arch"]))  # fails early on unknown names
+        for key, value in self.model.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"got {value}, expected a finite number", key=f"model.{key}")
+        if self.init.checkpoint is None:  # the whole architecture is here: build its config (sizes > 0 ...)
+            self.model_config(num_classes=1, in_chans=1)  # placeholders for what "auto" takes from the data
+
+    def _check_ranges(self) -> None:
+        """Every number is finite, and the sizes, counts and rates of :data:`RANGES` are in range, before any
+        work starts (a zero batch or an infinite learning rate would otherwise fail after data loading,
+        or after training)."""
+        for sec in SECTIONS:
+            for f in dataclasses.fields(SECTIONS[sec]):
+                value, key = getattr(getattr(self, sec), f.name), f"{sec}.{f.name}"
+                for v in value if isinstance(value, (list, tuple)) else [value]:
+                    if isinstance(v, float) and not math.isfinite(v):
+                        raise ConfigError(f"got {v}, expected a finite number", key=key)
+                    rule = RANGES.get(key)
+                    if rule is not None and isinstance(v, (int, float)) and not isinstance(v, bool) \
+                            and not _RULES[rule][0](v):
+                        raise ConfigError(f"got {v}, expected {_RULES[rule][1]}", key=key)
 
     def model_config(self, num_classes: Optional[int] = None, in_chans: Optional[int] = None,
                      base: Optional[ViTConfig] = None) -> ViTConfig:
@@ -266,6 +298,17 @@ class Recipe:
             return base.replace(**fields)
         arch = self.model.get("arch")
         return config_from_name(arch, **fields) if arch else ViTConfig(**fields)
+
+
+def check_mpp(m: MPPConfig) -> None:
+    """The masked-patch-prediction section (its target and corruption rates)."""
+    if m.target not in MPP_TARGETS:
+        raise ConfigError(f"mpp.target={m.target!r}: use one of {', '.join(MPP_TARGETS)}")
+    if not 0 < m.ratio <= 1 or m.p_mask < 0 or m.p_random < 0 or m.p_mask + m.p_random > 1:
+        raise ConfigError(f"mpp: need 0 < ratio <= 1, p_mask, p_random >= 0 and p_mask + p_random <= 1 (got ratio "
+                         f"{m.ratio}, p_mask {m.p_mask}, p_random {m.p_random})")
+    if not 1 <= m.bits <= 8:
+        raise ConfigError(f"mpp.bits must be 1..8, got {m.bits}")
 
 
 def _plain(v: Any) -> Any:
@@ -312,7 +355,8 @@ def _one_line(err: Exception) -> str:
     return " ".join(str(err).split())
 
 
-def _raw(name_or_path: Union[str, PathLike], seen: Tuple[str, ...] = ()) -> Dict[str, Any]:
+def raw_recipe(name_or_path: Union[str, PathLike], seen: Tuple[str, ...] = ()) -> Dict[str, Any]:
+    """A recipe as the plain dict its file holds, ``base:`` resolved; nothing validated (see :func:`load_recipe`)."""
     key = str(name_or_path)
     if key in seen:
         raise ConfigError(f"recipe inheritance loops: {' -> '.join(seen + (key,))}")
@@ -333,7 +377,7 @@ def _raw(name_or_path: Union[str, PathLike], seen: Tuple[str, ...] = ()) -> Dict
         d.setdefault("name", key)
     base = d.get("base")
     if base:
-        parent = _raw(base, seen + (key,))
+        parent = raw_recipe(base, seen + (key,))
         d = merge(parent, {k: v for k, v in d.items() if k != "base"})
     return d
 
@@ -389,10 +433,10 @@ def apply_overrides(d: Dict[str, Any], overrides: Dict[str, Any]) -> Dict[str, A
     return out
 
 
-def load_recipe(name_or_path: Union[str, PathLike] = "fmnist-fast", overrides: Optional[Dict[str, Any]] = None
+def load_recipe(name_or_path: Union[str, PathLike] = DEFAULT_RECIPE, overrides: Optional[Dict[str, Any]] = None
                 ) -> Recipe:
     """A built-in recipe by name or a recipe file, with ``overrides`` applied and everything validated."""
-    d = _raw(name_or_path)
+    d = raw_recipe(name_or_path)
     if overrides:
         d = apply_overrides(d, overrides)
     return Recipe.from_dict(d)

@@ -17,6 +17,7 @@ from ..data.augment import EvalTransform
 from ..data.datasets import Dataset
 from .distributed import Dist
 from .evaluate import evaluate
+from ..errors import ConfigError
 
 WEIGHT_KINDS = ("raw", "ema")
 
@@ -31,7 +32,7 @@ def hold_out(data: Dataset, val_size: Optional[int], val_fraction: float, seed: 
 
     n = len(data)
     if val_size and not 0 < val_size < n:
-        raise ValueError(f"data.val_size={val_size} but the training split has {n} images: hold out fewer "
+        raise ConfigError(f"data.val_size={val_size} but the training split has {n} images: hold out fewer "
                          f"(e.g. --set data.val_size={max(1, n // 12)})")
     fraction = val_size / n if val_size else val_fraction
     if not fraction > 0:
@@ -76,9 +77,9 @@ def choose_weights(export: str, has_ema: bool, val: Optional[Dict[str, Dict[str,
     validation split). ``auto`` takes the better validation top-1 (the EMA weights on a tie), or the EMA
     weights when there is nothing to choose on; ``raw`` / ``ema`` are taken as asked."""
     if export not in ("auto", "raw", "ema"):
-        raise ValueError(f"train.export={export!r}: use auto, ema or raw")
+        raise ConfigError(f"train.export={export!r}: use auto, ema or raw")
     if export == "ema" and not has_ema:
-        raise ValueError("train.export=ema but train.ema is 0: turn EMA on or export raw weights")
+        raise ConfigError("train.export=ema but train.ema is 0: turn EMA on or export raw weights")
     if not has_ema:
         return "raw", "no EMA of the weights"
     if export != "auto":

@@ -48,10 +48,7 @@ from .recipe import Recipe
 from .runlog import MetricsLog
 from .selection import Evaluator, eval_record, hold_out
 from .step import TrainStep
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss or the gradients became NaN/Inf."""
+from ..errors import ConfigError, TrainingDiverged
 
 
 def _seed_for(seed: int, step: int, rank: int, salt: int = 0) -> int:
@@ -95,7 +92,7 @@ class Trainer:
             if self.dist.main:
                 remove_stale_temps(self.out)  # temp files of writes a kill interrupted (issue 22)
         elif last is not None:
-            raise ValueError(f"{self.out} already holds a run (checkpoints/last.pt): pass --resume to continue "
+            raise ConfigError(f"{self.out} already holds a run (checkpoints/last.pt): pass --resume to continue "
                              f"it, or choose another --out")
         if self.dist.main:
             recipe.save(self.out / "recipe.yaml")
@@ -115,7 +112,7 @@ class Trainer:
         chans = r.model.get("in_chans", "auto")
         chans = 3 if chans == "auto" else int(chans)
         if not given and not dc.dataset:
-            raise ValueError(f"recipe {r.name!r} names no dataset: pass --data (e.g. --data folder:/data/pets, whose "
+            raise ConfigError(f"recipe {r.name!r} names no dataset: pass --data (e.g. --data folder:/data/pets, whose "
                              f"sub-folders are the classes, or shards:/data/train-{{000..015}}.tar)")
         if given:
             train_full, test = given["train"], given.get("test")
@@ -133,7 +130,7 @@ class Trainer:
         if dc.train_subset:  # few labels: a seeded, class-stratified subset of the training images
             n = len(self.train_data)
             if not 0 < dc.train_subset <= n:
-                raise ValueError(f"data.train_subset={dc.train_subset} but the training split has {n} images")
+                raise ConfigError(f"data.train_subset={dc.train_subset} but the training split has {n} images")
             if dc.train_subset < n:
                 _, keep = split_indices(n, dc.train_subset / n, r.train.seed + 1, self.train_data.labels)
                 self.train_data = self.train_data.subset(keep, "train")
@@ -196,7 +193,7 @@ class Trainer:
         self.vit = next(m for m in unwrap(self.model).modules() if isinstance(m, VisionTransformer))
         self.patch_drop_start = float(self.vit.config.patch_drop)
         if s.patch_drop_end and not self.patch_drop_start:  # (an end of 0 without patch dropout: nothing to do)
-            raise ValueError(f"schedule.patch_drop_end={s.patch_drop_end} schedules patch dropout, but the model has "
+            raise ConfigError(f"schedule.patch_drop_end={s.patch_drop_end} schedules patch dropout, but the model has "
                              f"none: set model.patch_drop to the starting rate (e.g. --set model.patch_drop=0.5)")
         self.ema = EMA(self.model, r.train.ema, r.train.ema_warmup) if r.train.ema > 0 else None
         step_kw = dict(precision=r.train.precision, clip_grad=o.clip_grad, accum_steps=o.accum_steps,
@@ -220,7 +217,7 @@ class Trainer:
 
         dd = self.recipe.distill
         if self.step_class is not TrainStep:
-            raise ValueError(f"distill.teacher is for classification training, not for {type(self).__name__}")
+            raise ConfigError(f"distill.teacher is for classification training, not for {type(self).__name__}")
         teacher, pre = load_teacher(dd.teacher, self.classes, num_heads=dd.num_heads)
         tcfg = teacher.config
         self.teacher = teacher.to(self.device)
@@ -254,7 +251,7 @@ class Trainer:
 
     def _restore(self, st: Dict[str, Any]) -> None:
         if st.get("total_steps") not in (None, self.total_steps):
-            raise ValueError(f"the checkpoint belongs to a {st['total_steps']}-step run but the recipe now has "
+            raise ConfigError(f"the checkpoint belongs to a {st['total_steps']}-step run but the recipe now has "
                              f"{self.total_steps} steps: resume with the same recipe")
         D.load_full_state(self.wrapped, self.optimizer, st["model"], st["optimizer"])
         if self.ema is not None and "ema" in st:
@@ -428,7 +425,8 @@ class Trainer:
         return {"name": f"vitkit-train:{dc.dataset.split(':')[0]}", "size": list(cfg.img_size),
                 "resize": None if in_mem else self.load_size, "resize_mode": "squash" if in_mem else "shorter",
                 "interpolation": "bilinear", "backend": "tensor" if in_mem else "pil", "mean": mean, "std": std,
-                "description": f"as trained by vitkit ({'resize to the model size' if in_mem else 'shorter side ' + str(self.load_size) + ', centre crop'})"}
+                "description": "as trained by vitkit (" + ("resize to the model size" if in_mem else
+                                                           f"shorter side {self.load_size}, centre crop") + ")"}
 
     def finish(self, wall: float) -> Dict[str, Any]:
         """Choose the weights on the validation split, test them once, export, report

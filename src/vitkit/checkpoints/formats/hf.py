@@ -25,6 +25,7 @@ from ...utils import write_json_atomic
 from ..base import Checkpoint, heads_note, infer_config
 from ..files import write_safetensors
 from ..keymap import QKV_CAT, Context, Rule, check_mapped, count_blocks, from_vitkit, linear, rule, to_vitkit
+from ...errors import CheckpointError
 
 NAME = "hf"
 E = "encoder.layer.{i}."
@@ -75,7 +76,8 @@ def _is_deit(tensors: Dict[str, Any], config: Optional[Dict[str, Any]]) -> bool:
 def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, num_heads: Optional[int] = None,
          source: str = "") -> Checkpoint:
     tensors = strip_prefix(tensors)
-    depth = max(count_blocks(tensors, E + "layernorm_before.weight"), count_blocks(tensors, N + "layernorm_before.weight"))
+    depth = max(count_blocks(tensors, E + "layernorm_before.weight"),
+                count_blocks(tensors, N + "layernorm_before.weight"))
     notes = []
     deit = _is_deit(tensors, config)
     table = RULES
@@ -94,11 +96,11 @@ def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, nu
     labels = None
     if config:
         if config.get("model_type", "vit") not in ("vit", "deit"):
-            raise ValueError(f"{source}: config.json is for model_type={config.get('model_type')!r}, "
+            raise CheckpointError(f"{source}: config.json is for model_type={config.get('model_type')!r}, "
                              f"not 'vit' or 'deit'")
         act = config.get("hidden_act", "gelu")
         if act not in ACTS:
-            raise ValueError(f"{source}: hidden_act={act!r} is not a GELU; vitkit's ViT supports {sorted(ACTS)}")
+            raise CheckpointError(f"{source}: hidden_act={act!r} is not a GELU; vitkit's ViT supports {sorted(ACTS)}")
         fixed.update(ln_eps=float(config.get("layer_norm_eps", 1e-12)), gelu=ACTS[act])
         heads = int(config.get("num_attention_heads", 0)) or None
         num_heads = num_heads or heads
@@ -112,7 +114,7 @@ def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, nu
     if not num_heads:
         notes.append(heads_note(cfg))
     if config and int(config.get("patch_size", cfg.patch_size[0])) != cfg.patch_size[0]:
-        raise ValueError(f"{source}: config.json says patch_size={config['patch_size']} but the weights have "
+        raise CheckpointError(f"{source}: config.json says patch_size={config['patch_size']} but the weights have "
                          f"{cfg.patch_size[0]}: the folder mixes two models")
     return Checkpoint(mapped.state, cfg, NAME, labels=labels, preprocessing=preprocessing(cfg),
                       layout={"flavour": "hf", "model_type": "deit" if deit else "vit",
@@ -163,7 +165,7 @@ def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
     if cfg.backbone:
         problems.append("no hybrid ResNet backbone (write hybrids as vitkit, npz or timm)")
     if problems:
-        raise ValueError(f"Hugging Face's ViT needs {'; '.join(problems)}: this model cannot be written as an "
+        raise CheckpointError(f"Hugging Face's ViT needs {'; '.join(problems)}: this model cannot be written as an "
                          f"HF folder")
     classify = cfg.num_classes > 0
     arch = architecture(cfg)
@@ -174,7 +176,7 @@ def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
         table, top = RULES, ("classifier",)
     mapped = from_vitkit(ckpt.state, table, cfg.depth, Context(cfg.width, cfg.num_heads))
     if mapped.unused:
-        raise ValueError(f"Hugging Face's {arch} has no place for {mapped.unused}")
+        raise CheckpointError(f"Hugging Face's {arch} has no place for {mapped.unused}")
     prefix = "deit." if deit else "vit."
     state = {(k if k.startswith(top) or not classify else prefix + k): v for k, v in mapped.state.items()}
     folder = Path(dst)

@@ -29,6 +29,7 @@ import warnings
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from ..keymap import CONV_HWIO, COPY, Rule, rule
+from ...errors import CheckpointError
 
 BACKBONE = "patch_embed.backbone."
 NUMERICS = {
@@ -39,7 +40,8 @@ _UNIT = {  # format -> regex over a foreign key giving (stage, unit) and the ind
     "npz": (re.compile(r"(?:^|/)block(\d+)/unit(\d+)/conv1/kernel$"), 1),
     "timm": (re.compile(r"^patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.conv1\.weight$"), 0),
 }
-_ROOT = {"npz": "conv_root/kernel", "timm": ("patch_embed.backbone.stem.conv.weight", "patch_embed.backbone.conv.weight")}
+_ROOT = {"npz": "conv_root/kernel",
+         "timm": ("patch_embed.backbone.stem.conv.weight", "patch_embed.backbone.conv.weight")}
 _OURS_UNIT = re.compile(r"^patch_embed\.backbone\.stages\.(\d+)\.(\d+)\.conv1\.weight$")
 
 
@@ -51,7 +53,7 @@ def _layers_from(keys: Iterable[str], rx: "re.Pattern", base: int) -> Tuple[int,
             s, u = int(m.group(1)) - base, int(m.group(2)) - base
             units[s] = max(units.get(s, 0), u + 1)
     if sorted(units) != list(range(len(units))):
-        raise ValueError(f"the ResNet stages in the weights are not numbered consecutively: {sorted(units)}")
+        raise CheckpointError(f"the ResNet stages in the weights are not numbered consecutively: {sorted(units)}")
     return tuple(units[s] for s in range(len(units)))
 
 
@@ -103,7 +105,7 @@ def backbone_rules(fmt: str, layers: Tuple[int, ...]) -> List[Rule]:
                     same(f"{o}conv_proj", f"{t}downsample.conv")
                     same(f"{o}gn_proj", f"{t}downsample.norm", ("weight", "bias"))
         return out
-    raise ValueError(f"{fmt} has no hybrid ResNet+ViT layout: write hybrids as vitkit, npz or timm")
+    raise CheckpointError(f"{fmt} has no hybrid ResNet+ViT layout: write hybrids as vitkit, npz or timm")
 
 
 def read_rules(keys: Iterable[str], fmt: str) -> Tuple[List[Rule], Dict[str, Any]]:
@@ -120,7 +122,7 @@ def write_rules(cfg, fmt: str) -> List[Rule]:
     if not cfg.backbone:
         return []
     if fmt not in NUMERICS:
-        raise ValueError(f"{fmt} has no hybrid ResNet+ViT layout: write hybrids as vitkit, npz or timm")
+        raise CheckpointError(f"{fmt} has no hybrid ResNet+ViT layout: write hybrids as vitkit, npz or timm")
     want = NUMERICS[fmt]
     have = {k: getattr(cfg, k) for k in want}
     if have != want:

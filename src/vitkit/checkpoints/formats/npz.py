@@ -28,6 +28,7 @@ from ..files import write_npz
 from ..keymap import (ATTN_OUT, CONV_HWIO, DENSE, QKV_HEADS, QKV_HEADS_BIAS, Context, Mapped, Rule, check_mapped,
                       count_blocks, from_vitkit, rule, to_vitkit)
 from . import hybrid
+from ...errors import CheckpointError, ConfigError
 
 NAME = "npz"
 FLAVOURS = {
@@ -117,21 +118,22 @@ def read(arrays: Dict[str, Any], *, num_heads: Optional[int] = None, source: str
 def _tensor(a: Any) -> torch.Tensor:
     arr = np.asarray(a)
     if arr.dtype.kind not in "fiub":
-        raise ValueError(f"an .npz array has dtype {arr.dtype}: weights are numbers")
+        raise CheckpointError(f"an .npz array has dtype {arr.dtype}: weights are numbers")
     return torch.from_numpy(np.ascontiguousarray(arr))
 
 
 def write(ckpt: Checkpoint, dst: Path, *, flavour: Optional[str] = None, prefix: Optional[str] = None, **_) -> Path:
     cfg = ckpt.config
     if cfg.posemb not in ("learn", "none") or cfg.posemb_where != "input":
-        raise ValueError(f"the .npz layouts hold a learned 1D position table at the input; this model has "
+        raise CheckpointError(f"the .npz layouts hold a learned 1D position table at the input; this model has "
                          f"posemb={cfg.posemb}, posemb_where={cfg.posemb_where}: use --to vitkit")
     if cfg.distill_token:
-        raise ValueError("the .npz layouts have no distillation token (DeiT): write this model as vitkit, timm or hf")
+        raise CheckpointError("the .npz layouts have no distillation token (DeiT): write this model as vitkit, timm "
+                              "or hf")
     layout = layout_for(ckpt, NAME)
     if flavour:
         if flavour not in FLAVOURS:
-            raise ValueError(f"npz flavour {flavour!r}: use {' or '.join(FLAVOURS)}")
+            raise ConfigError(f"npz flavour {flavour!r}: use {' or '.join(FLAVOURS)}")
         if flavour != layout.get("flavour"):
             layout = {"flavour": flavour}
     layout.setdefault("flavour", "vit_jax")
@@ -144,7 +146,7 @@ def write(ckpt: Checkpoint, dst: Path, *, flavour: Optional[str] = None, prefix:
     mapped: Mapped = from_vitkit(state, rules(layout) + hybrid.write_rules(cfg, NAME), cfg.depth,
                                  Context(cfg.width, cfg.num_heads))
     if mapped.unused:
-        raise ValueError(f"the .npz layout has no place for {mapped.unused}")
+        raise CheckpointError(f"the .npz layout has no place for {mapped.unused}")
     pre = layout.get("prefix", "")
     arrays = {pre + k: (v.float() if v.dtype == torch.bfloat16 else v).detach().cpu().contiguous().numpy()
               for k, v in mapped.state.items()}

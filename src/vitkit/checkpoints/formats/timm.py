@@ -19,6 +19,7 @@ from ..base import Checkpoint, add_class_slot, drop_class_slot, heads_note, infe
 from ..files import write_safetensors, write_torch
 from ..keymap import Context, Rule, check_mapped, count_blocks, from_vitkit, linear, rule, to_vitkit
 from . import hybrid, timm_folder
+from ...errors import CheckpointError
 
 NAME = "timm"
 B = "blocks.{i}."
@@ -87,10 +88,10 @@ def write(ckpt: Checkpoint, dst: Path, *, safetensors: bool = False) -> Path:
     if folder:
         timm_folder.model_args(ckpt)  # refuses what timm's folders cannot describe, before anything is written
     if cfg.posemb not in ("learn", "none") or cfg.posemb_where != "input":
-        raise ValueError(f"timm's VisionTransformer has learned 1D position embeddings at the input; this model "
+        raise CheckpointError(f"timm's VisionTransformer has learned 1D position embeddings at the input; this model "
                          f"has posemb={cfg.posemb}, posemb_where={cfg.posemb_where}: use --to vitkit")
     if cfg.distill_token and not cfg.distill_head and cfg.num_classes:
-        raise ValueError("timm's distilled DeiT reads out both tokens (head and head_dist); this model reads out "
+        raise CheckpointError("timm's distilled DeiT reads out both tokens (head and head_dist); this model reads out "
                          "the class token only (distill_head=False, e.g. from HF's DeiTForImageClassification): "
                          "use --to vitkit or hf")
     warn_numerics(cfg, "timm", ln_eps=1e-6, gelu="exact")
@@ -99,7 +100,7 @@ def write(ckpt: Checkpoint, dst: Path, *, safetensors: bool = False) -> Path:
         state = drop_class_slot(state)
     mapped = from_vitkit(state, RULES + hybrid.write_rules(cfg, NAME), cfg.depth, Context(cfg.width, cfg.num_heads))
     if mapped.unused:
-        raise ValueError(f"timm has no place for {mapped.unused}")
+        raise CheckpointError(f"timm has no place for {mapped.unused}")
     if folder:
         return timm_folder.write(ckpt, mapped.state, Path(dst))
     return write_safetensors(mapped.state, dst) if safetensors else write_torch(mapped.state, dst)

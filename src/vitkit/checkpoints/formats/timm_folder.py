@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ...utils import write_json_atomic
 from ..base import Checkpoint, layout_for
 from ..files import write_safetensors
+from ...errors import CheckpointError
 
 WEIGHTS = "model.safetensors"
 FILE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".safetensors")
@@ -76,7 +77,7 @@ def model_fields(config: Dict[str, Any]) -> Tuple[Optional[int], Dict[str, Any],
     bad = {k: v for k, v in args.items()
            if (k in ALLOWED and v not in ALLOWED[k]) or (k not in ALLOWED and k in EXTENSIONS and v != EXTENSIONS[k])}
     if bad:
-        raise ValueError(f"timm model {arch} with {bad}: not the paper's ViT, vitkit cannot build it")
+        raise CheckpointError(f"timm model {arch} with {bad}: not the paper's ViT, vitkit cannot build it")
     notes: List[str] = []
     heads = args.get("num_heads")
     if heads is None:
@@ -89,7 +90,7 @@ def model_fields(config: Dict[str, Any]) -> Tuple[Optional[int], Dict[str, Any],
     pool = args.get("global_pool", config.get("global_pool"))
     if pool:
         if pool not in POOLS:
-            raise ValueError(f"timm model {arch} pools with global_pool={pool!r}; vitkit reads out the class "
+            raise CheckpointError(f"timm model {arch} pools with global_pool={pool!r}; vitkit reads out the class "
                              f"token ('token') or the patch-token mean ('avg')")
         fields["pool"] = POOLS[pool]
     for key in ("dynamic_img_size", "dynamic_img_pad"):
@@ -173,7 +174,7 @@ def model_args(ckpt: Checkpoint) -> Dict[str, Any]:
     if int(cfg.width * ratio) != cfg.mlp_dim:
         problems.append(f"an MLP width timm's mlp_ratio can express (got {cfg.mlp_dim} for width {cfg.width})")
     if problems:
-        raise ValueError(f"a timm folder needs {'; '.join(problems)}")
+        raise CheckpointError(f"a timm folder needs {'; '.join(problems)}")
     args: Dict[str, Any] = {
         "img_size": list(cfg.img_size), "patch_size": cfg.patch_size[0], "in_chans": cfg.in_chans,
         "num_classes": cfg.num_classes, "embed_dim": cfg.width, "depth": cfg.depth, "num_heads": cfg.num_heads,
@@ -206,7 +207,8 @@ def pretrained_cfg(ckpt: Checkpoint) -> Dict[str, Any]:
         tries = [pre.crop_pct, round(size / pre.resize, 4), size / pre.resize, size / (pre.resize + 0.5)]
         crop_pct = next(c for c in tries if c and math.floor(size / c) == pre.resize)
     return {"input_size": [cfg.in_chans, *cfg.img_size], "interpolation": pre.interpolation,
-            "mean": list(pre.mean[:cfg.in_chans]), "std": list(pre.std[:cfg.in_chans]), "crop_pct": crop_pct, "crop_mode": mode,
+            "mean": list(pre.mean[:cfg.in_chans]), "std": list(pre.std[:cfg.in_chans]), "crop_pct": crop_pct,
+            "crop_mode": mode,
             "num_classes": cfg.num_classes, "first_conv": "patch_embed.proj", "classifier": "head",
             "fixed_input_size": not cfg.dynamic_img_size, "custom_load": False}
 

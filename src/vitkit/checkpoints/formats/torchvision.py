@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional
 from ..base import Checkpoint, heads_note, infer_config, warn_numerics
 from ..files import write_safetensors, write_torch
 from ..keymap import Context, Rule, check_mapped, count_blocks, from_vitkit, linear, rule, to_vitkit
+from ...errors import CheckpointError
 
 NAME = "torchvision"
 L = "encoder.layers.encoder_layer_{i}."
@@ -53,7 +54,7 @@ def write(ckpt: Checkpoint, dst: Path, *, safetensors: bool = False) -> Path:
     _require(cfg)
     mapped = from_vitkit(ckpt.state, RULES, cfg.depth, Context(cfg.width, cfg.num_heads))
     if mapped.unused:
-        raise ValueError(f"torchvision has no place for {mapped.unused}")
+        raise CheckpointError(f"torchvision has no place for {mapped.unused}")
     return write_safetensors(mapped.state, dst) if safetensors else write_torch(mapped.state, dst)
 
 
@@ -72,6 +73,6 @@ def _require(cfg) -> None:
     if cfg.distill_token:
         hard.append("no distillation token (DeiT; write it as vitkit, timm or hf)")
     if hard:
-        raise ValueError(f"torchvision's VisionTransformer needs {'; '.join(hard)}: this model cannot be "
+        raise CheckpointError(f"torchvision's VisionTransformer needs {'; '.join(hard)}: this model cannot be "
                          f"written in its layout (use --to vitkit, or hf / timm where they fit)")
     warn_numerics(cfg, "torchvision", ln_eps=1e-6, gelu="exact")

@@ -1,0 +1,105 @@
+"""The code's layout holds: no module imports another module's private names.
+
+ruff's import-private-name rule (PLC2701) skips relative imports, which is how vitkit's modules import
+each other, so this walk does the check for src/, benchmarks/ and tests/: ``from M import _name``,
+``import M._name`` and ``from M._private import ...`` where M is another vitkit module. A private module
+(``cli/_util.py``) may be imported inside its own package.
+"""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+from typing import Iterator, List, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
+PACKAGE = SRC / "vitkit"
+
+
+# "file: imported name" -> why it is allowed
+ALLOWED = {
+    "src/vitkit/models/precision.py: vitkit.models.kernels._paired_rounds":
+        "the lead's kernel files (issue 31): the one timing loop, to be made public there",
+    "benchmarks/time_to_accuracy.py: vitkit.cli._util.parse_overrides":
+        "the benchmark takes --set KEY=VALUE exactly as the training commands do",
+    "tests/test_train_logging.py: vitkit.cli._util.parse_overrides": "the test of the CLI's --set parser itself",
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _absolute(node: ast.ImportFrom, here: str, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = here.split(".") if is_package else here.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(path: Path, here: str) -> Iterator[Tuple[int, str, str]]:
+    """(line, module, name or '') of each import in ``path``; ``here`` is the importing module's name."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = _absolute(node, here, path.name == "__init__.py")
+            for alias in node.names:
+                yield node.lineno, module, alias.name
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, ""
+
+
+def _private_parts(module: str) -> List[str]:
+    return [p for p in module.split(".") if p.startswith("_") and not p.startswith("__")]
+
+
+def _files() -> Iterator[Tuple[Path, str]]:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield path, _module_name(path)
+    for folder in ("benchmarks", "tests"):
+        for path in sorted((ROOT / folder).glob("*.py")):
+            yield path, f"{folder}.{path.stem}"
+
+
+def private_imports() -> List[str]:
+    found = []
+    for path, here in _files():
+        for line, module, name in _imports(path, here):
+            if not module.startswith("vitkit"):
+                continue  # other libraries' privates are their business (and ruff's)
+            target = f"{module}.{name}" if name else module
+            owner = target.rsplit(".", 1)[0]
+            privates = _private_parts(target)
+            if not privates:
+                continue
+            first = target.split(".").index(privates[0])
+            package_of_private = ".".join(target.split(".")[:first])  # where the private thing lives
+            if here == package_of_private or here.startswith(package_of_private + "."):
+                continue  # inside its own package
+            if name and owner == here:
+                continue
+            if f"{path.relative_to(ROOT)}: {target}" not in ALLOWED:
+                found.append(f"{path.relative_to(ROOT)}:{line}: {target}")
+    return found
+
+
+def test_no_module_imports_another_modules_private_names():
+    found = private_imports()
+    assert not found, "make the name public (and say what it is for) or move the code:\n" + "\n".join(found)
+
+
+def test_the_private_import_check_can_fail(tmp_path, monkeypatch):
+    pkg = tmp_path / "vitkit"
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "__init__.py").write_text("")
+    (pkg / "a" / "x.py").write_text("def _hidden(): pass\n")
+    (pkg / "b.py").write_text("from .a.x import _hidden\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", pkg)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert private_imports() == ["vitkit/b.py:1: vitkit.a.x._hidden"]
