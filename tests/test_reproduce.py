@@ -6,9 +6,8 @@ import pytest
 import torch
 
 from _synthetic import write_npz
-from vitkit.reproduce import arms_table, claims_table, get_budget, plan, reproduce
-from vitkit.reproduce import measure, runner, runs, stats, sweep
-from vitkit.reproduce.claims import AtBest, Best, same_run
+from vitkit.reproduce import arms_table, claims_table, get_budget, measure, plan, reproduce, runner, runs, stats, sweep
+from vitkit.reproduce.claims import AtBest, Best
 
 
 # --- the claims table -----------------------------------------------------------------------------------

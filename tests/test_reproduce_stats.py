@@ -129,7 +129,8 @@ def rederive(report):
             m, ref = t["margin"], t["ref"]
             if not se > 0:
                 continue
-            tt = (lambda x: x / se)
+            def tt(x, se=se):
+                return x / se
             if t["expect"] == ">":
                 fam.append((t, "effect", min(1.0, 2 * sps.t.sf(abs(tt(est - ref)), df))))
                 if m is not None:
@@ -242,7 +243,8 @@ def test_two_names_of_one_run_are_not_two_arms_and_missing_seeds_are_said():
 
     arms = {n: Arm(name=n, model={}) for n in ("a", "b", "c")}
     claim = Claim(id=99, title="t", paper="p", setup="s", arms=("a", "b", "c"),
-                  tests=(Test(text="a beats b", weights=diff("a", "b")), Test(text="a beats c", weights=diff("a", "c"))))
+                  tests=(Test(text="a beats b", weights=diff("a", "b")),
+                         Test(text="a beats c", weights=diff("a", "c"))))
     ms = {"r": [{"seed": s, "test_top1": 0.8 + 0.01 * s, "params": 1, "macs": 1} for s in (0, 1, 2)],
           "rc": [{"seed": s, "test_top1": 0.7 + 0.012 * s, "params": 1, "macs": 1} for s in (0, 1)]}
     budget = get_budget("quick").with_(seeds=(0, 1, 2))

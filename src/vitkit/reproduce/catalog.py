@@ -4,8 +4,26 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 from . import analyses
-from .claims import (CLASSES_A, CLASSES_B, HYBRID, LARGE, LRS, RESNET, SPEED, TOKEN, TRANSFER_MODELS, Arm, AtBest,
-                     Best, Claim, Test, diff, interaction, lr_name, size_name)
+from .claims import (
+    CLASSES_A,
+    CLASSES_B,
+    HYBRID,
+    LARGE,
+    LRS,
+    RESNET,
+    SPEED,
+    TOKEN,
+    TRANSFER_MODELS,
+    Arm,
+    AtBest,
+    Best,
+    Claim,
+    Test,
+    diff,
+    interaction,
+    lr_name,
+    size_name,
+)
 
 SIZES = (1000, 6000, None)
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from ..errors import ConfigError
+
 # The shared small ViT for 28 px Fashion-MNIST: patch 4 (7x7 grid), width 64, 4 blocks of 4 heads, MLP 128,
 # learned 1D position embeddings, global average pooling.
 BASE_MODEL: Dict[str, Any] = {"img_size": 28, "patch_size": 4, "width": 64, "depth": 4, "num_heads": 4,
@@ -79,11 +81,11 @@ class Best:
     def resolve(self, groups: Dict[str, List[Tuple[float, str]]], val: Dict[str, Sequence[float]]) -> str:
         members = groups.get(self.group)
         if not members:
-            raise ValueError(f"{self}: no arms in group {self.group!r}")
+            raise ConfigError(f"{self}: no arms in group {self.group!r}")
         scored = [(_mean(val.get(arm, [])), -x, arm) for x, arm in members]
         scored = [s for s in scored if s[0] is not None]
         if not scored:
-            raise ValueError(f"{self}: no validation results yet")
+            raise ConfigError(f"{self}: no validation results yet")
         return max(scored)[2]  # ties: the smaller x
 
     def __str__(self) -> str:
@@ -106,7 +108,7 @@ class AtBest:
         for xv, arm in groups.get(self.group, []):
             if xv == x:
                 return arm
-        raise ValueError(f"{self}: group {self.group!r} has no arm at x={x}")
+        raise ConfigError(f"{self}: group {self.group!r} has no arm at x={x}")
 
     def __str__(self) -> str:
         return f"{self.group}@best:{self.of}"

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..errors import DataError
 from ..utils import PathLike
 from .budget import Budget, get_budget
 from .claims import Arm
@@ -79,7 +80,7 @@ def seconds_per_mac(reference: PathLike) -> float:
     report = json.loads(Path(reference).read_text())
     runs = _v1_runs(report)
     if len(runs) != report["compute"]["runs"]:
-        raise ValueError(f"{reference}: {len(runs)} runs reconstructed, the report counts {report['compute']['runs']}")
+        raise DataError(f"{reference}: {len(runs)} runs reconstructed, the report counts {report['compute']['runs']}")
     return report["compute"]["train_s_total"] / sum(3 * m * s for m, s in runs)
 
 

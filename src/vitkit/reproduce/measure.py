@@ -16,7 +16,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..utils import PathLike, write_json_atomic
+from ..errors import ConfigError
+from ..utils import write_json_atomic
 from .budget import Budget
 from .claims import Arm
 
@@ -76,7 +77,8 @@ def run_code(prov: Dict[str, Any]) -> Optional[Dict[str, Any]]:
 
 
 @functools.lru_cache(maxsize=4)
-def _dataset(spec: str, split: str, root: Optional[str]):
+def open_split(spec: str, split: str, root: Optional[str]):
+    """A dataset split, opened once per process (the probes of many runs read the same one)."""
     from ..data.datasets import open_dataset
 
     return open_dataset(spec, split, root=root)
@@ -87,9 +89,9 @@ def validation_split(recipe) -> Tuple[Any, Any]:
     from ..train.selection import hold_out
 
     dc = recipe.data
-    train, val = hold_out(_dataset(dc.dataset, dc.train_split, dc.root), dc.val_size, dc.val_fraction, dc.val_seed)
+    train, val = hold_out(open_split(dc.dataset, dc.train_split, dc.root), dc.val_size, dc.val_fraction, dc.val_seed)
     if val is None:
-        raise ValueError(f"recipe {recipe.name!r} has no validation split: set data.val_size")
+        raise ConfigError(f"recipe {recipe.name!r} has no validation split: set data.val_size")
     return train, val
 
 

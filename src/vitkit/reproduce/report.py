@@ -82,8 +82,8 @@ def build(claims: Sequence[Claim], arms: Dict[str, Arm], alias: Dict[str, str],
                 shared = [a for i, (a, _) in enumerate(weights) if alias.get(a, a) in
                           {alias.get(b, b) for b, _ in weights[:i]}]
                 if shared:  # two names of one run are not two arms
-                    raise ValueError(f"{', '.join(shared)} is the same run as another arm of this comparison")
-            except ValueError as err:
+                    raise ConfigError(f"{', '.join(shared)} is the same run as another arm of this comparison")
+            except ConfigError as err:
                 rec["tests"].append({"text": t.text, "kind": "contrast", "error": str(err)})
                 continue
             margin = t.margin if t.margin is not None else MARGINS.get(t.metric)

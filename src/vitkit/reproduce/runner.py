@@ -118,8 +118,8 @@ def _run_parallel(order: List[Tuple[str, int]], arms: Dict[str, Arm], budget: Bu
                     proc.start()
                     there.close()
                     running[here] = (proc, (name, seed))
-                if not running:  # cannot happen with parents listed first; guards against a silent hang
-                    raise RuntimeError(f"runs waiting for parents that are not planned: {pending}")
+                if not running:  # a bug (parents are listed first); guards against a silent hang
+                    raise AssertionError(f"runs waiting for parents that are not planned: {pending}")
                 for conn in wait(list(running)):
                     proc, (name, seed) = running.pop(conn)
                     try:

@@ -167,9 +167,8 @@ def _untrained(arm: Arm, seed: int, recipe, out: Path) -> Dict[str, Any]:
     from ..checkpoints import save_model
     from ..models import VisionTransformer
     from ..utils import write_json_atomic
-
-    from .measure import _dataset
-    data = _dataset(recipe.data.dataset, recipe.data.train_split, recipe.data.root)
+    from .measure import open_split
+    data = open_split(recipe.data.dataset, recipe.data.train_split, recipe.data.root)
     classes = list(data.classes)
     torch.manual_seed(seed)
     model = VisionTransformer(recipe.model_config(num_classes=len(classes), in_chans=data.channels))

@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..errors import ConfigError
+
 ALPHA = 0.05  # family-wise error rate of one report (Holm)
 CONFIDENCE = 0.95  # confidence intervals in the tables
 REPRODUCED, RULED_OUT, CONTRADICTED, UNDERPOWERED = ("reproduced", "not reproduced (effect ruled out)",
@@ -50,7 +52,7 @@ RULE = ("Values are kept per seed (report.json). A comparison is a contrast of a
         "are, else underpowered.")
 
 
-class SeedMismatch(ValueError):
+class SeedMismatch(ConfigError):
     """Arms of a contrast lack seeds the others have: said, never silently dropped."""
 
 
@@ -130,7 +132,7 @@ def p_values(c: Mapping[str, object], expect: str, ref: float, margin: Optional[
     with a margin, ``ruled_out`` (one-sided, C >= ref + margin); ``~``: ``equivalent`` (TOST, |C - ref| >=
     margin) and ``beyond`` (one-sided, |C - ref| <= margin). Empty without a standard error."""
     if expect not in (">", "~"):
-        raise ValueError(f"expect must be '>' or '~', got {expect!r}")
+        raise ConfigError(f"expect must be '>' or '~', got {expect!r}")
     est, se, df = c.get("estimate"), c.get("se"), c.get("df")
     if est is None or se is None or df is None or df <= 0 or not se > 0:  # a zero SE (identical seeds) tests nothing
         return {}
@@ -145,7 +147,7 @@ def p_values(c: Mapping[str, object], expect: str, ref: float, margin: Optional[
             out["ruled_out"] = _sf(-z(d - margin), df)
         return out
     if margin is None:
-        raise ValueError("an expected equality needs a margin")
+        raise ConfigError("an expected equality needs a margin")
     return {"equivalent": max(_sf(z(d + margin), df), _sf(-z(d - margin), df)),
             "beyond": _sf(z(abs(d) - margin), df)}
 
