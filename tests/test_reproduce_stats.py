@@ -281,3 +281,21 @@ def test_a_run_resumed_by_other_code_reads_as_a_mix(tmp_path, monkeypatch):
     measure.record_provenance(folder)
     prov = json.loads((folder / measure.PROVENANCE).read_text())
     assert measure.code_id(measure.run_code(prov)) == f"{'a' * 12} then {'b' * 12}+dirty"
+
+
+def test_v1_reanalysed_under_the_v2_rule_is_committed():
+    """docs/reproduction/v1/reanalysis.json is what the v2 rule makes of the v1 report's stored summaries."""
+    import json
+    from pathlib import Path
+
+    from vitkit.reproduce.reanalyse import reanalyse
+
+    folder = Path(__file__).resolve().parents[1] / "docs" / "reproduction" / "v1"
+    v1 = json.loads((folder / "report.json").read_text())
+    got = json.loads(json.dumps(reanalyse(v1)))
+    assert json.loads((folder / "reanalysis.json").read_text()) == got, \
+        "regenerate: python -m vitkit.reproduce.reanalyse"
+    # claim 2's two comparisons were one contrast: counted once
+    c2 = [t for t in got["tests"] if t["claim"] == 2]
+    assert c2[1]["duplicate"] and not c2[1]["p_values"]
+    assert set(got["claims"].values()) <= set(S.VERDICTS)
