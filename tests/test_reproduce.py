@@ -63,6 +63,7 @@ def test_the_sweep_chooses_each_familys_rate_on_validation_and_aliases_runs():
     table, alias = sweep.resolve(arms, chosen)
     assert alias["vit"] == "vit@lr1e-3" and alias["pe-none"] == "pe-none@lr1e-3"
     assert alias["gap-lr1e-3"] == "vit@lr1e-3"  # one configuration, one run
+    assert table["vit@lr1e-3"].analysis  # measured with the analyses the base ViT asks for
     assert table[alias["res-ft28"]].parent == "res-pre20@lr1e-3" and table[alias["few-mpp"]].parent == "mpp"
     with pytest.raises(ValueError, match="1 of 2 seeds"):
         sweep.choose(fams, arms, budget, {**val, "vit@lr1e-3": [0.8]})

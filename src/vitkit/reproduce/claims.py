@@ -170,10 +170,11 @@ def size_name(n: Optional[int]) -> str:
 
 
 def same_run(a: Arm, b: Arm) -> bool:
-    """Two names for one configuration (the base ViT is claim 2's GAP arm at its chosen rate)."""
+    """Two names for one run: the same training and the same probes (the base ViT is claim 2's GAP arm at its
+    chosen rate); the run is measured with the analyses either asks for."""
     def key(x: Arm):
         return (x.recipe, x.full_model(), x.overrides, x.length, x.kind, x.parent, x.prepare, x.train_images,
-                x.lr, x.sweep if x.lr is None else None, x.classes)
+                x.lr, x.sweep if x.lr is None else None, x.classes, x.probe_classes)
     return key(a) == key(b)
 
 

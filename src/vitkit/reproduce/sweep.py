@@ -8,6 +8,7 @@ run at the chosen rate is reused as that arm's run at the sweep seed.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Dict, List, Mapping, Sequence, Tuple
 
 from ..errors import ConfigError
@@ -74,12 +75,13 @@ def resolve(arms: Mapping[str, Arm], chosen: Mapping[str, Dict[str, object]]) ->
     for name in _parents_first(arms):
         a = fixed[name]
         if a.parent:
-            from dataclasses import replace
             a = replace(a, parent=alias[a.parent])
         same = next((r for r, b in runs.items() if same_run(a, b)), None)
         if same is None:
             runs[a.name] = a
             same = a.name
+        elif a.analysis and not runs[same].analysis:
+            runs[same] = replace(runs[same], analysis=True)
         alias[name] = same
     return runs, alias
 
