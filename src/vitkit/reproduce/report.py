@@ -53,7 +53,7 @@ def build(claims: Sequence[Claim], arms: Dict[str, Arm], alias: Dict[str, str],
         code[n] = {str(m["seed"]): code_id(m.get("code")) for m in ms}
         curves[n] = {str(m["seed"]): m.get("curve") for m in ms if m.get("curve")}
         lack = sorted(set(budget.seeds) - {int(m["seed"]) for m in ms})
-        if lack and (ms or arms[n].kind != "mpp"):
+        if lack:
             missing[n] = lack
     groups = _groups(arms)
     val = {n: list(v.get("val_top1", {}).values()) for n, v in values.items()}
