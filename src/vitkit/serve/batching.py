@@ -11,6 +11,7 @@ past ``max_queue`` images.
 """
 from __future__ import annotations
 
+from ..errors import ConfigError
 import asyncio
 import concurrent.futures
 import itertools
@@ -59,7 +60,7 @@ class Batcher:
     def __init__(self, step: Callable[[List[Any]], Sequence[Any]], *, max_batch: int = 16,
                  max_wait_ms: float = 5.0, max_queue: int = 256, on_batch: Optional[Callable[[BatchInfo], None]] = None):
         if max_batch < 1 or max_queue < 1 or max_wait_ms < 0:
-            raise ValueError("max_batch and max_queue must be at least 1, max_wait_ms at least 0")
+            raise ConfigError("max_batch and max_queue must be at least 1, max_wait_ms at least 0")
         self.step = step
         self.max_batch, self.max_wait, self.max_queue = max_batch, max_wait_ms / 1000.0, max_queue
         self.on_batch = on_batch
