@@ -58,12 +58,12 @@ BUDGETS: Dict[str, Budget] = {
         mpp_epochs=0.3, few_label_epochs=20, lr_sweep=(1e-3, 3e-3), curves=False),
     "full": Budget(
         name="full", seeds=(0, 1, 2, 3, 4),
-        note="5 seeds per arm; rates 1e-3, 2e-3 and 4e-3 swept per family at seed 0 on validation; 14,000 "
+        note="5 seeds per arm; rates 1e-3, 2e-3 and 4e-3 swept per family at seed 0 on validation; 13,000 "
              "labelled images and 12 epochs per main arm, 150 epochs for claim 8's 1,000-label arms, each with "
              "validation curves (they show whether an arm still improves; no arm is stopped early); it does not "
              "buy v1's 55k-image main arms (only claim 3 trains on all 55k), longer schedules, or a sweep at "
              "more than one seed",
-        train_images=14000, epochs=12, finetune_epochs=3, data_steps=2400, data_sizes=(1000, 6000, None),
+        train_images=13000, epochs=12, finetune_epochs=3, data_steps=2400, data_sizes=(1000, 6000, None),
         mpp_epochs=2, few_label_epochs=150, lr_sweep=(1e-3, 2e-3, 4e-3)),
 }
 

@@ -4,7 +4,8 @@ Training cost is modelled as proportional to 3 x forward multiply-adds x images 
 evaluations on the 5,000 validation images are forward only); the seconds per multiply-add are fitted to the
 reference report's summed training time (a v1 report.json records the total only, so one rate serves every
 arm; a v2 one records each run's time). With ``jobs`` runs at a time on as many cores, wall time is the sum
-divided by ``jobs`` (the reference ran that way too); waits for a parent run or for the sweep are not counted.
+divided by ``jobs`` (the reference ran that way too); waits for a parent run or for the sweep, and each run's
+start-up (a few seconds), are not counted.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from ..utils import PathLike
 from .budget import Budget, get_budget
 from .claims import Arm
 
-TRAIN_IMAGES, VAL_IMAGES, BATCH = 55000, 5000, 100  # Fashion-MNIST after the hold-out; fmnist-1k's batch
+TRAIN_IMAGES, VAL_IMAGES, TEST_IMAGES, BATCH = 55000, 5000, 10000, 100  # Fashion-MNIST; fmnist-1k's batch
 
 
 def _macs(arm: Arm) -> int:
@@ -29,18 +30,20 @@ def _macs(arm: Arm) -> int:
 
 
 def passes(arm: Arm, b: Budget) -> Tuple[float, float]:
-    """(training images seen, validation images evaluated) of one run of ``arm`` under ``b``."""
+    """(training images seen, images evaluated forward only) of one run of ``arm`` under ``b``: the
+    evaluations include the validation curve, the final validation and test passes and the probes' features."""
     n = TRAIN_IMAGES // 2 if arm.classes else TRAIN_IMAGES
     n_main = min(n, b.train_images or n)
+    final = VAL_IMAGES + TEST_IMAGES + VAL_IMAGES  # validation, test, and the probes' validation features
     if arm.length in ("main", "finetune"):
         epochs = b.epochs if arm.length == "main" else b.finetune_epochs
-        return n_main * epochs, (VAL_IMAGES * int(epochs) if b.curves else 0) + VAL_IMAGES
+        return n_main * epochs, (VAL_IMAGES * int(epochs) if b.curves else 0) + final
     if arm.length == "data":
-        return b.data_steps * BATCH, VAL_IMAGES
+        return b.data_steps * BATCH, final
     if arm.length == "mpp":
         return TRAIN_IMAGES * b.mpp_epochs, 0
     if arm.length == "few_labels":
-        return b.few_labels * b.few_label_epochs, VAL_IMAGES * (11 if b.curves else 1)
+        return b.few_labels * b.few_label_epochs, VAL_IMAGES * (10 if b.curves else 0) + final
     return 0.0, VAL_IMAGES  # an untrained model: measured only
 
 
