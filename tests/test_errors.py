@@ -27,11 +27,6 @@ ALLOWED = {
     ("models/layers.py", "*"): "the lead's file (issue 31): migrate its option check when that lands",
     ("models/inference.py", "*"): "the lead's file (issue 31): migrate prepare_inference's option checks when "
                                   "that lands",
-    ("reproduce/__init__.py", "*"): "reproduce/ is being split by job (issue 35, reproduce bullet): its checks "
-                                    "migrate with that split",
-    ("reproduce/budget.py", "*"): "reproduce/ is being split by job: migrates with that split",
-    ("reproduce/runner.py", "*"): "reproduce/ is being split by job: migrates with that split",
-    ("reproduce/stats.py", "*"): "reproduce/ is being split by job: migrates with that split",
 }
 
 

@@ -131,8 +131,9 @@ class Trainer:
             train_full = train_full.to_memory()
             test = test.to_memory() if test is not None and not test.in_memory else test
         self.classes = list(train_full.classes)
-        self.train_data, self.val_data = hold_out(train_full, dc.val_size, dc.val_fraction, dc.val_seed,
-                                                  stratify=self.uses_labels)
+        # the same class-stratified hold-out for every objective (MPP too): a pre-training that never reads
+        # labels must still leave out exactly the validation images its fine-tunes are selected on
+        self.train_data, self.val_data = hold_out(train_full, dc.val_size, dc.val_fraction, dc.val_seed)
         if dc.train_subset:  # few labels: a seeded, class-stratified subset of the training images
             n = len(self.train_data)
             if not 0 < dc.train_subset <= n:
@@ -174,8 +175,6 @@ class Trainer:
                                      center_crop_files=not getattr(self.train_data, "in_memory", True))
         self.evaluator = Evaluator(self.eval_tf, self.device, self.dist, r.train.precision, dc.eval_batch_size,
                                    dc.workers)
-
-    uses_labels = True  # False for objectives that never read labels (the validation split is then not stratified)
 
     clock = staticmethod(time.perf_counter)  # the training-time clock (the budget's); tests replace it
 
