@@ -246,6 +246,49 @@ def reference_batch(model, batch: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(batch, cfg.in_chans, *cfg.img_size, generator=g)
 
 
+def _build_candidate(name: str, model, dtype: str, auto: bool, device: torch.device,
+                     row: Dict[str, Any]) -> Optional[Engine]:
+    """Build engine ``name`` for :func:`choose_engine`; None (with ``row["skipped"]`` saying why) where ``auto``
+    leaves it out, an error where a named engine cannot be built."""
+    t0 = time.perf_counter()
+    try:
+        if name != "torch" and device.type != "cpu":
+            raise EngineUnavailable(f"{name} runs vitkit's export on the CPU; the model is on {device}")
+        eng = build_engine(name, model, dtype)
+    except EngineUnavailable as err:
+        if not auto:
+            raise ConfigError(f"--engine {name}: {err}") from None
+        row["skipped"] = str(err)
+        log.info("engine %s skipped: %s", name, err)
+        return None
+    except Exception as err:  # noqa: BLE001 - e.g. an export that fails on this model: auto goes on
+        if not auto or name == "torch":
+            raise
+        row["skipped"] = f"could not be built: {type(err).__name__}: {err}"
+        log.warning("engine %s skipped: %s", name, row["skipped"])
+        return None
+    row["version"] = eng.version
+    row["build_s"] = round(time.perf_counter() - t0, 3)
+    return eng
+
+
+def _check_candidate(name: str, eng: Engine, ref: np.ndarray, check: torch.Tensor, dtype: str, auto: bool,
+                     row: Dict[str, Any]) -> bool:
+    """Whether engine ``name``'s logits on ``check`` are within :data:`TOLERANCE` of the eager fp32 ``ref``; where
+    not, it is closed, and a named engine refused (``auto`` skips it)."""
+    row.update(compare(ref, eng.run(check)[0], dtype))
+    if row["ok"]:
+        return True
+    msg = (f"{name} ({dtype}) logits differ from eager fp32 by {row['rel_diff']:.3g} of the largest logit "
+           f"(> {row['tolerance']:g})")
+    eng.close()
+    if not auto:
+        raise ExportError(msg + ": not serving it")
+    row["skipped"] = msg
+    log.warning("engine %s skipped: %s", name, msg)
+    return False
+
+
 def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int = 16, budget_s: float = 2.0,
                   candidates: Sequence[str] = ENGINES) -> Tuple[Engine, Dict[str, Any]]:
     """(engine, report). ``engine="auto"``: every installed engine that runs ``dtype`` is built, checked
@@ -259,7 +302,8 @@ def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int =
     with torch.inference_mode():
         ref = model.float()(check.to(device)).float().cpu().numpy()
     timing = reference_batch(model, batch)
-    names = list(candidates) if engine == "auto" else [engine]
+    auto = engine == "auto"
+    names = list(candidates) if auto else [engine]
     # torch last: its bf16 / int8 casts the model in place, which the exporters must not see
     names = sorted(names, key=lambda n: n == "torch")
     report: Dict[str, Any] = {"requested": engine, "dtype": dtype, "batch": batch, "candidates": []}
@@ -267,43 +311,13 @@ def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int =
     best_speed = -1.0
     for name in names:
         row: Dict[str, Any] = {"engine": name}
-        t0 = time.perf_counter()
-        try:
-            if name != "torch" and device.type != "cpu":
-                raise EngineUnavailable(f"{name} runs vitkit's export on the CPU; the model is on {device}")
-            eng = build_engine(name, model, dtype)
-        except EngineUnavailable as err:
-            if engine != "auto":
-                raise ConfigError(f"--engine {name}: {err}") from None
-            row["skipped"] = str(err)
-            report["candidates"].append(row)
-            log.info("engine %s skipped: %s", name, err)
+        report["candidates"].append(row)
+        eng = _build_candidate(name, model, dtype, auto, device, row)
+        if eng is None or not _check_candidate(name, eng, ref, check, dtype, auto, row):
             continue
-        except Exception as err:  # noqa: BLE001 - e.g. an export that fails on this model: auto goes on
-            if engine != "auto" or name == "torch":
-                raise
-            row["skipped"] = f"could not be built: {type(err).__name__}: {err}"
-            report["candidates"].append(row)
-            log.warning("engine %s skipped: %s", name, row["skipped"])
-            continue
-        row["version"] = eng.version
-        row["build_s"] = round(time.perf_counter() - t0, 3)
-        row.update(compare(ref, eng.run(check)[0], dtype))
-        if not row["ok"]:
-            msg = (f"{name} ({dtype}) logits differ from eager fp32 by {row['rel_diff']:.3g} of the largest logit "
-                   f"(> {row['tolerance']:g})")
-            if engine != "auto":
-                eng.close()
-                raise ExportError(msg + ": not serving it")
-            row["skipped"] = msg
-            eng.close()
-            report["candidates"].append(row)
-            log.warning("engine %s skipped: %s", name, msg)
-            continue
-        if engine == "auto" or budget_s > 0:
+        if auto or budget_s > 0:
             row.update(time_engine(eng, timing, budget_s))
         speed = row.get("img_per_s", 0.0)
-        report["candidates"].append(row)
         log.info("engine %s (%s): %.1f img/s at batch %d, logits within %.2g of eager", name, dtype, speed, batch,
                  row["rel_diff"])
         if speed > best_speed:
@@ -319,7 +333,7 @@ def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int =
     gc.collect()
     _release_freed_memory()
     report["chosen"] = best.name
-    if engine == "auto":
+    if auto:
         log.info("--engine auto chose %s (%s) among %s", best.name, dtype,
                  ", ".join(f"{r['engine']} {r['img_per_s']:.1f} img/s" if "img_per_s" in r else
                            f"{r['engine']} (skipped)" for r in report["candidates"]))

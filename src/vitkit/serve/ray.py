@@ -20,8 +20,8 @@ import time
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional
 
-from .app import ServeOptions
 from .batching import BatchInfo, Done, QueueFull
+from .options import ServeOptions
 
 log = logging.getLogger("vitkit.serve")
 
@@ -37,7 +37,7 @@ def ray_serve_installed() -> bool:
 
 
 class RayBatcher:
-    """The :class:`~vitkit.serve.app.Service`'s batcher inside a Ray Serve replica: ``submit`` hands each image
+    """The :class:`~vitkit.serve.service.Service`'s batcher inside a Ray Serve replica: ``submit`` hands each image
     to the deployment's ``@serve.batch`` method, which coalesces them (same interface as :class:`Batcher`)."""
 
     def __init__(self, replica: Any, max_batch: int, max_queue: int, max_wait_ms: float):
