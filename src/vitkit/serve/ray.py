@@ -93,7 +93,8 @@ def make_deployment(max_batch: int = 16, max_wait_ms: float = 5.0, replicas: int
     @serve.ingress()
     class VitkitServe:
         def __init__(self, weights: Any, options: Dict[str, Any], img_size: Optional[int] = None):
-            from .app import Service, load_model
+            from .app import load_model
+            from .service import Service
 
             opts = ServeOptions(**options)
             opts.watch_disconnect = False  # Ray's proxy owns the client connection

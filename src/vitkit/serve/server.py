@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import ConfigError
-from .app import ServeOptions, Service, build_app, load_model
+from .app import build_app, load_model
+from .options import ServeOptions
+from .service import Service
 
 log = logging.getLogger("vitkit.serve")
 TOKEN_ENV = "VITKIT_SERVE_TOKEN"
