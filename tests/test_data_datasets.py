@@ -259,5 +259,6 @@ def test_trainer_takes_a_torch_dataset_and_a_hugging_face_one(tmp_path):
                    data={"train": _QuadrantsDataset(576, 0), "test": hf}).fit()
     ref = Trainer(recipe, tmp_path / "tensors", progress=False).fit()
     assert ours["test_top1"] == ref["test_top1"] and ours["val"] == ref["val"]
-    losses = [[r["loss"] for r in read_metrics(tmp_path / run) if r["kind"] == "train"] for run in ("external", "tensors")]
+    losses = [[r["loss"] for r in read_metrics(tmp_path / run) if r["kind"] == "train"]
+              for run in ("external", "tensors")]
     assert losses[0] == losses[1] and len(losses[0]) > 3

@@ -17,7 +17,6 @@ import re
 import sys
 import traceback
 import warnings
-from pathlib import Path
 from typing import List, Optional, Tuple
 
 from ..version import __version__

@@ -76,7 +76,8 @@ def register(sub) -> None:
     p.add_argument("weights", help="checkpoint path (any format), known name, Hub id or URL")
     p.add_argument("repo_id", help="OWNER/NAME of the Hub repository")
     p.add_argument("--to", choices=["timm", "hf"], default="timm",
-                   help="timm: model.safetensors + timm's config.json (default); hf: transformers' save_pretrained files")
+                   help="timm: model.safetensors + timm's config.json (default); "
+                        "hf: transformers' save_pretrained files")
     p.add_argument("--private", action="store_true", help="create the repository private")
     p.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
     p.add_argument("--revision", help="branch to commit to (default: main)")
