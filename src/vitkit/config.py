@@ -17,12 +17,12 @@ from .fields import coerce_field, describe_type, field_types
 from .variants import (
     HYBRID_MODELS,
     PAPER_MODELS,
+    REGISTERED,
     RESNET_DEPTHS,
     SIZE_ALIASES,
     SIZES,
     list_models,
     parse_model_name,
-    register_model,
 )
 
 __all__ = ["ATTENTION_KINDS", "BACKBONES", "FINAL_NORMS", "GELU_KINDS", "HYBRID_MODELS", "PAPER_MODELS", "POOL_KINDS",
@@ -328,6 +328,12 @@ def check_fields(d: Dict[str, Any], where: str = "") -> Dict[str, Any]:
         # img_size / patch_size: an int means a square
         out[k] = coerce_field(ViTConfig, k, v, where + k, scalar_pairs=k in ("img_size", "patch_size"))
     return out
+
+
+def register_model(name: str, **config: Any) -> None:
+    """Register a named configuration (e.g. a small model for 28 px images)."""
+    check_fields(config)
+    REGISTERED[name] = dict(config)
 
 
 def config_from_name(name: str, **overrides: Any) -> ViTConfig:

@@ -31,15 +31,8 @@ HYBRID_MODELS = ("R26+S/32", "R26+B/32", "R50+B/16", "R50+B/32", "R50+L/32")
 RESNET_DEPTHS = {26: (2, 2, 2, 2), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}
 
 
-# --- registered names ---------------------------------------------------------
-_REGISTRY: Dict[str, Dict[str, Any]] = {}
-
-
-def register_model(name: str, **config: Any) -> None:
-    """Register a named configuration (e.g. a small model for 28 px images)."""
-    from .config import check_fields  # the fields are ViTConfig's (config.py builds on this module)
-    check_fields(config)
-    _REGISTRY[name] = dict(config)
+# --- registered names: filled by :func:`vitkit.config.register_model`, which checks the fields first ---------
+REGISTERED: Dict[str, Dict[str, Any]] = {}
 
 
 def list_models(pattern: Optional[str] = None) -> list:
@@ -47,7 +40,7 @@ def list_models(pattern: Optional[str] = None) -> list:
     towers: :mod:`vitkit.families`), then registered ones; ``pattern`` keeps those
     matching a shell-style wildcard, case-insensitive (``"B/*"``, ``"*16"``, ``"R50*"``)."""
     from .families import FAMILIES
-    names = list(PAPER_MODELS) + list(HYBRID_MODELS) + list(FAMILIES) + sorted(_REGISTRY)
+    names = list(PAPER_MODELS) + list(HYBRID_MODELS) + list(FAMILIES) + sorted(REGISTERED)
     if pattern is None:
         return names
     import fnmatch
@@ -68,8 +61,8 @@ def parse_model_name(name: str) -> Dict[str, Any]:
     ``deit_base_distilled_patch16_384`` / ``facebook/deit-tiny-distilled-patch16-224``
     (``distill_token=True``). Unknown names raise ConfigError with close suggestions.
     """
-    if name in _REGISTRY:
-        return dict(_REGISTRY[name], name=name)
+    if name in REGISTERED:
+        return dict(REGISTERED[name], name=name)
     from .families import family_fields
     family = family_fields(name)
     if family:
