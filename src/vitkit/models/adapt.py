@@ -13,8 +13,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..config import ViTConfig
-from .posemb import infer_square_grid, resize_grid, resize_pos_embed, resize_relative_table
 from ..errors import CheckpointError, ConfigError
+from .posemb import infer_square_grid, resize_axis, resize_pos_embed, resize_relative_table
 
 
 def adapt_state_dict(state: Dict[str, torch.Tensor], config: ViTConfig, *,
@@ -35,40 +35,57 @@ def adapt_state_dict(state: Dict[str, torch.Tensor], config: ViTConfig, *,
     if head not in ("auto", "keep", "reset"):
         raise ConfigError(f"head={head!r}: use 'auto', 'keep' or 'reset'")
     method = method or config.posemb_resize
-    aa = config.posemb_antialias
     out = dict(state)
     notes: List[str] = []
-    new_grid = config.grid_size
-    prefix = config.num_posemb_prefix  # slots of the table before the patches (registers have none)
+    if out.get("pos_embed") is not None:
+        out = _adapt_pos_embed(out, config, source_grid, method, notes)
+    _adapt_grid_tables(out, config.grid_size, method, notes)
+    if config.representation_size is None and any(k.startswith("pre_logits.") for k in out):
+        for k in [k for k in out if k.startswith("pre_logits.")]:
+            del out[k]
+        notes.append("pre-logits layer dropped (model has none)")
+        if "head.weight" in out and out["head.weight"].shape[1] != config.width and head == "auto":
+            head = "reset"
+    if head != "keep":
+        _adapt_heads(out, config, head == "reset", notes)
+    return out, notes
 
-    pe = out.get("pos_embed")
-    if pe is not None:
-        if pe.ndim == 2:
-            pe = pe.unsqueeze(0)
-        # slots for the class / distillation token: fold them into the tokens, or add zero ones
-        tokens = int(config.class_token) + int(config.distill_token)
-        have = (pe.shape[1] - source_grid[0] * source_grid[1] if source_grid is not None
-                else tokens if tokens and _square(pe.shape[1] - tokens) and not _square(pe.shape[1]) else 0)
-        if tokens and have == tokens and prefix == 0:
-            out = fold_class_slots(out, tokens)
-            pe = out["pos_embed"]
-            notes.append("the position table's class-token slot folded into the class token (the model gives "
-                         "it no position: posemb_class_slot=False)")
-        elif tokens and have == 0 and prefix == tokens:
-            pe = out["pos_embed"] = torch.cat([pe.new_zeros(pe.shape[0], tokens, pe.shape[-1]), pe], dim=1)
-            notes.append("zero class-token slot(s) added to the position table (posemb_class_slot=True)")
-        if pe.shape[1] != config.posemb_len:
-            old = tuple(source_grid) if source_grid is not None else infer_square_grid(pe.shape[1], prefix)
-            out["pos_embed"] = resize_pos_embed(pe, old, new_grid, prefix, method, aa)
-            notes.append(f"pos_embed resized {old[0]}x{old[1]} -> {new_grid[0]}x{new_grid[1]} "
-                         f"({method}{', antialiased' if aa and method == 'bicubic' else ''})")
+
+def _adapt_pos_embed(out: Dict[str, torch.Tensor], config: ViTConfig, source_grid: Optional[Sequence[int]],
+                     method: str, notes: List[str]) -> Dict[str, torch.Tensor]:
+    """The learned 1D table: its class-token slots folded or added as the model has them, then resized."""
+    aa, new_grid = config.posemb_antialias, config.grid_size
+    prefix = config.num_posemb_prefix  # slots of the table before the patches (registers have none)
+    pe = out["pos_embed"]
+    if pe.ndim == 2:
+        pe = pe.unsqueeze(0)
+    # slots for the class / distillation token: fold them into the tokens, or add zero ones
+    tokens = int(config.class_token) + int(config.distill_token)
+    have = (pe.shape[1] - source_grid[0] * source_grid[1] if source_grid is not None
+            else tokens if tokens and _square(pe.shape[1] - tokens) and not _square(pe.shape[1]) else 0)
+    if tokens and have == tokens and prefix == 0:
+        out = fold_class_slots(out, tokens)
+        pe = out["pos_embed"]
+        notes.append("the position table's class-token slot folded into the class token (the model gives "
+                     "it no position: posemb_class_slot=False)")
+    elif tokens and have == 0 and prefix == tokens:
+        pe = out["pos_embed"] = torch.cat([pe.new_zeros(pe.shape[0], tokens, pe.shape[-1]), pe], dim=1)
+        notes.append("zero class-token slot(s) added to the position table (posemb_class_slot=True)")
+    if pe.shape[1] != config.posemb_len:
+        old = tuple(source_grid) if source_grid is not None else infer_square_grid(pe.shape[1], prefix)
+        out["pos_embed"] = resize_pos_embed(pe, old, new_grid, prefix, method, aa)
+        notes.append(f"pos_embed resized {old[0]}x{old[1]} -> {new_grid[0]}x{new_grid[1]} "
+                     f"({method}{', antialiased' if aa and method == 'bicubic' else ''})")
+    return out
+
+
+def _adapt_grid_tables(out: Dict[str, torch.Tensor], new_grid: Tuple[int, int], method: str,
+                       notes: List[str]) -> None:
+    """The learned 2D halves and the relative-position tables, resized in place to ``new_grid``."""
     for key, axis in (("pos_embed_row", 0), ("pos_embed_col", 1)):
         t = out.get(key)
         if t is not None and t.shape[1] != new_grid[axis]:
-            if axis == 0:
-                out[key] = resize_grid(t.unsqueeze(2), (new_grid[0], 1), method).squeeze(2)
-            else:
-                out[key] = resize_grid(t.unsqueeze(1), (1, new_grid[1]), method).squeeze(1)
+            out[key] = resize_axis(t, new_grid[axis], axis, method)
             notes.append(f"{key} resized {t.shape[1]} -> {new_grid[axis]}")
     want = (2 * new_grid[0] - 1, 2 * new_grid[1] - 1)
     for key in [k for k in out if re.fullmatch(r"rel_pos\.\d+\.table", k)]:
@@ -77,32 +94,27 @@ def adapt_state_dict(state: Dict[str, torch.Tensor], config: ViTConfig, *,
             out[key] = resize_relative_table(t, new_grid, method)
             notes.append(f"{key} resized {tuple(t.shape[-2:])} -> {want}")
 
-    if config.representation_size is None and any(k.startswith("pre_logits.") for k in out):
-        for k in [k for k in out if k.startswith("pre_logits.")]:
-            del out[k]
-        notes.append("pre-logits layer dropped (model has none)")
-        if "head.weight" in out and out["head.weight"].shape[1] != config.width and head == "auto":
-            head = "reset"
-    if head != "keep":
-        # the class head, and DeiT's distillation head when the model has a distillation token
-        heads = [("head", config.representation_size or config.width, True),
-                 ("head_dist", config.width, config.distill_token and config.distill_head)]
-        for name, in_features, wanted in heads:
-            w = out.get(f"{name}.weight")
-            if w is not None and (config.num_classes == 0 or not wanted):
-                del out[f"{name}.weight"]
-                out.pop(f"{name}.bias", None)
-                notes.append(f"{name} dropped ({'num_classes=0' if wanted else 'the model has no distillation head'})")
-            elif w is not None and (head == "reset" or tuple(w.shape) != (config.num_classes, in_features)):
-                out[f"{name}.weight"] = w.new_zeros(config.num_classes, in_features)
-                out[f"{name}.bias"] = w.new_zeros(config.num_classes)
-                notes.append(f"{name} re-initialised to zeros: {w.shape[0]} -> {config.num_classes} classes")
-            elif w is None and wanted and config.num_classes > 0:
-                ref = out.get("norm.weight", next(iter(out.values()), torch.zeros(1)))
-                out[f"{name}.weight"] = ref.new_zeros(config.num_classes, in_features)
-                out[f"{name}.bias"] = ref.new_zeros(config.num_classes)
-                notes.append(f"{name} re-initialised to zeros: none -> {config.num_classes} classes")
-    return out, notes
+
+def _adapt_heads(out: Dict[str, torch.Tensor], config: ViTConfig, reset: bool, notes: List[str]) -> None:
+    """The class head, and DeiT's distillation head when the model has a distillation token, in place:
+    dropped where the model has none, zero-initialised where the class count (or ``reset``) says so."""
+    heads = [("head", config.representation_size or config.width, True),
+             ("head_dist", config.width, config.distill_token and config.distill_head)]
+    for name, in_features, wanted in heads:
+        w = out.get(f"{name}.weight")
+        if w is not None and (config.num_classes == 0 or not wanted):
+            del out[f"{name}.weight"]
+            out.pop(f"{name}.bias", None)
+            notes.append(f"{name} dropped ({'num_classes=0' if wanted else 'the model has no distillation head'})")
+        elif w is not None and (reset or tuple(w.shape) != (config.num_classes, in_features)):
+            out[f"{name}.weight"] = w.new_zeros(config.num_classes, in_features)
+            out[f"{name}.bias"] = w.new_zeros(config.num_classes)
+            notes.append(f"{name} re-initialised to zeros: {w.shape[0]} -> {config.num_classes} classes")
+        elif w is None and wanted and config.num_classes > 0:
+            ref = out.get("norm.weight", next(iter(out.values()), torch.zeros(1)))
+            out[f"{name}.weight"] = ref.new_zeros(config.num_classes, in_features)
+            out[f"{name}.bias"] = ref.new_zeros(config.num_classes)
+            notes.append(f"{name} re-initialised to zeros: none -> {config.num_classes} classes")
 
 
 def _square(n: int) -> bool:

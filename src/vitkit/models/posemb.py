@@ -6,6 +6,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from ..errors import ConfigError, InputError
 
 Grid = Tuple[int, int]
@@ -93,6 +94,36 @@ def sincos_2d(grid: Sequence[int], width: int, temperature: float = 10000.0,
     x = x.reshape(-1, 1) * omega
     return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1).to(dtype)
 
+
+def sincos_table(grid: Sequence[int], width: int, num_prefix_tokens: int = 0, device=None,
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """:func:`sincos_2d` as an additive table [1, prefix + rows*cols, width] whose prefix slots are zero."""
+    pe = sincos_2d(grid, width, dtype=dtype, device=device)
+    if num_prefix_tokens:
+        pe = torch.cat([pe.new_zeros(num_prefix_tokens, pe.shape[1]), pe], dim=0)
+    return pe.unsqueeze(0)
+
+
+def resize_axis(table: torch.Tensor, size: int, axis: int, method: str = "bilinear") -> torch.Tensor:
+    """Resize one half of a learned 2D embedding, [n, rows, D/2] (``axis`` 0) or [n, cols, D/2] (``axis`` 1),
+    to ``size`` slots along its grid axis."""
+    if axis == 0:
+        return resize_grid(table.unsqueeze(2), (size, 1), method).squeeze(2)
+    return resize_grid(table.unsqueeze(1), (1, size), method).squeeze(1)
+
+
+def learn2d_table(row: torch.Tensor, col: torch.Tensor, grid: Sequence[int], num_prefix_tokens: int = 0,
+                  method: str = "bilinear") -> torch.Tensor:
+    """The learned 2D embedding (App. D.4) as an additive table [n, prefix + rows*cols, D]: each patch gets
+    its row's half [n, rows, D/2] and its column's half, concatenated (resized to ``grid`` when it differs);
+    the prefix slots are zero."""
+    row, col = resize_axis(row, grid[0], 0, method), resize_axis(col, grid[1], 1, method)
+    n, h = row.shape[0], row.shape[-1]
+    pe = torch.cat([row[:, :, None].expand(n, grid[0], grid[1], h),
+                    col[:, None].expand(n, grid[0], grid[1], h)], dim=-1).reshape(n, -1, 2 * h)
+    if num_prefix_tokens:
+        pe = torch.cat([pe.new_zeros(n, num_prefix_tokens, 2 * h), pe], dim=1)
+    return pe
 
 class RelativePositionBias(nn.Module):
     """A learned attention-logit bias per head and per 2D offset between patches.

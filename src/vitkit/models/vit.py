@@ -9,11 +9,19 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..config import ViTConfig
+from ..errors import InputError
+from .intermediates import check_output_fmt, feature_pyramid, resolve_indices, timm_layout
 from .layers import AttentionPool, AxialBlock, Block, PatchEmbed, chunk_images, fast_inference, lecun_normal_
 from .meta import ModelMeta
-from .posemb import RelativePositionBias, resize_grid, resize_pos_embed, resize_relative_table, sincos_2d
+from .posemb import (
+    RelativePositionBias,
+    learn2d_table,
+    resize_axis,
+    resize_pos_embed,
+    resize_relative_table,
+    sincos_table,
+)
 from .resnet import HybridEmbed
-from ..errors import InputError
 
 Grid = Tuple[int, int]
 
@@ -65,7 +73,7 @@ class VisionTransformer(nn.Module):
             self.rel_pos = nn.ModuleList(
                 RelativePositionBias(gh_gw, cfg.num_heads, cfg.class_token) for _ in range(n_rel))
         elif cfg.posemb == "sincos2d":
-            self.register_buffer("pos_embed_fixed", self._sincos(gh_gw), persistent=False)
+            self.register_buffer("pos_embed_fixed", sincos_table(gh_gw, d, cfg.num_posemb_prefix), persistent=False)
         self.pos_drop = nn.Dropout(cfg.dropout)
         self.norm_pre = nn.LayerNorm(d, eps=cfg.ln_eps) if cfg.norm_pre else None  # CLIP's ln_pre
 
@@ -148,14 +156,7 @@ class VisionTransformer(nn.Module):
         self.grad_checkpointing = enable
         return self
 
-    # --- position embeddings ---------------------------------------------------
-    def _sincos(self, grid: Grid, device=None, dtype=torch.float32) -> torch.Tensor:
-        pe = sincos_2d(grid, self.config.width, dtype=dtype, device=device)
-        prefix = self.config.num_posemb_prefix
-        if prefix:
-            pe = torch.cat([pe.new_zeros(prefix, pe.shape[1]), pe], dim=0)
-        return pe.unsqueeze(0)
-
+    # --- position embeddings (the tables' kinds and resizing: posemb.py) ---------------
     def position_embedding(self, grid: Optional[Grid] = None) -> Optional[torch.Tensor]:
         """The additive table [n_tables, tokens, D] for a patch grid, one slot per token of the sequence
         (class slot first; tokens without a position, registers and with ``posemb_class_slot=False`` the
@@ -177,17 +178,12 @@ class VisionTransformer(nn.Module):
             return resize_pos_embed(self.pos_embed, built, grid, cfg.num_posemb_prefix, cfg.posemb_resize,
                                     cfg.posemb_antialias)
         if cfg.posemb == "learn2d":
-            row = resize_grid(self.pos_embed_row.unsqueeze(2), (grid[0], 1), cfg.posemb_resize).squeeze(2)
-            col = resize_grid(self.pos_embed_col.unsqueeze(1), (1, grid[1]), cfg.posemb_resize).squeeze(1)
-            n, h = row.shape[0], row.shape[-1]
-            pe = torch.cat([row[:, :, None].expand(n, grid[0], grid[1], h),
-                            col[:, None].expand(n, grid[0], grid[1], h)], dim=-1).reshape(n, -1, 2 * h)
-            if cfg.num_posemb_prefix:
-                pe = torch.cat([pe.new_zeros(n, cfg.num_posemb_prefix, 2 * h), pe], dim=1)
-            return pe
+            return learn2d_table(self.pos_embed_row, self.pos_embed_col, grid, cfg.num_posemb_prefix,
+                                 cfg.posemb_resize)
         if cfg.posemb == "sincos2d":
             fixed = self.pos_embed_fixed
-            return fixed if grid == built else self._sincos(grid, fixed.device, fixed.dtype)
+            return fixed if grid == built else sincos_table(grid, cfg.width, cfg.num_posemb_prefix, fixed.device,
+                                                            fixed.dtype)
         return None
 
     def set_img_size(self, img_size: Union[int, Tuple[int, int]]) -> "VisionTransformer":
@@ -199,16 +195,15 @@ class VisionTransformer(nn.Module):
                 self.pos_embed = nn.Parameter(resize_pos_embed(self.pos_embed, old, new, cfg.num_posemb_prefix,
                                                                cfg.posemb_resize, cfg.posemb_antialias))
             if self.pos_embed_row is not None:
-                self.pos_embed_row = nn.Parameter(
-                    resize_grid(self.pos_embed_row.unsqueeze(2), (new[0], 1), cfg.posemb_resize).squeeze(2))
-                self.pos_embed_col = nn.Parameter(
-                    resize_grid(self.pos_embed_col.unsqueeze(1), (1, new[1]), cfg.posemb_resize).squeeze(1))
+                self.pos_embed_row = nn.Parameter(resize_axis(self.pos_embed_row, new[0], 0, cfg.posemb_resize))
+                self.pos_embed_col = nn.Parameter(resize_axis(self.pos_embed_col, new[1], 1, cfg.posemb_resize))
             for rel in self.rel_pos or []:
                 rel.table = nn.Parameter(resize_relative_table(rel.table, new, cfg.posemb_resize))
                 rel.grid = new
         self.config = cfg
         if cfg.posemb == "sincos2d":
-            self.pos_embed_fixed = self._sincos(new, self.pos_embed_fixed.device, self.pos_embed_fixed.dtype)
+            fixed = self.pos_embed_fixed
+            self.pos_embed_fixed = sincos_table(new, cfg.width, cfg.num_posemb_prefix, fixed.device, fixed.dtype)
         return self
 
     # --- forward pieces ----------------------------------------------------------
@@ -358,22 +353,6 @@ class VisionTransformer(nn.Module):
             return self.forward_head(out["features"]), out["attention"]
         return self.forward_head(self.forward_features(x, patch_drop))
 
-    def _resolve_indices(self, indices: Union[None, int, Sequence[int]]) -> List[int]:
-        depth = len(self.blocks)
-        if indices is None:
-            return list(range(depth))
-        if isinstance(indices, int):
-            if not 0 < indices <= depth:
-                raise InputError(f"asked for the last {indices} blocks of a {depth}-block model")
-            return list(range(depth - indices, depth))
-        out = []
-        for i in indices:
-            j = i + depth if i < 0 else i
-            if not 0 <= j < depth:
-                raise InputError(f"block index {i} is out of range for a {depth}-block model")
-            out.append(j)
-        return sorted(set(out))
-
     def forward_intermediates(self, x: torch.Tensor, indices: Union[None, int, Sequence[int]] = None, *,
                               return_attention: bool = False, norm: bool = False, stop_early: bool = False,
                               output_fmt: Optional[str] = None, return_prefix_tokens: bool = False,
@@ -392,21 +371,15 @@ class VisionTransformer(nn.Module):
         patch tokens as a map [B, D, rows, cols] (NCHW) or [B, N, D] (NLC), paired with its prefix tokens
         [B, prefix, D] (class, registers) as ``(map, prefix)`` when ``return_prefix_tokens``.
         """
-        if output_fmt is not None and output_fmt not in ("NCHW", "NLC"):
-            raise InputError(f"output_fmt={output_fmt!r}: use 'NCHW' (maps) or 'NLC' (token sequences)")
-        idx = self._resolve_indices(indices)
+        check_output_fmt(output_fmt)
+        idx = resolve_indices(indices, len(self.blocks))
         tokens, grid = self.embed(x)
         last = max(idx) if stop_early or intermediates_only else None
         tokens, saved, maps = self._run_blocks(tokens, grid, idx, return_attention, last)
         inter = [self.norm(saved[i]) if norm else saved[i] for i in idx]
         feats = None if last is not None and last < len(self.blocks) - 1 else self.norm(tokens)
         if output_fmt is not None:
-            p = self.config.num_prefix_tokens
-            out = [y[:, p:] for y in inter]
-            if output_fmt == "NCHW":
-                out = [y.reshape(y.shape[0], *grid, -1).permute(0, 3, 1, 2).contiguous() for y in out]
-            if return_prefix_tokens and p:
-                out = [(y, t[:, :p]) for y, t in zip(out, inter)]
+            out = timm_layout(inter, grid, self.config.num_prefix_tokens, output_fmt, return_prefix_tokens)
             return out if intermediates_only else (feats, out)
         out = {"indices": idx, "intermediates": inter, "grid": grid, "features": feats}
         if return_attention:
@@ -420,27 +393,13 @@ class VisionTransformer(nn.Module):
         pyramid, one scale per map (e.g. ``(4, 2, 1, 0.5)``: strides P/4 ... 2P, as ViTDet's simple feature
         pyramid but without parameters): up by bilinear interpolation, down by average pooling."""
         maps = self.forward_intermediates(x, indices, norm=norm, output_fmt="NCHW", intermediates_only=True)
-        if scales is None:
-            return maps
-        if len(scales) != len(maps):
-            raise InputError(f"{len(scales)} scales for {len(maps)} feature maps: give one per map")
-        out = []
-        for m, s in zip(maps, scales):
-            if s > 1:
-                m = torch.nn.functional.interpolate(m, scale_factor=float(s), mode="bilinear", align_corners=False)
-            elif s < 1:
-                k = round(1 / s)
-                if abs(k * s - 1) > 1e-9:
-                    raise InputError(f"scale {s}: a down-scale must be 1/k for a whole k")
-                m = torch.nn.functional.avg_pool2d(m, k, ceil_mode=True)
-            out.append(m)
-        return out
+        return maps if scales is None else feature_pyramid(maps, scales)
 
     def feature_info(self, indices: Union[int, Sequence[int]] = 4) -> List[Dict[str, Any]]:
         """timm-style description of :meth:`forward_feature_maps`: the block, channels and stride of each map."""
         stride = self.config.pixel_patch_size[0]
         return [{"module": f"blocks.{i}", "num_chs": self.config.width, "reduction": stride}
-                for i in self._resolve_indices(indices)]
+                for i in resolve_indices(indices, len(self.blocks))]
 
     def reset_classifier(self, num_classes: int) -> "VisionTransformer":
         """A new zero-initialised head (the paper's fine-tuning head) for ``num_classes`` classes (0: none);

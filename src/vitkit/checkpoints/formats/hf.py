@@ -21,11 +21,11 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from ...errors import CheckpointError
 from ...utils import write_json_atomic
 from ..base import Checkpoint, descendant_parts, heads_note, infer_config, with_class_slots
 from ..files import write_safetensors
 from ..keymap import QKV_CAT, Context, Rule, check_mapped, count_blocks, from_vitkit, linear, rule, to_vitkit
-from ...errors import CheckpointError
 
 NAME = "hf"
 E = "encoder.layer.{i}."
@@ -156,28 +156,11 @@ def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
         folder = hf_towers.write(ckpt, dst)
         _write_processor(ckpt, folder)
         return folder
-    problems = []
-    if not cfg.class_token or cfg.pool != "token":
-        problems.append("a class token read-out")
-    if cfg.posemb != "learn" or cfg.posemb_where != "input":
-        problems.append("learned 1D position embeddings at the input")
-    deit = cfg.distill_token
-    if cfg.representation_size and cfg.num_classes:
-        problems.append("no pre-logits layer under a classifier (HF's pooler is only in ViTModel, which has no "
-                        "classifier); drop it with representation_size=None or num_classes=0")
-    if cfg.representation_size and cfg.representation_size != cfg.width:
-        problems.append("a pooler as wide as the model")
-    if cfg.img_size[0] != cfg.img_size[1] or cfg.patch_size[0] != cfg.patch_size[1]:
-        problems.append("square images and patches")
-    if cfg.backbone:
-        problems.append("no hybrid ResNet backbone (write hybrids as vitkit, npz or timm)")
-    if descendant_parts(cfg):
-        problems.append(f"none of {', '.join(descendant_parts(cfg))} (HF's ViT is the paper's; DINOv2, CLIP and "
-                        f"SigLIP towers are written as theirs)")
+    problems = _problems(cfg)
     if problems:
         raise CheckpointError(f"Hugging Face's ViT needs {'; '.join(problems)}: this model cannot be written as an "
                          f"HF folder")
-    classify = cfg.num_classes > 0
+    deit, classify = cfg.distill_token, cfg.num_classes > 0
     arch = architecture(cfg)
     if deit:
         table = DEIT_TEACHER_RULES if cfg.distill_head and classify else DEIT_RULES
@@ -191,9 +174,38 @@ def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
     state = {(k if k.startswith(top) or not classify else prefix + k): v for k, v in mapped.state.items()}
     folder = Path(dst)
     folder.mkdir(parents=True, exist_ok=True)
-    labels = ckpt.labels or [f"LABEL_{i}" for i in range(cfg.num_classes)]
+    write_safetensors(state, folder / "model.safetensors", metadata={"format": "pt"})
+    write_json_atomic(folder / "config.json", _config_json(cfg, arch, ckpt.labels))
+    _write_processor(ckpt, folder)
+    return folder
+
+
+def _problems(cfg) -> List[str]:
+    """What a model lacks to be Hugging Face's ViT or DeiT (empty: it can be written)."""
+    problems = []
+    if not cfg.class_token or cfg.pool != "token":
+        problems.append("a class token read-out")
+    if cfg.posemb != "learn" or cfg.posemb_where != "input":
+        problems.append("learned 1D position embeddings at the input")
+    if cfg.representation_size and cfg.num_classes:
+        problems.append("no pre-logits layer under a classifier (HF's pooler is only in ViTModel, which has no "
+                        "classifier); drop it with representation_size=None or num_classes=0")
+    if cfg.representation_size and cfg.representation_size != cfg.width:
+        problems.append("a pooler as wide as the model")
+    if cfg.img_size[0] != cfg.img_size[1] or cfg.patch_size[0] != cfg.patch_size[1]:
+        problems.append("square images and patches")
+    if cfg.backbone:
+        problems.append("no hybrid ResNet backbone (write hybrids as vitkit, npz or timm)")
+    if descendant_parts(cfg):
+        problems.append(f"none of {', '.join(descendant_parts(cfg))} (HF's ViT is the paper's; DINOv2, CLIP and "
+                        f"SigLIP towers are written as theirs)")
+    return problems
+
+
+def _config_json(cfg, arch: str, labels: Optional[List[str]]) -> Dict[str, Any]:
+    """config.json of a ViT or DeiT folder, with the labels of a classifier (``LABEL_i`` when none are known)."""
     config = {
-        "architectures": [arch], "model_type": "deit" if deit else "vit",
+        "architectures": [arch], "model_type": "deit" if cfg.distill_token else "vit",
         "hidden_size": cfg.width, "num_hidden_layers": cfg.depth, "num_attention_heads": cfg.num_heads,
         "intermediate_size": cfg.mlp_dim, "hidden_act": "gelu" if cfg.gelu == "exact" else "gelu_pytorch_tanh",
         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "initializer_range": 0.02,
@@ -201,13 +213,11 @@ def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
         "num_channels": cfg.in_chans, "qkv_bias": cfg.qkv_bias, "encoder_stride": cfg.patch_size[0],
         "pooler_output_size": cfg.width, "pooler_act": "tanh", "torch_dtype": "float32",
     }
-    if classify:
+    if cfg.num_classes > 0:
+        labels = labels or [f"LABEL_{i}" for i in range(cfg.num_classes)]
         config["id2label"] = {str(i): name for i, name in enumerate(labels)}
         config["label2id"] = {name: i for i, name in enumerate(labels)}
-    write_safetensors(state, folder / "model.safetensors", metadata={"format": "pt"})
-    write_json_atomic(folder / "config.json", config)
-    _write_processor(ckpt, folder)
-    return folder
+    return config
 
 
 def _write_processor(ckpt: Checkpoint, folder: Path) -> None:

@@ -16,7 +16,7 @@ The numerics come from ``config.json`` (GELU flavour: CLIP's ``quick_gelu``, Sig
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -142,15 +142,7 @@ def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, nu
     kind = MODEL_TYPES.get((config or {}).get("model_type", "")) or kind_of_keys(tensors)
     if kind is None:
         raise CheckpointError(f"{source}: not a DINOv2, CLIP or SigLIP image tower")
-    head = None
-    if kind == "dinov2" and "embeddings.mask_token" in tensors:
-        tensors = {k: v for k, v in tensors.items() if k != "embeddings.mask_token"}
-        notes.append("DINOv2's mask token (used only in masked pre-training) dropped")
-    if kind == "clip" and "visual_projection.weight" in tensors:  # the projection: a head without bias
-        tensors = dict(tensors)
-        head = tensors.pop("visual_projection.weight")
-    if kind == "siglip" and "head.attention.in_proj_weight" in tensors:
-        tensors = _split_in_proj(tensors)
+    tensors, head = _tower_only(tensors, kind, notes)
     depth = count_blocks(tensors, DEPTH_KEYS[kind])
     mapped = to_vitkit(tensors, TABLES[kind], depth, Context(1, 1))
     if kind == "clip":  # one post_layernorm: read as the norm after pooling
@@ -161,28 +153,7 @@ def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, nu
     if head is not None:
         state["head.weight"], state["head.bias"] = head, head.new_zeros(head.shape[0])
     vc = vision_config(config)
-    fixed: Dict[str, Any] = {"ln_eps": {"clip": 1e-5}.get(kind, 1e-6),
-                             "gelu": {"clip": "quick", "siglip": "tanh"}.get(kind, "exact"),
-                             "posemb_resize": "bicubic"}
-    if kind == "dinov2":
-        fixed["layer_scale"] = 1.0  # HF's layerscale_value default
-    if vc:
-        act = vc.get("hidden_act", "gelu")
-        if act not in ACTS:
-            raise CheckpointError(f"{source}: hidden_act={act!r} is not a GELU vitkit computes ({sorted(ACTS)})")
-        fixed["gelu"] = ACTS[act]
-        fixed["ln_eps"] = float(vc.get("layer_norm_eps", fixed["ln_eps"]))
-        if kind == "dinov2":
-            fixed["layer_scale"] = float(vc.get("layerscale_value", 1.0))
-            if vc.get("use_swiglu_ffn"):
-                raise CheckpointError(f"{source}: a DINOv2 with a SwiGLU MLP (giant) is not a model vitkit builds")
-        num_heads = num_heads or int(vc.get("num_attention_heads", 0)) or None
-        size = vc.get("image_size")
-        if size is not None and kind != "dinov2":  # DINOv2's config says 518 whatever its table holds
-            fixed["img_size"] = size
-    else:
-        notes.append(f"no config.json: {fixed['gelu']} GELU and LayerNorm eps {fixed['ln_eps']} "
-                     f"(transformers' {kind} defaults) assumed")
+    fixed, num_heads = _config_fields(kind, vc, num_heads, source, notes)
     cfg = infer_config(state, num_heads=num_heads, **fixed)
     if not num_heads:
         notes.append(heads_note(cfg))
@@ -192,6 +163,49 @@ def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, nu
     pre = get_preset(PRESETS[kind], cfg.img_size).to_dict()
     return Checkpoint(state, cfg, NAME, preprocessing=pre, source=source, notes=notes,
                       layout={"flavour": kind, "kind": kind, "projection": head is not None}, assumed=assumed)
+
+
+def _tower_only(tensors: Dict[str, Any], kind: str, notes: List[str]) -> Tuple[Dict[str, Any], Any]:
+    """The tensors the model reads: DINOv2's mask token dropped, CLIP's projection taken out as the head's
+    weight (returned second, else None), SigLIP's packed attention-pooling projection split."""
+    head = None
+    if kind == "dinov2" and "embeddings.mask_token" in tensors:
+        tensors = {k: v for k, v in tensors.items() if k != "embeddings.mask_token"}
+        notes.append("DINOv2's mask token (used only in masked pre-training) dropped")
+    if kind == "clip" and "visual_projection.weight" in tensors:  # the projection: a head without bias
+        tensors = dict(tensors)
+        head = tensors.pop("visual_projection.weight")
+    if kind == "siglip" and "head.attention.in_proj_weight" in tensors:
+        tensors = _split_in_proj(tensors)
+    return tensors, head
+
+
+def _config_fields(kind: str, vc: Optional[Dict[str, Any]], num_heads: Optional[int], source: str,
+                   notes: List[str]) -> Tuple[Dict[str, Any], Optional[int]]:
+    """The config fields the weights do not show (GELU, LayerNorm eps, layer scale, image size) from the
+    tower's config.json, or transformers' defaults for the kind; and the head count (given, or the config's)."""
+    fixed: Dict[str, Any] = {"ln_eps": {"clip": 1e-5}.get(kind, 1e-6),
+                             "gelu": {"clip": "quick", "siglip": "tanh"}.get(kind, "exact"),
+                             "posemb_resize": "bicubic"}
+    if kind == "dinov2":
+        fixed["layer_scale"] = 1.0  # HF's layerscale_value default
+    if not vc:
+        notes.append(f"no config.json: {fixed['gelu']} GELU and LayerNorm eps {fixed['ln_eps']} "
+                     f"(transformers' {kind} defaults) assumed")
+        return fixed, num_heads
+    act = vc.get("hidden_act", "gelu")
+    if act not in ACTS:
+        raise CheckpointError(f"{source}: hidden_act={act!r} is not a GELU vitkit computes ({sorted(ACTS)})")
+    fixed["gelu"] = ACTS[act]
+    fixed["ln_eps"] = float(vc.get("layer_norm_eps", fixed["ln_eps"]))
+    if kind == "dinov2":
+        fixed["layer_scale"] = float(vc.get("layerscale_value", 1.0))
+        if vc.get("use_swiglu_ffn"):
+            raise CheckpointError(f"{source}: a DINOv2 with a SwiGLU MLP (giant) is not a model vitkit builds")
+    size = vc.get("image_size")
+    if size is not None and kind != "dinov2":  # DINOv2's config says 518 whatever its table holds
+        fixed["img_size"] = size
+    return fixed, num_heads or int(vc.get("num_attention_heads", 0)) or None
 
 
 def _split_in_proj(tensors: Dict[str, Any]) -> Dict[str, Any]:
