@@ -60,7 +60,7 @@ def create_transform(model, preset: Union[None, str, Preset, Dict[str, Any]] = N
     if model.meta.preprocessing:
         return get_preset(model.meta.preprocessing, size)
     raise ConfigError("the model carries no preprocessing (its checkpoint did not say): pass a preset, e.g. "
-                     "--preset torchvision, hf, authors or timm")
+                      "--preset torchvision, hf, authors or timm")
 
 
 def classify(weights, images: Sequence[Union[PathLike, Image.Image]], *, topk: int = 5, batch_size: int = 32,

@@ -106,7 +106,7 @@ class Loader:
         return len(self.sampler)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        if getattr(self.data, "in_memory", False) or self.workers <= 0:
+        if self.data.in_memory or self.workers <= 0:
             for idx in self.sampler.batches(epoch, start):
                 yield self.data.gather(idx)
             return

@@ -91,7 +91,7 @@ def model_fields(config: Dict[str, Any]) -> Tuple[Optional[int], Dict[str, Any],
     if pool:
         if pool not in POOLS:
             raise CheckpointError(f"timm model {arch} pools with global_pool={pool!r}; vitkit reads out the class "
-                             f"token ('token') or the patch-token mean ('avg')")
+                                  f"token ('token') or the patch-token mean ('avg')")
         fields["pool"] = POOLS[pool]
     for key in ("dynamic_img_size", "dynamic_img_pad"):
         if args.get(key):

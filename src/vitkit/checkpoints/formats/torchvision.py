@@ -74,5 +74,5 @@ def _require(cfg) -> None:
         hard.append("no distillation token (DeiT; write it as vitkit, timm or hf)")
     if hard:
         raise CheckpointError(f"torchvision's VisionTransformer needs {'; '.join(hard)}: this model cannot be "
-                         f"written in its layout (use --to vitkit, or hf / timm where they fit)")
+                              f"written in its layout (use --to vitkit, or hf / timm where they fit)")
     warn_numerics(cfg, "torchvision", ln_eps=1e-6, gelu="exact")
