@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from ..errors import ConfigError
+from ..errors import ConfigError, MissingDependency
 from ..utils import atomic_path
 
 LOGGERS = ("tensorboard", "csv")  # the names train.log accepts
@@ -34,7 +34,8 @@ _NOT_SCALARS = ("step", "epoch", "time", "train_time")  # where and when a line 
 
 
 def check_loggers(names: Iterable[str]) -> None:
-    """ConfigError naming ``train.log`` for an unknown name, or for ``tensorboard`` when it is not installed."""
+    """ConfigError naming ``train.log`` for an unknown name; MissingDependency (the ``log`` extra) for
+    ``tensorboard`` when it is not installed."""
     for name in names:
         if name not in LOGGERS:
             raise ConfigError(f"unknown logger {name!r}", key="train.log", hint=f"use {' and/or '.join(LOGGERS)}")
@@ -42,8 +43,8 @@ def check_loggers(names: Iterable[str]) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter  # noqa: F401
         except ImportError:
-            raise ConfigError("tensorboard is not installed", key="train.log",
-                              hint="pip install 'vitkit[log]' (or drop tensorboard from train.log)") from None
+            raise MissingDependency("tensorboard is not installed", extra="log", key="train.log",
+                                    hint="pip install 'vitkit[log]' (or drop tensorboard from train.log)") from None
 
 
 def open_loggers(names: Sequence[str], run_dir: Path, rows: List[Dict[str, Any]],

@@ -326,16 +326,7 @@ class Trainer:
                 seen += x.shape[0] * d.world
                 acc_sum += torch.tensor([float(stats["loss"]), float(stats["acc"]), 1.0], dtype=torch.float64)
                 if self.step % r.train.log_every == 0 or self.done():
-                    m = D.all_reduce_mean(acc_sum.to(self.device), d).cpu() if d.enabled else acc_sum
-                    elapsed = self.trained_s - mark  # evaluations and checkpoints excluded
-                    rec = {"kind": "train", "step": self.step, "epoch": round(self.step / self.steps_per_epoch, 4),
-                           "loss": float(m[0] / m[2]), "acc": float(m[1] / m[2]), "lr": lr,
-                           "grad_norm": float(stats["grad_norm"]), "img_per_s": seen / max(elapsed, 1e-9),
-                           "time": round(time.perf_counter() - t0, 2)}
-                    self.log.write(rec)
-                    if bar is not None:
-                        bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{100 * rec['acc']:.1f}%",
-                                        lr=f"{lr:.2e}", img_s=f"{rec['img_per_s']:.0f}", refresh=False)
+                    self._log_train_line(acc_sum, seen, self.trained_s - mark, lr, stats, bar)
                     acc_sum.zero_()
                     seen, mark = 0, self.trained_s
                 if bar is not None:
@@ -363,6 +354,21 @@ class Trainer:
             return {"stopped_at": self.step}
         self.save_checkpoint()
         return self.finish(time.perf_counter() - t0)
+
+    def _log_train_line(self, acc_sum: torch.Tensor, seen: int, elapsed: float, lr: float,
+                        stats: Dict[str, torch.Tensor], bar: Any) -> None:
+        """One ``kind: train`` line of metrics.jsonl: loss and accuracy averaged since the last line (over
+        all processes), throughput over ``elapsed`` training seconds (evaluations and checkpoints excluded)."""
+        d = self.dist
+        m = D.all_reduce_mean(acc_sum.to(self.device), d).cpu() if d.enabled else acc_sum
+        rec = {"kind": "train", "step": self.step, "epoch": round(self.step / self.steps_per_epoch, 4),
+               "loss": float(m[0] / m[2]), "acc": float(m[1] / m[2]), "lr": lr,
+               "grad_norm": float(stats["grad_norm"]), "img_per_s": seen / max(elapsed, 1e-9),
+               "time": round(time.perf_counter() - self._t0, 2)}
+        self.log.write(rec)
+        if bar is not None:
+            bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{100 * rec['acc']:.1f}%", lr=f"{lr:.2e}",
+                            img_s=f"{rec['img_per_s']:.0f}", refresh=False)
 
     def _diverged(self, step: int, lr: float, stats: Dict[str, torch.Tensor], last_good: int) -> None:
         where = self.out / "checkpoints" / "last.pt"
