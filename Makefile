@@ -11,7 +11,7 @@ PEERS_LOCK ?= requirements/peers.txt
 PEERS_MB ?= 5300
 PYTEST_ARGS ?=
 
-.PHONY: venv venv-test lint data demo analysis-figures test test-fast test-peers peers clean
+.PHONY: venv venv-test lint data browser demo analysis-figures test test-fast test-peers peers clean
 FMNIST ?= /usr/share/datasets/fashion-mnist
 
 # The demo needs only the core and matplotlib (about a minute to install); the tests add their extras
@@ -43,6 +43,21 @@ data:
 	  { echo "could not install Fashion-MNIST (apt-get install dataset-fashion-mnist failed)" >&2; exit 1; }; \
 	else echo "Fashion-MNIST is not in $(FMNIST): run 'sudo apt-get install dataset-fashion-mnist'" >&2; exit 1; fi
 
+# Chromium and its driver for the browser test of `vitkit serve`'s page (tests/test_serve_browser.py), from
+# Debian's packages when they are missing and we are root: about 30 s the first time (26-33 s measured, with
+# apt-get update), nothing once they are there. Fails when it cannot install them, so the test never skips for
+# want of a browser where it could have one; elsewhere (not root) the test skips and says why.
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  start=$$(date +%s); \
+	  (apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || \
+	   (apt-get update -qq >/dev/null && apt-get install -y -qq chromium chromium-driver >/dev/null)) && \
+	  command -v chromedriver >/dev/null && \
+	  echo "installed chromium and chromium-driver in $$(( $$(date +%s) - start )) s" || \
+	  { echo "could not install chromium (apt-get install chromium chromium-driver failed)" >&2; exit 1; }; \
+	else echo "chromium is not installed: the browser test will skip (sudo apt-get install chromium chromium-driver)"; fi
+
 # The main job: train a small ViT from scratch on Fashion-MNIST, evaluate it on the 10,000 test images,
 # save the model (runs/demo/model), the curves and a few predictions, print the test accuracy.
 DEMO_OUT ?= runs/demo
@@ -63,7 +78,7 @@ analysis-figures: venv-test data
 BACKEND_TESTS ?= tests/test_backend.py tests/test_inference.py tests/test_export.py tests/test_axial.py \
 	tests/test_config.py tests/test_model.py
 FIXED_BACKENDS ?= gemm=aten,attention=fused gemm=onednn,attention=explicit
-test: venv-test peers data lint
+test: venv-test peers data browser lint
 	env -u VITKIT_BACKEND $(BIN)/python -m pytest -q -rs -m "not peers" $(PYTEST_ARGS)
 	for b in $(FIXED_BACKENDS); do echo "== VITKIT_BACKEND=$$b"; \
 	  VITKIT_BACKEND=$$b $(BIN)/python -m pytest -q -m "not peers and not slow" -p no:cacheprovider \
@@ -71,7 +86,7 @@ test: venv-test peers data lint
 	env -u VITKIT_BACKEND $(PEERS)/bin/python -m pytest -q -rs -m peers $(PYTEST_ARGS)
 
 # The core tests only (no peers environment to build), without those marked slow.
-test-fast: venv-test data lint
+test-fast: venv-test data browser lint
 	$(BIN)/python -m pytest -q -rs -m "not slow and not peers" $(PYTEST_ARGS)
 
 # timm and torchvision need a torch build that torchvision matches (torch 2.14.1, a CUDA build that runs on

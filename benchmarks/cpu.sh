@@ -19,7 +19,7 @@ mkdir -p "$OUT"
 LOG="$OUT/cpu.log"
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); machine kind: $KIND"
-  $PY -c "import importlib, torch; print('torch', torch.__version__, '|', ', '.join(m + ' ' + importlib.import_module(m).__version__ for m in ('timm', 'torchvision', 'transformers', 'onnxruntime') if importlib.util.find_spec(m)))"
+  $PY -c "import importlib, torch; print('torch', torch.__version__, '|', ', '.join(m + ' ' + importlib.import_module(m).__version__ for m in ('timm', 'torchvision', 'transformers', 'onnxruntime', 'openvino') if importlib.util.find_spec(m)))"
 } 2>&1 | tee "$LOG"
 
 run() {  # run LIMIT_SECONDS SCRIPT ARGS...: one benchmark with a hard time limit, never the whole campaign
@@ -28,7 +28,7 @@ run() {  # run LIMIT_SECONDS SCRIPT ARGS...: one benchmark with a hard time limi
   (cd benchmarks && timeout "$limit" "$PY" "$@") 2>&1 | grep -v -i "warning" | tee -a "$LOG"
 }
 
-# 1. ViT-B/16 at 224 inference, fp32 and bf16, batch 16: every library + ONNX Runtime, GEMM roofline.
+# 1. ViT-B/16 at 224 inference, fp32 and bf16, batch 16: every library + ONNX Runtime + OpenVINO, GEMM roofline.
 run 1500 inference.py --dtype fp32 bf16 --batch 16 --repeats 5
 # 2. training steps: ViT-S/16 at 224 (batch 16) and the fmnist-demo network (batch 256) vs timm, same AdamW.
 run 900 training.py --repeats 5
@@ -36,7 +36,7 @@ run 900 training.py --repeats 5
 run 900 memory.py --dtype fp32 bf16
 # 4. the kernel choices (attention, patch embedding, GEMM library, chunk size), both sides of each.
 run 900 cpu_kernels.py --repeats 3 --seconds 0.3
-# 5. torch.compile (inductor, weight freezing): vitkit and timm, fp32 inference, batch 16.
-run 1200 inference.py --dtype fp32 --batch 16 --compile on --peers timm --repeats 3
+# 5. torch.compile (inductor, weight freezing): vitkit and the PyTorch libraries, fp32 and bf16 inference, batch 16.
+run 1800 inference.py --dtype fp32 bf16 --batch 16 --compile on --peers timm hf torchvision --repeats 3
 run 300 verdict.py
 echo "done: $(date -u '+%H:%M UTC')" | tee -a "$LOG"

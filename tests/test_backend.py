@@ -98,8 +98,8 @@ def test_every_fixed_backend_computes_the_same_function(tiny_cfg, dtype, trainin
 
 @pytest.mark.parametrize("spec", FIXED)
 def test_graph_consumers_get_the_plain_path_whatever_is_declared(tiny_cfg, spec, tmp_path):
-    """ONNX export, torch.export, TorchScript tracing and the FLOP counter work under every declared backend
-    (the oneDNN products are not ops they know: they get ATen's), in eval and train mode."""
+    """ONNX export, torch.export, torch.compile (a full graph), TorchScript tracing and the FLOP counter work
+    under every declared backend (the oneDNN products are not ops they know: they get ATen's)."""
     from vitkit.export import export_onnx, export_program
 
     model = noisy_model(tiny_cfg).eval()
@@ -113,6 +113,9 @@ def test_graph_consumers_get_the_plain_path_whatever_is_declared(tiny_cfg, spec,
             traced = torch.jit.trace(model, (x,), strict=False, check_trace=False)
         torch.testing.assert_close(traced(x), ref, rtol=1e-5, atol=1e-5)
         assert "mkldnn" not in str(traced.graph)
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)  # dynamo + AOT autograd, no C++
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), ref, rtol=1e-5, atol=1e-5)
         pytest.importorskip("onnxruntime")
         rep = export_onnx(model, tmp_path / "m.onnx")
         assert rep["max_abs_diff"] < 1e-4

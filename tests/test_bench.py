@@ -185,7 +185,8 @@ def test_fp32_path_is_the_plain_module_call(tiny_cfg, gemm):
 
 # --- peers -------------------------------------------------------------------------------------------------
 def test_parse_peers():
-    assert parse_peers(None) == ["timm", "hf", "torchvision", "onnxruntime"] and parse_peers(["none"]) == []
+    assert parse_peers(None) == ["timm", "hf", "torchvision", "onnxruntime", "openvino"]
+    assert parse_peers(["none"]) == []
     assert parse_peers(["hf", "timm", "hf"]) == ["hf", "timm"]
     with pytest.raises(ValueError, match="unknown peer"):
         parse_peers(["keras"])
@@ -380,6 +381,27 @@ def test_onnxruntime_peer_runs_vitkits_exported_model(tiny_cfg):
         ref = model(x)
     assert peer.label == "ORT" and "exported to ONNX" in peer.weights
     torch.testing.assert_close(peer.forward(x), ref, rtol=1e-4, atol=1e-4)  # any batch size (dynamic axis)
+
+
+@pytest.mark.parametrize("precision", ["f32", "bf16"])
+def test_openvino_peer_runs_vitkits_exported_model(tiny_cfg, precision):
+    pytest.importorskip("openvino")
+    model = noisy(VisionTransformer(tiny_cfg))
+    x = torch.randn(3, 3, 32, 32)
+    with torch.inference_mode():
+        ref = model(x)
+    from vitkit.models.backend import cpu_has_native_bf16
+    if precision == "bf16" and not cpu_has_native_bf16():
+        with pytest.raises(PeerUnavailable, match="bf16"):
+            build_peer("openvino", model, precision="bf16")
+        return
+    peer = build_peer("openvino", model, precision=precision)
+    assert peer.label == "OpenVINO" and "exported to OpenVINO IR, run in " + precision in peer.weights
+    tol = 1e-4 if precision == "f32" else 5e-2
+    err = float((peer.forward(x) - ref).abs().max() / ref.abs().max())
+    assert err < tol  # any batch size (dynamic axis); bf16 to bf16 rounding
+    if precision == "bf16":
+        assert err > 1e-6  # really ran in bf16, not f32
 
 
 def test_onnxruntime_int8_quantises_the_exported_graph(tiny_cfg):

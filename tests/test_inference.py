@@ -126,7 +126,8 @@ def test_int8_weights_packed_for_each_engine_give_the_same_numbers(tiny_cfg):
 
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
-    """An empty measurement cache and no choices made yet in this process; both restored afterwards."""
+    """An empty measurement cache, no choices made yet in this process and every field auto; restored after."""
+    monkeypatch.delenv(backend.ENV, raising=False)
     backend.set_cache_file(tmp_path / "kernels.json")
     backend.forget()
     monkeypatch.setattr(backend, "busy", lambda: False)

@@ -377,10 +377,11 @@ def test_attention_paths_follow_the_backend_and_agree(t, mask_kind, monkeypatch)
     def qkv(tokens, dtype=torch.float32, grad=True):
         return [torch.zeros(1, 1, tokens, 4, dtype=dtype, requires_grad=grad) for _ in range(3)]
     bf16 = torch.bfloat16
-    decided = precision.attention_path(*qkv(t, grad=False))  # auto: measured (or cached) once
-    assert decided in ("fused", "explicit")
-    assert any(k.startswith(f"attention float32 inference heads=1 q={t} ") for k in backend.decisions())
-    assert precision.attention_path(*qkv(t, grad=False)) == decided
+    with use_backend(attention="auto"):
+        decided = precision.attention_path(*qkv(t, grad=False))  # auto: measured (or cached) once
+        assert decided in ("fused", "explicit")
+        assert any(k.startswith(f"attention float32 inference heads=1 q={t} ") for k in backend.decisions())
+        assert precision.attention_path(*qkv(t, grad=False)) == decided
     calls = []
     real = precision.explicit_attention
     monkeypatch.setattr(precision, "explicit_attention", lambda *a: calls.append(1) or real(*a))

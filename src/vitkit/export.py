@@ -1,12 +1,16 @@
-"""Export a model for deployment: ONNX (checked with onnxruntime when installed) and ``torch.export``.
+"""Export a model for deployment: ONNX (checked with onnxruntime when installed), ``torch.export`` and
+OpenVINO IR (checked with OpenVINO's CPU plugin).
 
-Both exporters trace the fused-attention forward at the model's resolution
-with a dynamic batch axis, then run the exported program on fresh inputs and
-compare its logits with eager PyTorch; the report gives the largest absolute
+Every exporter traces the fused-attention forward at the model's resolution
+with a dynamic batch axis, then runs the exported program on fresh inputs and
+compares its logits with eager PyTorch; the report gives the largest absolute
 and relative differences, and the export fails if they exceed the tolerance.
+OpenVINO reads vitkit's own ONNX graph (the same traced forward), so its IR is
+checked against eager, not against the ONNX file.
 """
 from __future__ import annotations
 
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -28,14 +32,19 @@ def _inputs(model, batch: int, seed: int = 0) -> torch.Tensor:
 class _PixelsToLogits(torch.nn.Module):
     """The model's forward with the pixels as its only argument: torch.onnx's TorchScript exporter appends
     the defaults of every further forward argument (keyword-only ones too) to the traced inputs, which the
-    model's forward would then receive positionally."""
+    model's forward would then receive positionally. With ``features``, the pooled pre-logits features too:
+    ``(logits, features)``, one pass (what ``vitkit serve`` needs for /v1/embed)."""
 
-    def __init__(self, model):
+    def __init__(self, model, features: bool = False):
         super().__init__()
         self.model = model
+        self.features = features
 
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        return self.model(pixels)
+    def forward(self, pixels: torch.Tensor):
+        if not self.features:
+            return self.model(pixels)
+        tokens = self.model.forward_features(pixels)
+        return self.model.forward_head(tokens), self.model.forward_head(tokens, pre_logits=True)
 
 
 def _compare(ref: torch.Tensor, out: torch.Tensor, atol: float, what: str) -> Dict[str, float]:
@@ -48,8 +57,9 @@ def _compare(ref: torch.Tensor, out: torch.Tensor, atol: float, what: str) -> Di
 
 
 def export_onnx(model, path: PathLike, *, opset: int = 17, dynamic_batch: bool = True, validate: bool = True,
-                atol: float = DEFAULT_ATOL) -> Dict[str, Any]:
-    """Write ``model`` as ONNX (input ``pixels`` [B, C, H, W], output ``logits``).
+                atol: float = DEFAULT_ATOL, features: bool = False) -> Dict[str, Any]:
+    """Write ``model`` as ONNX (input ``pixels`` [B, C, H, W], output ``logits``; with ``features`` also
+    ``features``, the pooled pre-logits features [B, D]).
 
     With ``validate`` and onnxruntime installed, the file is run on a batch of 3
     random images and compared with eager logits.
@@ -58,11 +68,12 @@ def export_onnx(model, path: PathLike, *, opset: int = 17, dynamic_batch: bool =
     model = model.eval()
     path = Path(path)
     example = _inputs(model, 2)
-    axes = {"pixels": {0: "batch"}, "logits": {0: "batch"}} if dynamic_batch else None
+    outputs = ["logits", "features"] if features else ["logits"]
+    axes = {name: {0: "batch"} for name in ["pixels", *outputs]} if dynamic_batch else None
     with atomic_path(path) as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about python-level shape checks
-        torch.onnx.export(_PixelsToLogits(model), (example,), str(tmp), input_names=["pixels"],
-                          output_names=["logits"], dynamic_axes=axes, opset_version=opset, dynamo=False,
+        torch.onnx.export(_PixelsToLogits(model, features), (example,), str(tmp), input_names=["pixels"],
+                          output_names=outputs, dynamic_axes=axes, opset_version=opset, dynamo=False,
                           do_constant_folding=True)
     report: Dict[str, Any] = {"format": "onnx", "path": str(path), "opset": opset, "bytes": path.stat().st_size}
     if not validate:
@@ -103,11 +114,79 @@ def export_program(model, path: PathLike, *, dynamic_batch: bool = True, validat
     return report
 
 
+def openvino_paths(path: PathLike) -> "tuple[Path, Path]":
+    """(model.xml, model.bin) for an OpenVINO output: ``NAME.xml`` (the weights beside it as ``NAME.bin``),
+    or a folder that gets ``model.xml`` and ``model.bin``."""
+    path = Path(path)
+    xml = path if path.suffix.lower() == ".xml" else path / "model.xml"
+    return xml, xml.with_suffix(".bin")
+
+
+def _openvino():
+    require("openvino", "onnx", "openvino", what="OpenVINO export")
+    import openvino as ov
+
+    return ov
+
+
+def export_openvino(model, path: PathLike, *, opset: int = 17, dynamic_batch: bool = True, validate: bool = True,
+                    atol: float = DEFAULT_ATOL, features: bool = False) -> Dict[str, Any]:
+    """Write ``model`` as OpenVINO IR (``.xml`` + ``.bin``; input ``pixels``, output ``logits`` and, with
+    ``features``, ``features``), converted from vitkit's ONNX graph, weights kept in fp32.
+
+    With ``validate``, the IR is compiled for the CPU in fp32 (``INFERENCE_PRECISION_HINT=f32``: OpenVINO
+    would otherwise run bf16 on CPUs that have it) and its logits on a batch of 3 random images compared
+    with eager PyTorch.
+    """
+    import tempfile
+
+    ov = _openvino()
+    model = model.eval()
+    xml, binf = openvino_paths(path)
+    xml.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="vitkit-ov-") as tmp:
+        onnx_file = Path(tmp) / "model.onnx"
+        grads = [p.requires_grad for p in model.parameters()]
+        model.requires_grad_(False)  # trace the inference forward, not the training one (autograd functions)
+        try:
+            export_onnx(model, onnx_file, opset=opset, dynamic_batch=dynamic_batch, validate=False,
+                        features=features)
+        finally:
+            for p, g in zip(model.parameters(), grads):
+                p.requires_grad_(g)
+        ir = ov.convert_model(str(onnx_file))
+        staged = Path(tmp) / "staged.xml"
+        ov.save_model(ir, str(staged), compress_to_fp16=False)
+        for src, dst in ((staged.with_suffix(".bin"), binf), (staged, xml)):  # the weights first, then the graph
+            with atomic_path(dst) as out:  # (OpenVINO reads NAME.bin beside NAME.xml)
+                shutil.copyfile(src, out)
+    report: Dict[str, Any] = {"format": "openvino", "path": str(xml), "weights": str(binf),
+                              "bytes": xml.stat().st_size + binf.stat().st_size}
+    if not validate:
+        return report
+    compiled = ov.Core().compile_model(str(xml), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    x = _inputs(model, 3 if dynamic_batch else 2, seed=1)
+    out = torch.from_numpy(compiled(x.numpy())["logits"])
+    with torch.no_grad():
+        ref = model(x)
+    report.update(_compare(ref, out, atol, "OpenVINO"), validated=f"openvino {ov.__version__} (CPU, f32)",
+                  batch=x.shape[0], atol=atol)
+    return report
+
+
+FORMATS = ("onnx", "torch", "openvino")
+
+
 def export(model, path: PathLike, fmt: Optional[str] = None, **kwargs: Any) -> Dict[str, Any]:
-    """Export by format name ("onnx" or "torch"/"pt2"); the default follows the file's suffix."""
-    fmt = (fmt or ("onnx" if str(path).endswith(".onnx") else "torch")).lower()
+    """Export by format name ("onnx", "torch"/"pt2" or "openvino"); the default follows the file's suffix
+    (.onnx, .xml: OpenVINO, else torch.export)."""
+    suffix = Path(str(path)).suffix.lower()
+    fmt = (fmt or {".onnx": "onnx", ".xml": "openvino"}.get(suffix, "torch")).lower()
     if fmt == "onnx":
         return export_onnx(model, path, **kwargs)
+    if fmt in ("openvino", "ov", "ir"):
+        return export_openvino(model, path, **kwargs)
     if fmt in ("torch", "pt2", "torch.export", "export"):
+        kwargs.pop("opset", None)
         return export_program(model, path, **kwargs)
-    raise ConfigError(f"export format {fmt!r}: use 'onnx' or 'torch'")
+    raise ConfigError(f"export format {fmt!r}: use 'onnx', 'torch' or 'openvino'")

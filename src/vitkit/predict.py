@@ -125,31 +125,24 @@ def iter_classify(model, images: Sequence[Union[PathLike, Image.Image]], *, topk
                 res = Prediction(name)
                 try:
                     img = load_image(item) if not isinstance(item, Image.Image) else item
-                    crop = pre.crop(img)
+                    crop, x = model_input(pre, img, gray)
                 except (ImageError, FileNotFoundError) as err:
                     res.error = str(err)
                 else:
                     res.geometry = geometry(pre, img.width, img.height)
                     if crop_dir is not None:
                         res.crop = str(_save_crop(crop, crop_dir, name, used_names))
-                    pixels.append(pre.normalize(to_gray(crop) if gray else crop))
+                    pixels.append(x)
                     slots.append(len(results))
                 results.append(res)
             if pixels:
                 with torch.inference_mode():
                     logits = model(torch.stack(pixels).to(device))
-                    probs = logits.float().softmax(dim=-1)
-                    p, idx = probs.topk(k, dim=-1)
-                    finite = torch.isfinite(logits.float()).all(dim=-1).tolist()
-                for row, slot in enumerate(slots):
-                    if not finite[row]:  # NaN/Inf weights (or an overflow): no meaningful ranking exists
-                        results[slot].error = ("the model's output is not finite (NaN or Inf): its weights hold "
-                                               "non-finite values or overflow; use another checkpoint")
-                        continue
-                    results[slot].top = [
-                        {"rank": r + 1, "index": int(i), "label": labels[int(i)] if labels else str(int(i)),
-                         "prob": round(float(q), 6)}
-                        for r, (q, i) in enumerate(zip(p[row].tolist(), idx[row].tolist()))]
+                for row, top in zip(slots, top_classes(logits, k, labels)):
+                    if top is None:
+                        results[row].error = NOT_FINITE
+                    else:
+                        results[row].top = top
             for res in results:
                 yield res
             if bar is not None:
@@ -157,6 +150,30 @@ def iter_classify(model, images: Sequence[Union[PathLike, Image.Image]], *, topk
     finally:
         if bar is not None:
             bar.close()
+
+
+NOT_FINITE = ("the model's output is not finite (NaN or Inf): its weights hold non-finite values or overflow; "
+              "use another checkpoint")
+
+
+def model_input(pre: Preset, img: Image.Image, gray: bool = False):
+    """(crop, input): the pixels that reach the model (float [3, H, W], 0..255, after resize and crop) and
+    the normalised input tensor (one channel for a grayscale model)."""
+    crop = pre.crop(img)
+    return crop, pre.normalize(to_gray(crop) if gray else crop)
+
+
+def top_classes(logits: torch.Tensor, k: int, labels: Optional[Sequence[str]] = None) -> List[Optional[List[Dict[str, Any]]]]:
+    """Per row of ``logits`` [B, classes]: the top-``k`` classes as ``[{"rank", "index", "label", "prob"}]``
+    (softmax probabilities), or None where the row is not finite (no meaningful ranking exists)."""
+    logits = torch.as_tensor(logits).float()
+    probs = logits.softmax(dim=-1)
+    p, idx = probs.topk(min(k, logits.shape[-1]), dim=-1)
+    finite = torch.isfinite(logits).all(dim=-1).tolist()
+    return [None if not finite[row] else
+            [{"rank": r + 1, "index": int(i), "label": labels[int(i)] if labels else str(int(i)), "prob": round(float(q), 6)}
+             for r, (q, i) in enumerate(zip(p[row].tolist(), idx[row].tolist()))]
+            for row in range(logits.shape[0])]
 
 
 def _name(item, i: int) -> str:

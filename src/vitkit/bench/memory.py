@@ -98,8 +98,8 @@ def probe(spec: Dict[str, Any]) -> Dict[str, Any]:
         torch.set_num_threads(int(spec["threads"]))
     lib, device = spec["library"], spec.get("device", "cpu")
     dt = resolve_dtype(spec["dtype"])
-    if lib == "onnxruntime" and dt != torch.float32:
-        return {"error": "ONNX Runtime is measured in fp32 only"}
+    if lib in ("onnxruntime", "openvino") and dt != torch.float32:
+        return {"error": f"{lib} is measured in fp32 only here"}
     if lib != "vitkit":
         from .peers import peer_version
 

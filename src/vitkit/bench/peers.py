@@ -1,5 +1,6 @@
 """The same ViT built in timm, Hugging Face transformers and torchvision, with vitkit's weights; and vitkit's
-model exported to ONNX and run by ONNX Runtime (the engine a user would pick instead for CPU inference).
+model exported and run by ONNX Runtime and by OpenVINO (the engines a user would pick instead for CPU
+inference).
 
 Each builder takes a vitkit model, builds the peer library's own model of the
 same configuration, copies the weights through vitkit's checkpoint writers
@@ -26,9 +27,10 @@ from torch import nn
 from ..models import VisionTransformer
 from ..errors import ConfigError
 
-PEERS = ("timm", "hf", "torchvision", "onnxruntime")
-_MODULE = {"timm": "timm", "hf": "transformers", "torchvision": "torchvision", "onnxruntime": "onnxruntime"}
-INFERENCE_ONLY = ("onnxruntime",)
+PEERS = ("timm", "hf", "torchvision", "onnxruntime", "openvino")
+_MODULE = {"timm": "timm", "hf": "transformers", "torchvision": "torchvision", "onnxruntime": "onnxruntime",
+           "openvino": "openvino"}
+INFERENCE_ONLY = ("onnxruntime", "openvino")  # runtimes of vitkit's own export: no training, no torch.compile
 
 
 class PeerUnavailable(RuntimeError):
@@ -45,7 +47,7 @@ class Peer:
 
     @property
     def label(self) -> str:
-        return {"hf": "HF", "onnxruntime": "ORT"}.get(self.library, self.library)
+        return {"hf": "HF", "onnxruntime": "ORT", "openvino": "OpenVINO"}.get(self.library, self.library)
 
 
 def peer_version(library: str) -> Optional[str]:
@@ -86,7 +88,7 @@ def _common_problems(cfg) -> List[str]:
 
 def peer_problems(library: str, cfg) -> List[str]:
     """Why ``library`` cannot build the model of ``cfg`` (empty: it can)."""
-    if library == "onnxruntime":  # runs vitkit's own model, exported: every configuration
+    if library in INFERENCE_ONLY:  # runs vitkit's own model, exported: every configuration
         return []
     p = _common_problems(cfg)
     if cfg.distill_token and (library == "torchvision" or (library == "timm" and not cfg.distill_head)):
@@ -194,6 +196,37 @@ class OrtModel(nn.Module):
         return torch.from_numpy(self.session.run(None, {"pixels": x.float().contiguous().numpy()})[0])
 
 
+class OvModel(nn.Module):
+    """vitkit's model as OpenVINO IR (:func:`vitkit.export.export_openvino`, weights in fp32) compiled for the
+    CPU plugin with ``INFERENCE_PRECISION_HINT`` ``f32`` or ``bf16`` (OpenVINO's own bf16 kernels; on a CPU
+    without bf16 hardware it would run f32, so bf16 is refused there) and torch's thread count; maps an image
+    tensor to logits."""
+
+    def __init__(self, model: VisionTransformer, precision: str = "f32"):
+        super().__init__()
+        import openvino as ov
+
+        from ..export import export_openvino
+        from ..models.backend import cpu_has_native_bf16
+
+        if precision not in ("f32", "bf16"):
+            raise ValueError(f"OpenVINO precision {precision!r}: use f32 or bf16")
+        if precision == "bf16" and not cpu_has_native_bf16():
+            raise PeerUnavailable("OpenVINO runs bf16 natively only on CPUs with bf16 hardware")
+        self.precision = precision
+        with tempfile.TemporaryDirectory(prefix="vitkit-ov-") as tmp:
+            xml = Path(tmp) / "model.xml"
+            export_openvino(model.float().cpu().eval(), xml, validate=False)  # vitkit's own exporter
+            config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY",
+                      "INFERENCE_NUM_THREADS": torch.get_num_threads()}
+            self.compiled = ov.Core().compile_model(str(xml), "CPU", config)
+        self.request = self.compiled.create_infer_request()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.request.infer({"pixels": x.float().contiguous().numpy()})
+        return torch.from_numpy(next(iter(out.values())).copy())
+
+
 def _build_torchvision(cfg) -> nn.Module:
     from torchvision.models.vision_transformer import VisionTransformer as TvViT
 
@@ -223,12 +256,12 @@ def _copy_weights(library: str, model: VisionTransformer, peer: Optional[nn.Modu
 
 
 def build_peer(library: str, model: VisionTransformer, *, copy_weights: bool = True,
-               check: bool = True) -> Peer:
+               check: bool = True, precision: str = "f32") -> Peer:
     """The peer library's model of ``model``'s configuration (fp32, on the CPU, eval mode).
 
     ``copy_weights``: load vitkit's weights (else the peer's own random
     init). ``check``: run both on one random image and report the largest
-    logit difference in ``Peer.weights``."""
+    logit difference in ``Peer.weights``. ``precision``: OpenVINO's inference precision (f32 or bf16)."""
     version = peer_version(library)
     if version is None:
         raise PeerUnavailable(f"{library} is not installed ({_MODULE[library]} cannot be imported)")
@@ -237,10 +270,11 @@ def build_peer(library: str, model: VisionTransformer, *, copy_weights: bool = T
     if problems:
         raise PeerUnavailable(f"{library} cannot build this configuration: {', '.join(problems)}")
     src = model.float().cpu().eval()
-    if library == "onnxruntime":  # vitkit's own model, exported: its weights by construction
-        module = OrtModel(src)
+    if library in INFERENCE_ONLY:  # vitkit's own model, exported: its weights by construction
+        module = OrtModel(src) if library == "onnxruntime" else OvModel(src, precision)
         forward = forward_fn(library, module)
-        weights = "vitkit's model exported to ONNX"
+        weights = ("vitkit's model exported to ONNX" if library == "onnxruntime" else
+                   f"vitkit's model exported to OpenVINO IR, run in {precision}")
         if check:
             weights += _agreement(model, forward, cfg)
         return Peer(library, version, module, forward, weights)
@@ -282,7 +316,7 @@ def forward_fn(library: str, module: nn.Module) -> Callable[[torch.Tensor], torc
 
     if library == "hf":
         return lambda x: module(pixel_values=x.to(dtype_of())).logits
-    if library == "onnxruntime":
+    if library in INFERENCE_ONLY:
         return lambda x: module(x)
     return lambda x: module(x.to(dtype_of()))
 

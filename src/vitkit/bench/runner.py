@@ -89,17 +89,22 @@ def inference_contenders(model, dtype: str, compiled: bool, opts: BenchOptions) 
         fn = torch.compile(plain, mode=opts.compile_mode) if compiled else plain
         out.append(Contender("vitkit-module", lambda x, f=fn: f(x.to(dt)), {"engine": "model(x) in eval mode"}))
     for lib in opts.peers:
-        if lib == "onnxruntime":
-            why = ("its CPU execution provider is measured in fp32 only" if dt != torch.float32 else
-                   "it is its own graph compiler: measured in the eager rows" if compiled else
+        if lib in ("onnxruntime", "openvino"):
+            why = ("its CPU execution provider is measured in fp32 only" if dt != torch.float32 and lib == "onnxruntime"
+                   else "it is its own graph compiler: measured in the eager rows" if compiled else
                    "it runs on the CPU here" if dev != "cpu" else None)
             if why:
-                notes.append(f"ONNX Runtime not in the {dtype}{' compiled' if compiled else ''} rows: {why}")
+                notes.append(f"{lib} not in the {dtype}{' compiled' if compiled else ''} rows: {why}")
                 continue
         try:
-            peer = build_peer(lib, model, copy_weights=opts.copy_weights)
+            peer = build_peer(lib, model, copy_weights=opts.copy_weights,
+                              precision="bf16" if dt == torch.bfloat16 else "f32")
         except PeerUnavailable as err:
             notes.append(f"{lib} skipped: {err}")
+            continue
+        if lib == "openvino":  # fp32 input; its own precision hint, not a cast of the module
+            out.append(Contender(peer.label, peer.forward, {"version": peer.version, "weights": peer.weights,
+                                                            "precision": peer.module.precision}))
             continue
         module = _cast_peer(peer, dt, dev, opts.peer_bf16)
         if compiled:

@@ -36,8 +36,10 @@ def register(sub) -> None:
 
     p = sub.add_parser("predict", help="classify images with a checkpoint (top-k labels and probabilities)")
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders (searched recursively)")
-    p.add_argument("--weights", "-w", required=True,
+    p.add_argument("--weights", "-w",
                    help="checkpoint path (any format), known name (vitkit weights), Hub id or URL")
+    p.add_argument("--url", help="send the images to a vitkit serve server at URL instead of loading a model "
+                   "(its token from $VITKIT_SERVE_TOKEN)")
     _weights_args(p)
     p.add_argument("--topk", type=positive_int, default=5)
     p.add_argument("--batch-size", type=positive_int, default=16)
@@ -50,10 +52,11 @@ def register(sub) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_predict)
 
-    p = sub.add_parser("export", help="export a checkpoint to ONNX or torch.export, checked against eager")
+    p = sub.add_parser("export", help="export a checkpoint to ONNX, torch.export or OpenVINO, checked against eager")
     p.add_argument("weights", help="checkpoint path (any format) or known name")
-    p.add_argument("output", help="output file: .onnx or .pt2")
-    p.add_argument("--format", choices=["onnx", "torch"], help="default: from the output's suffix")
+    p.add_argument("output", help="output: .onnx, .pt2, or OpenVINO's NAME.xml (+ NAME.bin) or a folder")
+    p.add_argument("--to", "--format", dest="format", choices=["onnx", "torch", "openvino"],
+                   help="default: from the output's suffix (.onnx, .xml: openvino, else torch)")
     p.add_argument("--img-size", type=positive_int, help="export at this resolution")
     p.add_argument("--opset", type=positive_int, default=17)
     p.add_argument("--static-batch", action="store_true", help="fix the batch size instead of a dynamic axis")
@@ -103,10 +106,14 @@ def _predict(args) -> int:
 
     from ..predict import create_transform, format_json, format_table, iter_classify, write_csv
 
+    if bool(args.weights) == bool(args.url):
+        raise UsageError("give --weights (classify here) or --url (send the images to a vitkit serve server)")
     many = ManyFiles("predict")
     files = many.images(args.images)
     if not files:
         return many.exit_code("images", "classified")
+    if args.url:
+        return _predict_remote(args, files, many)
     model = _load(args, img_size=args.img_size) if args.img_size else _load(args)
     try:
         device = torch.device(args.device)
@@ -132,13 +139,50 @@ def _predict(args) -> int:
     return many.exit_code("images", "classified")
 
 
+def _predict_remote(args, files, many) -> int:
+    """``vitkit predict IMAGES --url URL``: each image is sent to the server; one it refuses is reported and
+    skipped, as a file that cannot be read is here."""
+    import os
+
+    from ..predict import Prediction, format_json, format_table, write_csv
+    from ..serve.client import Client, ServeClientError
+
+    client = Client(args.url, token=os.environ.get("VITKIT_SERVE_TOKEN") or None)
+    info = client.model()
+    if not args.json:
+        print(f"{args.url}: {info.get('id')} on {(info.get('engine') or {}).get('name')} "
+              f"({info.get('dtype')}); preprocessing: {(info.get('preprocessing') or {}).get('name')}")
+    preds = []
+    for path in files:
+        pred = Prediction(str(path))
+        try:
+            row = client.classify([path], topk=args.topk)[0]
+            pred.top, pred.geometry = row["top"], row.get("geometry")
+        except ServeClientError as err:
+            if err.status in (0, 401, 409, 503):  # the server, not this image: stop here
+                raise ValueError(str(err)) from None
+            pred.error = err.detail
+        preds.append(pred)
+        if pred.ok:
+            many.ok += 1
+        else:
+            many.skip(pred.source, pred.error)
+        print(format_json(pred) if args.json else format_table(pred), flush=True)
+    if args.csv:
+        write_csv(preds, args.csv)
+    return many.exit_code("images", "classified")
+
+
 def _export(args) -> int:
     from ..export import export
 
     kw = {"dynamic_batch": not args.static_batch}
-    fmt = args.format or ("onnx" if args.output.endswith(".onnx") else "torch")
+    fmt = args.format or {".onnx": "onnx", ".xml": "openvino"}.get(Path(args.output).suffix.lower(), "torch")
     if fmt == "onnx":
         require("onnx", "onnx", what="vitkit export to ONNX")  # before any work
+    if fmt == "openvino":
+        require("openvino", "onnx", "openvino", what="vitkit export to OpenVINO")
+    if fmt in ("onnx", "openvino"):
         kw["opset"] = args.opset
     model = _load(args, img_size=args.img_size) if args.img_size else _load(args)
     report = export(model, args.output, fmt, **kw)

@@ -28,6 +28,7 @@ converted, and a corrupt or unreadable file raises :class:`ImageError`
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 import warnings
 from dataclasses import dataclass
@@ -84,29 +85,45 @@ def to_rgb(img: Image.Image, background: Tuple[int, int, int] = (255, 255, 255))
     return img.convert("RGB")  # L, 1, CMYK, YCbCr, LAB, HSV
 
 
-def load_image(source: ImageLike, *, exif_transpose: bool = True) -> Image.Image:
-    """Read an image file (or take a PIL image) and return it as 8-bit RGB.
+class ImageTooLarge(ImageError):
+    """An image whose header declares more pixels than allowed (refused before any pixel is decoded)."""
+
+
+def load_image(source: Union[ImageLike, bytes], *, exif_transpose: bool = True, max_pixels: Optional[int] = None,
+               formats: Optional[Sequence[str]] = None, name: Optional[str] = None) -> Image.Image:
+    """Read an image file or the bytes of one (or take a PIL image) and return it as 8-bit RGB.
 
     ``exif_transpose`` applies the EXIF orientation tag (photos from phones);
     the reference pipelines of torchvision and timm do not, so pass False to
-    reproduce them bit for bit on such files.
+    reproduce them bit for bit on such files. ``max_pixels``: refuse (:class:`ImageTooLarge`) an image
+    whose header declares more pixels, before decoding any (a decompression bomb costs nothing);
+    ``formats``: the PIL decoders allowed (e.g. ``["PNG"]``); ``name``: how errors name bytes.
     """
     if isinstance(source, Image.Image):
         img = source
     else:
-        path = Path(source)
-        if not path.exists():
-            raise FileNotFoundError(f"image {path} does not exist")
-        if path.is_dir():
-            raise ImageError(f"{path} is a folder, not an image")
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            path, opener = (name or "<image bytes>"), io.BytesIO(bytes(source))
+        else:
+            path = opener = Path(source)
+            if not path.exists():
+                raise FileNotFoundError(f"image {path} does not exist")
+            if path.is_dir():
+                raise ImageError(f"{path} is a folder, not an image")
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "Corrupt EXIF", UserWarning)  # the pixels are fine
-                with Image.open(path) as opened:
+                with Image.open(opener, formats=formats) as opened:  # reads the header only
+                    w, h = opened.size
+                    if max_pixels is not None and w * h > max_pixels:
+                        raise ImageTooLarge(f"{path}: refused, {w}x{h} = {w * h:,} pixels is more than the "
+                                            f"{max_pixels:,} allowed")
                     opened.load()  # decode now, so truncated data fails here and not later
                     img = opened.copy()
+        except ImageTooLarge:
+            raise
         except Image.DecompressionBombError as err:
-            raise ImageError(f"{path}: refused, the image is implausibly large ({err})") from None
+            raise ImageTooLarge(f"{path}: refused, the image is implausibly large ({err})") from None
         except Exception as err:  # PIL raises OSError, SyntaxError, ValueError... for bad data
             reason = str(err) or type(err).__name__
             raise ImageError(f"{path} is not a readable image ({reason}): the file is corrupt, truncated "
