@@ -218,7 +218,8 @@ def main() -> None:
     from vitkit.utils import write_json_atomic
 
     tmp = tempfile.TemporaryDirectory(prefix="vitkit-serve-load-")
-    weights = args.weights or (str(_random_checkpoint(args.model, args.img_size, Path(tmp.name))) if args.model else None)
+    random_weights = str(_random_checkpoint(args.model, args.img_size, Path(tmp.name))) if args.model else None
+    weights = args.weights or random_weights
     body = _image(224)
     token = os.environ.get("VITKIT_SERVE_TOKEN")
     proc = None

@@ -126,7 +126,8 @@ def test_embed_explain_model_and_probes(server, ckpt, photo):
                  "vitkit_queue_depth"):
         assert name in metrics.text
     schema = httpx.get(server.url + "/openapi.json").json()
-    assert {"/v1/classify", "/v1/embed", "/v1/explain", "/v1/model", "/healthz", "/readyz", "/metrics"} <= set(schema["paths"])
+    paths = {"/v1/classify", "/v1/embed", "/v1/explain", "/v1/model", "/healthz", "/readyz", "/metrics"}
+    assert paths <= set(schema["paths"])
     body = schema["paths"]["/v1/classify"]["post"]["requestBody"]["content"]
     assert {"image/*", "multipart/form-data"} <= set(body)
     page = httpx.get(server.url + "/")
@@ -231,7 +232,8 @@ def _status_and_json(resp):
             return status, None
     if isinstance(resp, Exception):
         return 0, None
-    return resp.status_code, resp.json() if resp.headers.get("content-type", "").startswith("application/json") else None
+    is_json = resp.headers.get("content-type", "").startswith("application/json")
+    return resp.status_code, resp.json() if is_json else None
 
 
 def test_bad_input_corpus(server, caplog):

@@ -77,7 +77,8 @@ def test_page_uploads_and_shows_top1(browser, tmp_path):
         bars = browser.find_elements(By.CSS_SELECTOR, "#results .card:first-child .top li")
         assert len(bars) == len(LABELS)  # top-5 of 5 classes
         overlay = browser.find_element(By.CSS_SELECTOR, "#results .overlay")
-        wait.until(lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", overlay) == size)
+        script = "return arguments[0].complete && arguments[0].naturalWidth"
+        wait.until(lambda d: d.execute_script(script, overlay) == size)
         timing = browser.find_element(By.CSS_SELECTOR, "#results .timing").text
         assert "engine torch" in timing and "ms" in timing
         assert "1 of 1 classified" in browser.find_element(By.ID, "status").text

@@ -18,7 +18,8 @@ INSTALLED = installed()
 
 def _need(engine):
     if INSTALLED.get(engine) is None:
-        pytest.skip(f"{engine} is not installed (pip install 'vitkit[{'onnx' if engine == 'onnxruntime' else engine}]')")
+        extra = "onnx" if engine == "onnxruntime" else engine
+        pytest.skip(f"{engine} is not installed (pip install 'vitkit[{extra}]')")
 
 
 def _eager(model, x):

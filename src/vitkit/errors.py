@@ -104,13 +104,20 @@ class TrainingDiverged(VitkitError, RuntimeError):
     """The loss or the gradients became NaN/Inf: the message names the step and how to go on."""
 
 
-class MissingDependency(VitkitError, ImportError):
-    """An optional package is not installed; ``extra`` names the vitkit extra that installs it."""
+class ServiceError(VitkitError, ValueError):
+    """A ``vitkit serve`` server that cannot answer or could not start (unreachable, the token refused,
+    overloaded, the model not ready)."""
 
-    def __init__(self, message: str, *, extra: str, path: Any = None, key: Optional[str] = None,
+
+class MissingDependency(VitkitError, ImportError):
+    """An optional package is not installed; ``extra`` names the vitkit extra that installs it (None for a
+    package no extra holds: the hint then says what to install)."""
+
+    def __init__(self, message: str, *, extra: Optional[str], path: Any = None, key: Optional[str] = None,
                  hint: Optional[str] = None):
         self.extra = extra
-        super().__init__(message, path=path, key=key, hint=hint or f"pip install 'vitkit[{extra}]'")
+        super().__init__(message, path=path, key=key,
+                         hint=hint or (f"pip install 'vitkit[{extra}]'" if extra else None))
 
     def __reduce__(self):
         return (_rebuild_missing, (self.message, self.extra, self.path, self.key, self.hint))
@@ -173,5 +180,6 @@ def describe_os_error(err: OSError) -> str:
 
 __all__ = ["EXIT_BUG", "EXIT_ERROR", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "BusyError", "CheckpointError",
            "ConfigError", "DataError", "ExportError", "InputError", "MissingDependency", "NotFoundError", "OutputError",
+           "ServiceError",
            "TrainingDiverged", "UnsafeCheckpointError", "UsageError", "VitkitError", "VitkitWarning",
            "describe_os_error", "os_error_hint", "require"]

@@ -163,7 +163,8 @@ def model_input(pre: Preset, img: Image.Image, gray: bool = False):
     return crop, pre.normalize(to_gray(crop) if gray else crop)
 
 
-def top_classes(logits: torch.Tensor, k: int, labels: Optional[Sequence[str]] = None) -> List[Optional[List[Dict[str, Any]]]]:
+def top_classes(logits: torch.Tensor, k: int, labels: Optional[Sequence[str]] = None
+                ) -> List[Optional[List[Dict[str, Any]]]]:
     """Per row of ``logits`` [B, classes]: the top-``k`` classes as ``[{"rank", "index", "label", "prob"}]``
     (softmax probabilities), or None where the row is not finite (no meaningful ranking exists)."""
     logits = torch.as_tensor(logits).float()
@@ -171,7 +172,8 @@ def top_classes(logits: torch.Tensor, k: int, labels: Optional[Sequence[str]] = 
     p, idx = probs.topk(min(k, logits.shape[-1]), dim=-1)
     finite = torch.isfinite(logits).all(dim=-1).tolist()
     return [None if not finite[row] else
-            [{"rank": r + 1, "index": int(i), "label": labels[int(i)] if labels else str(int(i)), "prob": round(float(q), 6)}
+            [{"rank": r + 1, "index": int(i), "label": labels[int(i)] if labels else str(int(i)),
+              "prob": round(float(q), 6)}
              for r, (q, i) in enumerate(zip(p[row].tolist(), idx[row].tolist()))]
             for row in range(logits.shape[0])]
 

@@ -210,7 +210,7 @@ class OvModel(nn.Module):
         from ..models.backend import cpu_has_native_bf16
 
         if precision not in ("f32", "bf16"):
-            raise ValueError(f"OpenVINO precision {precision!r}: use f32 or bf16")
+            raise ConfigError(f"OpenVINO precision {precision!r}: use f32 or bf16")
         if precision == "bf16" and not cpu_has_native_bf16():
             raise PeerUnavailable("OpenVINO runs bf16 natively only on CPUs with bf16 hardware")
         self.precision = precision

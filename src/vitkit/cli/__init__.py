@@ -24,7 +24,6 @@ from ..errors import EXIT_BUG, EXIT_ERROR, VitkitError, VitkitWarning, describe_
 from ..models.backend import use_backend
 
 COMMAND_MODULES = ["model", "checkpoints", "analysis", "train", "mpp", "bench", "reproduce", "serve", "backend"]
-_PACKAGE = Path(__file__).resolve().parent.parent  # src/vitkit
 
 
 BACKEND_HELP = ("the kernels to run, e.g. gemm=aten,attention=explicit (fields gemm, attention, int8; each auto "

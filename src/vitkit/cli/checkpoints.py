@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import InputError, NotFoundError, UsageError, require
+from ..errors import InputError, NotFoundError, ServiceError, UsageError, require
 from ._util import ManyFiles, positive_int
 
 
@@ -160,7 +160,7 @@ def _predict_remote(args, files, many) -> int:
             pred.top, pred.geometry = row["top"], row.get("geometry")
         except ServeClientError as err:
             if err.status in (0, 401, 409, 503):  # the server, not this image: stop here
-                raise ValueError(str(err)) from None
+                raise ServiceError(str(err)) from None
             pred.error = err.detail
         preds.append(pred)
         if pred.ok:

@@ -1,6 +1,7 @@
 """``vitkit serve``: a checkpoint as an HTTP service (see docs/serving.md)."""
 from __future__ import annotations
 
+from ..errors import MissingDependency
 from ._util import positive_int
 
 
@@ -66,7 +67,7 @@ def _serve(args) -> int:
     try:
         from ..serve.app import ServeOptions
     except ImportError as err:
-        raise ValueError(f"vitkit serve needs the serve extra ({err}): pip install 'vitkit[serve]'") from None
+        raise MissingDependency(f"vitkit serve needs the serve extra ({err})", extra="serve") from None
 
     options = ServeOptions(engine=args.engine, dtype=args.dtype, max_batch=args.max_batch,
                            max_wait_ms=args.max_wait_ms, max_queue=args.max_queue, max_bytes=args.max_bytes,

@@ -34,7 +34,7 @@ class TensorImages:
             raise DataError(f"{self.name}: images must be [N, C, H, W] (or [N, H, W]), got {tuple(self.images.shape)}")
         if self.images.dtype != torch.uint8:
             raise DataError(f"{self.name}: images must be uint8 (0..255), got {self.images.dtype}: "
-                             f"convert with (x * 255).round().clamp(0, 255).to(torch.uint8)")
+                            f"convert with (x * 255).round().clamp(0, 255).to(torch.uint8)")
         self.labels = torch.as_tensor(self.labels, dtype=torch.int64)
         if self.labels.ndim != 1 or len(self.labels) != len(self.images):
             raise DataError(f"{self.name}: {len(self.images)} images but labels of shape {tuple(self.labels.shape)}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import MissingDependency
 from .client import Client, ServeClientError
 
 __all__ = ["Client", "ServeClientError", "ServeOptions", "Service", "create_app", "run"]
@@ -18,7 +19,7 @@ def __getattr__(name: str) -> Any:  # the server side imports FastAPI: only when
         try:
             from . import app
         except ImportError as err:
-            raise ImportError(f"vitkit.serve.{name} needs the serve extra ({err}): pip install 'vitkit[serve]'") from None
+            raise MissingDependency(f"vitkit.serve.{name} needs the serve extra ({err})", extra="serve") from None
         return getattr(app, name)
     if name == "run":
         from .server import run

@@ -27,6 +27,7 @@ from fastapi import Query, Request  # module level: the routes' annotations are 
 
 from .batching import Batcher, Done, QueueFull
 from .images import BadImage, Decoded, decode, overlay_png
+from ..errors import ConfigError, InputError
 
 log = logging.getLogger("vitkit.serve")
 STATIC = Path(__file__).resolve().parent / "static"
@@ -60,17 +61,17 @@ class ServeOptions:
         from .engines import DTYPES, ENGINES
 
         if self.engine not in ("auto", *ENGINES):
-            raise ValueError(f"unknown engine {self.engine!r}: use auto, {', '.join(ENGINES)}")
+            raise ConfigError(f"unknown engine {self.engine!r}: use auto, {', '.join(ENGINES)}")
         if self.dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {self.dtype!r}: use {', '.join(DTYPES)}")
+            raise ConfigError(f"unknown dtype {self.dtype!r}: use {', '.join(DTYPES)}")
         for name in ("max_batch", "max_queue", "max_bytes", "max_pixels", "max_images", "max_topk", "decode_threads"):
             if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("max_wait_ms", "read_timeout_s", "body_timeout_s", "engine_budget_s"):
             if float(getattr(self, name)) < 0:
-                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
         if self.token is not None and not self.token.strip():
-            raise ValueError("the token is empty")
+            raise ConfigError("the token is empty")
         return self
 
     def public(self) -> Dict[str, Any]:
@@ -155,7 +156,7 @@ class Service:
         self.meta = model.meta
         self.pre = create_transform(model, self.options.preset)
         if self.config.in_chans not in (1, 3):
-            raise ValueError(f"images have 3 (RGB) or 1 (gray) channels; the model takes {self.config.in_chans}")
+            raise InputError(f"images have 3 (RGB) or 1 (gray) channels; the model takes {self.config.in_chans}")
         self.gray = self.config.in_chans == 1
         self.labels = list(self.meta.labels) if self.meta.labels else None
         self.has_classifier = self.config.num_classes > 0
@@ -561,8 +562,9 @@ def build_app(service: Service, *, on_failure: Optional[Callable[[str], None]] =
     app.state.service = service
 
     def fault_response(request: Request, fault: Fault):
-        (log.warning if fault.status < 500 else log.info)("%s %s -> %d %s: %s", request.method, request.url.path[:200], fault.status, fault.error,
-                    fault.detail)
+        (log.warning if fault.status < 500 else log.info)("%s %s -> %d %s: %s", request.method,
+                                                          request.url.path[:200], fault.status, fault.error,
+                                                          fault.detail)
         service.metrics.faults.labels(fault.error).inc()
         return _json_error(fault.status, fault.error, fault.detail, fault.headers)
 

@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+from ..errors import ConfigError, ExportError
 
 log = logging.getLogger("vitkit.serve")
 
@@ -196,9 +197,9 @@ BUILDERS: Dict[str, Callable[..., Engine]] = {"torch": TorchEngine, "onnxruntime
 
 def build_engine(name: str, model, dtype: str = "fp32") -> Engine:
     if name not in BUILDERS:
-        raise ValueError(f"unknown engine {name!r}: use auto, {', '.join(ENGINES)}")
+        raise ConfigError(f"unknown engine {name!r}: use auto, {', '.join(ENGINES)}")
     if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: use {', '.join(DTYPES)}")
+        raise ConfigError(f"unknown dtype {dtype!r}: use {', '.join(DTYPES)}")
     return BUILDERS[name](model, dtype)
 
 
@@ -265,7 +266,7 @@ def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int =
             eng = build_engine(name, model, dtype)
         except EngineUnavailable as err:
             if engine != "auto":
-                raise ValueError(f"--engine {name}: {err}") from None
+                raise ConfigError(f"--engine {name}: {err}") from None
             row["skipped"] = str(err)
             report["candidates"].append(row)
             log.info("engine %s skipped: %s", name, err)
@@ -278,7 +279,7 @@ def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int =
                    f"(> {row['tolerance']:g})")
             if engine != "auto":
                 eng.close()
-                raise RuntimeError(msg + ": not serving it")
+                raise ExportError(msg + ": not serving it")
             row["skipped"] = msg
             eng.close()
             report["candidates"].append(row)
@@ -298,8 +299,8 @@ def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int =
             eng.close()
         gc.collect()
     if best is None:
-        raise RuntimeError(f"no engine can serve this model in {dtype}: "
-                           + "; ".join(f"{r['engine']}: {r.get('skipped')}" for r in report["candidates"]))
+        raise ConfigError(f"no engine can serve this model in {dtype}: "
+                          + "; ".join(f"{r['engine']}: {r.get('skipped')}" for r in report["candidates"]))
     gc.collect()
     _release_freed_memory()
     report["chosen"] = best.name

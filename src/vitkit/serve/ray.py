@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional
 
+from ..errors import MissingDependency
 from .app import ServeOptions
 from .batching import BatchInfo, Done, QueueFull
 
@@ -153,7 +154,8 @@ def run_ray(weights: Any, *, host: str = "127.0.0.1", port: int = 8000, options:
             address: Optional[str] = None, img_size: Optional[int] = None, offline: Optional[bool] = None) -> int:
     """``vitkit serve --ray``: deploy, then wait for SIGTERM / Ctrl+C and shut Ray Serve down (it drains)."""
     if not ray_serve_installed():
-        raise ValueError("vitkit serve --ray needs Ray Serve: pip install 'ray[serve]'")
+        raise MissingDependency("vitkit serve --ray needs Ray Serve, which no vitkit extra installs", extra=None,
+                                hint="pip install 'ray[serve]'")
     from .server import check_exposure, read_token, setup_logging
 
     setup_logging("info")

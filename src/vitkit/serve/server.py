@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .app import ServeOptions, Service, build_app, load_model
+from ..errors import ConfigError, ServiceError
 
 log = logging.getLogger("vitkit.serve")
 TOKEN_ENV = "VITKIT_SERVE_TOKEN"
@@ -33,14 +34,14 @@ def read_token(token_file: Optional[str] = None) -> Optional[str]:
         path = Path(token_file)
         text = path.read_text(encoding="utf-8").strip()
         if not text:
-            raise ValueError(f"--token-file {path} is empty: put the token in it")
+            raise ConfigError(f"--token-file {path} is empty: put the token in it")
         if os.name == "posix" and path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             log.warning("--token-file %s can be read by other users (chmod 600 %s)", path, path)
         return text.splitlines()[0].strip()
     env = os.environ.get(TOKEN_ENV)
     if env is not None:
         if not env.strip():
-            raise ValueError(f"${TOKEN_ENV} is set but empty")
+            raise ConfigError(f"${TOKEN_ENV} is set but empty")
         return env.strip()
     return None
 
@@ -51,9 +52,9 @@ def check_exposure(host: str, token: Optional[str], insecure: bool = False) -> N
         if not is_loopback(host) and not token:
             log.warning("serving on %s without a token (--insecure): anyone who can reach it can use it", host)
         return
-    raise ValueError(f"--host {host} exposes the server beyond this machine, and no token is set: give "
-                     f"--token-file PATH or ${TOKEN_ENV} (clients send 'Authorization: Bearer TOKEN'), or pass "
-                     f"--insecure to serve without one")
+    raise ConfigError(f"--host {host} exposes the server beyond this machine, and no token is set: give "
+                      f"--token-file PATH or ${TOKEN_ENV} (clients send 'Authorization: Bearer TOKEN'), or pass "
+                      f"--insecure to serve without one")
 
 
 def setup_logging(level: str = "info") -> None:
@@ -119,5 +120,5 @@ def run(weights, *, host: str = "127.0.0.1", port: int = 8000, options: Optional
              "required" if token else "not required")
     server.run()
     if failure:
-        raise RuntimeError(f"the model could not be made ready: {failure['error']}")
+        raise ServiceError(f"the model could not be made ready: {failure['error']}")
     return 0
