@@ -69,7 +69,8 @@ def register(sub) -> None:
     p.add_argument("--download", action="store_true", help="fetch NAME (any name -w takes) into the cache now")
     p.set_defaults(func=_weights)
 
-    p = sub.add_parser("inspect", help="recognise a checkpoint's format and show its config (reads nothing else)")
+    p = sub.add_parser("inspect", help="recognise a checkpoint's format and show its config, layout and notes "
+                       "(a name is resolved and downloaded as for predict; every tensor is read and checked)")
     p.add_argument("weights")
     p.add_argument("--json", action="store_true")
     p.add_argument("--offline", action="store_true", default=None, help="use only files already on this machine")
