@@ -64,7 +64,7 @@ class OptimConfig:
     weight_decay: float = 0.1
     momentum: float = 0.9  # sgd
     nesterov: bool = False
-    clip_grad: Optional[float] = 1.0  # global-norm clipping (the paper clips at 1)
+    clip_grad: Optional[float] = 1.0  # global-norm clipping (the paper clips at 1); null or 0: none
     implementation: str = "auto"  # auto (fused where torch has it, else foreach) | fused | foreach | loop
 
 
@@ -148,10 +148,11 @@ class DistillConfig:
 _RULES = {">0": (lambda v: v > 0, "a positive number"), ">=0": (lambda v: v >= 0, "a number >= 0"),
           "[0,1)": (lambda v: 0 <= v < 1, "a number in [0, 1)")}
 RANGES = {
-    **{k: ">0" for k in ("data.load_size", "data.train_subset", "data.eval_batch_size", "data.std", "optim.lr",
-                         "optim.batch_size", "optim.accum_steps", "optim.eps", "optim.clip_grad", "schedule.epochs",
-                         "schedule.steps", "schedule.minutes", "train.log_every", "train.threads", "init.num_heads",
-                         "distill.num_heads", "distill.tau", "mpp.bits")},
+    **{k: ">0" for k in ("data.load_size", "data.eval_batch_size", "data.std", "optim.lr", "optim.batch_size",
+                         "optim.accum_steps", "optim.eps", "schedule.epochs", "schedule.steps", "schedule.minutes",
+                         "train.log_every", "init.num_heads", "distill.num_heads", "distill.tau", "mpp.bits")},
+    # 0 means "off" or "the default" for these
+    **{k: ">=0" for k in ("data.train_subset", "optim.clip_grad", "train.threads")},
     **{k: ">=0" for k in ("data.val_size", "data.val_seed", "data.workers", "optim.weight_decay", "optim.momentum",
                           "schedule.warmup_steps", "schedule.warmup_epochs", "schedule.min_lr", "train.seed",
                           "train.eval_every", "train.ckpt_every", "train.predictions", "mpp.eval_images",
