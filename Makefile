@@ -11,7 +11,7 @@ PEERS_LOCK ?= requirements/peers.txt
 PEERS_MB ?= 5300
 PYTEST_ARGS ?=
 
-.PHONY: venv venv-test lint data browser demo analysis-figures test test-fast test-peers peers clean
+.PHONY: venv venv-test lint data browser demo analysis-figures test test-fast test-peers peers api-docs clean
 FMNIST ?= /usr/share/datasets/fashion-mnist
 
 # The demo needs only the core and matplotlib (about a minute to install); the tests add their extras
@@ -112,6 +112,11 @@ peers: $(PEERS)/.installed
 
 test-peers: peers data
 	$(PEERS)/bin/python -m pytest -q -rs -m peers $(PYTEST_ARGS)
+
+# The API reference from the docstrings (pdoc), into docs/api/ (not committed; tests/test_api_reference.py
+# builds it in every test run, so a docstring pdoc cannot render or an undocumented export fails CI).
+api-docs: venv-test
+	$(BIN)/python -m pdoc -o docs/api vitkit $$($(BIN)/python -c "import pkgutil, vitkit; print(' '.join(m.name for m in pkgutil.walk_packages(vitkit.__path__, 'vitkit.') if not m.name.endswith('__main__')))")
 
 clean:
 	rm -rf $(VENV) $(PEERS) build src/*.egg-info .pytest_cache

@@ -1,12 +1,17 @@
 """A small HTTP server on 127.0.0.1 for the download tests: files, byte ranges, failures, and the two
-Hugging Face Hub endpoints ``hf_hub_download`` calls (HEAD and GET of ``/{repo}/resolve/{revision}/{file}``).
+Hugging Face Hub endpoints ``hf_hub_download`` calls (HEAD and GET of ``/{repo}/resolve/{revision}/{file}``);
+for uploads, the calls ``create_repo`` and ``upload_folder`` make (POST ``/api/repos/create``,
+``/api/validate-yaml`` for a model card, ``/api/models/{repo}/preupload/{revision}``, answered "regular" for
+every file, and ``/api/models/{repo}/commit/{revision}``, whose ndjson files land in ``repos``).
 
 Started by a test (port chosen by the OS), stopped at its end; every request is logged so tests can
 check what the client asked for (``Range`` headers, how many requests).
 """
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 import re
 import socket
 import threading
@@ -38,6 +43,9 @@ class FileServer:
 
             def do_GET(self) -> None:
                 owner._answer(self, body=True)
+
+            def do_POST(self) -> None:
+                owner._post(self)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
@@ -112,6 +120,43 @@ class FileServer:
             h.connection.shutdown(socket.SHUT_RDWR)
             return
         self._send(h, status, part, headers, body)
+
+    def _post(self, h: BaseHTTPRequestHandler) -> None:
+        path = h.path.split("?")[0]
+        data = h.rfile.read(int(h.headers.get("Content-Length") or 0))
+        with self._lock:
+            self.log.append(("POST", path, None))
+        ok = {"Content-Type": "application/json"}
+        if path == "/api/repos/create":
+            req = json.loads(data)
+            repo = f"{req['organization']}/{req['name']}" if req.get("organization") else req["name"]
+            self.repos.setdefault(repo, {})
+            return self._send(h, 200, json.dumps({"url": f"{self.url}/{repo}", "name": repo}).encode(), ok, True)
+        if path == "/api/validate-yaml":  # a model card's metadata block: YAML, as the Hub checks it
+            import yaml
+            content = json.loads(data)["content"]
+            head = content.split("---")[1] if content.startswith("---") else ""
+            try:
+                yaml.safe_load(head)
+                errors = []
+            except yaml.YAMLError as err:
+                errors = [{"message": str(err)}]
+            return self._send(h, 400 if errors else 200, json.dumps({"errors": errors, "warnings": []}).encode(),
+                              ok, True)
+        m = re.match(r"^/api/models/(?P<repo>[^/]+/[^/]+)/(?P<op>preupload|commit)/(?P<rev>[^/]+)$", path)
+        if not m or m.group("repo") not in self.repos:
+            return self._send(h, 404, b"Repository not found", {"X-Error-Code": "RepoNotFound"}, True)
+        repo = m.group("repo")
+        if m.group("op") == "preupload":
+            files = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
+                     for f in json.loads(data)["files"]]
+            return self._send(h, 200, json.dumps({"files": files}).encode(), ok, True)
+        for line in data.decode().splitlines():
+            item = json.loads(line)
+            if item["key"] == "file":
+                self.repos[repo][item["value"]["path"]] = base64.b64decode(item["value"]["content"])
+        answer = {"commitUrl": f"{self.url}/{repo}/commit/{COMMIT}", "commitOid": COMMIT, "pullRequestUrl": None}
+        self._send(h, 200, json.dumps(answer).encode(), ok, True)
 
     @staticmethod
     def _send(h, status: int, data: bytes, headers: Dict[str, str], body: bool) -> None:

@@ -75,13 +75,14 @@ def test_legacy_torch_format_truncated(tmp_path):
 
 def test_wrong_layout_lists_recognised_and_unrecognised(tmp_path):
     state = {k: v for k, v in tiny().state_dict().items()}
-    state["blocks.0.ls1.gamma"] = torch.ones(192)  # timm layer scale: another architecture
+    state["blocks.0.attn.q_norm.weight"] = torch.ones(64)  # timm's QK norm: another architecture
     del state["blocks.0.mlp.fc2.bias"]
     torch.save(state, tmp_path / "ls.pth")
     with pytest.raises(ValueError) as err:
         read_checkpoint(tmp_path / "ls.pth")
     msg = str(err.value)
-    assert "recognised as the timm layout" in msg and "blocks.0.ls1.gamma" in msg and "blocks.0.mlp.fc2.bias" in msg
+    assert "recognised as the timm layout" in msg
+    assert "blocks.0.attn.q_norm.weight" in msg and "blocks.0.mlp.fc2.bias" in msg
 
     resnet = {"conv1.weight": torch.zeros(64, 3, 7, 7), "bn1.weight": torch.zeros(64), "fc.weight": torch.zeros(10, 64)}
     torch.save(resnet, tmp_path / "resnet.pth")

@@ -409,8 +409,10 @@ def test_timm_folder_config_variants_and_refusals(tmp_path):
     pre = get_preset(m.meta.preprocessing)
     assert (pre.resize_mode, pre.resize, pre.crop_rounding) == ("square", 40, "round")  # floor(32 / 0.8)
     assert m.meta.labels == legacy["labels"]
-    for extra, match in (({"reg_tokens": 4}, "not the paper's ViT"), ({"init_values": 1e-5}, "not the paper's"),
-                         ({"global_pool": "map"}, "global_pool='map'"), ({"pos_embed": "rope"}, "not the paper")):
+    # the descendants' parts are read (the weights must then have them); other extensions are refused
+    for extra, match in (({"reg_tokens": 4}, "missing: reg_token"), ({"init_values": 1e-5}, "missing: .*ls1.gamma"),
+                         ({"global_pool": "map"}, "missing: attn_pool"), ({"pos_embed": "rope"}, "not the paper"),
+                         ({"qk_norm": True}, "not the paper's ViT"), ({"global_pool": "avgmax"}, "avgmax")):
         cfg_file.write_text(json.dumps({**config, "model_args": {**config["model_args"], **extra}}))
         with pytest.raises(ValueError, match=match):
             load_weights(out)

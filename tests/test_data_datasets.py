@@ -204,3 +204,61 @@ def test_eval_batches_cover_every_sample_once_across_ranks():
         assert mine == sorted(mine) and mine == list(range(mine[0], mine[-1] + 1))  # in order, contiguous
         seen += mine
     assert sorted(seen) == list(range(23))  # every sample exactly once
+
+
+# --- any torch Dataset or Hugging Face dataset as training data -------------------------------------
+class _QuadrantsDataset(torch.utils.data.Dataset):
+    """A plain torch Dataset of (PIL image, label), as torchvision's datasets give them."""
+
+    def __init__(self, n, seed, as_float=False):
+        from _synthetic import quadrant_images
+        self.x, self.y = quadrant_images(n, 16, seed)
+        self.as_float, self.classes = as_float, [f"q{i}" for i in range(4)]
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        from PIL import Image
+        img = self.x[i, 0]
+        return (torch.from_numpy(img).float()[None] / 255.0 if self.as_float else Image.fromarray(img)), int(self.y[i])
+
+
+def test_torch_dataset_items_decode_like_image_folders():
+    from vitkit.data import from_dataset
+    ds = from_dataset(_QuadrantsDataset(12, 0), load_size=16, channels=1)
+    assert ds.classes == [f"q{i}" for i in range(4)] and len(ds) == 12 and not ds.in_memory
+    x, y = ds.gather(torch.tensor([3, 5]))
+    assert x.dtype == torch.uint8 and x.shape == (2, 1, 16, 16) and y.tolist() == [int(ds.labels[3]), int(ds.labels[5])]
+    src = _QuadrantsDataset(12, 0)
+    assert torch.equal(x[0, 0], torch.from_numpy(src.x[3, 0]))  # same size: the pixels unchanged
+    floats = from_dataset(_QuadrantsDataset(12, 0, as_float=True), load_size=16, channels=1)
+    assert torch.equal(floats.gather(torch.tensor([3]))[0], x[:1])  # [0, 1] floats round back to the bytes
+    sub = ds.subset([5, 1], "val")
+    assert torch.equal(sub.gather(torch.tensor([0]))[0], x[1:])
+    with pytest.raises(ValueError, match="labels must be in"):
+        from_dataset(_QuadrantsDataset(12, 0), classes=["a", "b"])
+
+
+def test_trainer_takes_a_torch_dataset_and_a_hugging_face_one(tmp_path):
+    """The tiny recipe trained on a torch Dataset (train) and tested on a Hugging Face datasets split
+    (test) computes exactly what it computes from the same images as tensors."""
+    datasets = pytest.importorskip("datasets")
+    from PIL import Image
+    from _synthetic import quadrant_images, write_npz, write_recipe
+    from vitkit.train import Trainer, load_recipe
+    from vitkit.train.runlog import read_metrics
+    xte, yte = quadrant_images(128, 16, 1)
+    features = datasets.Features({"image": datasets.Image(),
+                                  "label": datasets.ClassLabel(names=[f"q{i}" for i in range(4)])})
+    hf = datasets.Dataset.from_dict({"image": [Image.fromarray(a[0]) for a in xte], "label": yte.tolist()},
+                                    features=features)
+    recipe = load_recipe(write_recipe(tmp_path, write_npz(tmp_path / "q.npz")),
+                         {"schedule.epochs": 2, "train.predictions": 0, "data.load_size": 16, "model.in_chans": 1})
+    ours = Trainer(recipe, tmp_path / "external", progress=False,
+                   data={"train": _QuadrantsDataset(576, 0), "test": hf}).fit()
+    ref = Trainer(recipe, tmp_path / "tensors", progress=False).fit()
+    assert ours["test_top1"] == ref["test_top1"] and ours["val"] == ref["val"]
+    losses = [[r["loss"] for r in read_metrics(tmp_path / run) if r["kind"] == "train"]
+              for run in ("external", "tensors")]
+    assert losses[0] == losses[1] and len(losses[0]) > 3

@@ -124,3 +124,37 @@ def test_a_repository_timm_downloaded_is_found_offline(tmp_path):
     torch.testing.assert_close(torch.tensor(ours["logits"]), torch.tensor(theirs), rtol=1e-5, atol=1e-6)
     assert ours["source"] == str(tmp_path / "hfhome" / "hub" / "models--timm--vit_tiny_test.fake_in1k" / "snapshots"
                                  / COMMIT)  # timm's download, read where it is
+
+
+def test_push_to_the_hub_and_load_back(tmp_path):
+    """vitkit push (timm's folder, and transformers') to a loopback Hub: the repositories are created, one
+    commit each, and what any loader then downloads from them computes the same logits."""
+    torch.manual_seed(0)
+    model = vitkit.create_model("Ti/16", img_size=32, depth=1, num_classes=3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(std=0.1)
+    model.meta.labels = ["cat", "dog", "cup"]
+    save_weights(model, tmp_path / "w", "vitkit")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env.update(HF_HOME=str(tmp_path / "hfhome"), PYTHONPATH=SRC, HF_HUB_DISABLE_TELEMETRY="1", HF_TOKEN="hf_test")
+    torch.manual_seed(0)
+    want = model.eval()(torch.randn(1, 3, 32, 32))[0]
+    with FileServer() as server:
+        env["HF_ENDPOINT"] = server.url
+        for repo, to in (("acme/ti-timm", "timm"), ("acme/ti-hf", "hf")):
+            proc = subprocess.run([sys.executable, "-m", "vitkit", "push", str(tmp_path / "w"), repo, "--to", to],
+                                  env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            assert f"/{repo}/commit/{COMMIT}" in proc.stdout
+            files = server.repos[repo]
+            assert {"model.safetensors", "config.json", "README.md"} <= set(files)
+            assert (f"library_name: {'timm' if to == 'timm' else 'transformers'}").encode() in files["README.md"]
+        assert server.requests("/api/repos/create", "POST") == [None, None]
+        proc = run(["acme/ti-timm", "acme/ti-hf"], env, tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        back = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert back["acme/ti-timm"]["format"] == "timm" and back["acme/ti-hf"]["format"] == "hf"
+    for name in back:
+        assert back[name]["labels"] == ["cat", "dog", "cup"]
+        torch.testing.assert_close(torch.tensor(back[name]["logits"]), want, rtol=1e-5, atol=1e-5)

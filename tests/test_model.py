@@ -485,6 +485,9 @@ FIELD_VALUES = {
     "ln_eps": [1e-12, 1e-3],
     "std_conv_eps": [1e-8],
     "gn_eps": [1e-5],
+    "layer_scale": [0.5],
+    "reg_tokens": [2],
+    "posemb_antialias": [True],
 }
 COMPANIONS = {
     "class_token": dict(pool="gap"),
@@ -499,6 +502,9 @@ COMPANIONS = {
     "patch_drop": dict(posemb="learn"),
     "posemb_where": dict(posemb="learn"),
     "attention": dict(pool="gap", class_token=False),  # axial attention has no prefix tokens
+    "reg_tokens": dict(posemb="learn"),
+    "posemb_class_slot": dict(posemb="learn"),
+    "posemb_antialias": dict(posemb="learn", posemb_resize="bicubic"),
 }
 SKIP_FIELDS = {"name"}  # a label, no effect on the function
 

@@ -113,8 +113,8 @@ def test_stop_and_resume_leave_each_line_once(recipe_file, full_run, tmp_path):
 
 
 def test_unknown_logger_is_refused_naming_the_key(recipe_file):
-    with pytest.raises(ConfigError, match=r"train\.log.*'wandb'.*tensorboard.*csv"):
-        load_recipe(recipe_file, {"train.log": ["csv", "wandb"]})
+    with pytest.raises(ConfigError, match=r"train\.log.*'neptune'.*tensorboard.*csv.*wandb.*mlflow"):
+        load_recipe(recipe_file, {"train.log": ["csv", "neptune"]})
     assert load_recipe(recipe_file).train.log == []  # default: metrics.jsonl alone
 
 
@@ -142,3 +142,105 @@ def test_a_list_of_words_can_be_given_with_set():
     ov = parse_overrides(["train.log=[tensorboard,csv]", "optim.betas=[0.9,0.95]", "name=[x"])
     assert ov == {"train.log": ["tensorboard", "csv"], "optim.betas": [0.9, 0.95], "name": "[x"}
     assert load_recipe("fmnist-demo", {"train.log": ov["train.log"]}).train.log == ["tensorboard", "csv"]
+
+
+# --- experiment trackers: Weights & Biases (offline) and MLflow (file store) ---------------------------
+def wandb_records(path):
+    """The records of a .wandb file: W&B's LevelDB-style log (a 7-byte header, then 32 KiB blocks of chunks
+    with a 7-byte header each: CRC-32, length, type full / first / middle / last)."""
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, parts = 7, 32768, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        chunk = data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind == 1:
+            yield chunk
+        elif kind == 2:
+            parts = chunk
+        elif kind == 3:
+            parts += chunk
+        elif kind == 4:
+            yield parts + chunk
+
+
+def read_wandb(run):
+    """{tag: [(step, value)]} from the offline W&B run's .wandb file (its history records)."""
+    from wandb.proto import wandb_internal_pb2
+    files = sorted((run / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert files, "no offline W&B run written"
+    out = {}
+    for f in files:
+        for data in wandb_records(f):
+            rec = wandb_internal_pb2.Record()
+            rec.ParseFromString(data)
+            if rec.WhichOneof("record_type") != "history":
+                continue
+            step = rec.history.step.num
+            for item in rec.history.item:
+                key = item.key or "/".join(item.nested_key)
+                if not key.startswith("_"):
+                    out.setdefault(key, []).append((step, json.loads(item.value_json)))
+    return out
+
+
+def read_mlflow(run):
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(tracking_uri=(run / "mlruns").resolve().as_uri())
+    run_id = (run / "mlflow_run_id").read_text().strip()
+    info = client.get_run(run_id)
+    hist = {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)] for k in info.data.metrics}
+    return info, hist
+
+
+def check_points(got, rows, dedupe):
+    want = expected_scalars(rows)
+    assert sorted(got) == sorted(want)
+    for tag, points in want.items():
+        pts = sorted(got[tag]) if not dedupe else sorted(dict(got[tag]).items())
+        assert [s for s, _ in pts] == [s for s, _ in points], tag
+        assert [v for _, v in pts] == pytest.approx([v for _, v in points], rel=1e-6), tag
+
+
+@pytest.fixture
+def trackers(monkeypatch):
+    pytest.importorskip("wandb")
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return {**LOGGED, "train.log": ["wandb", "mlflow"], "schedule.epochs": 1}
+
+
+def test_wandb_and_mlflow_runs_hold_the_metrics_lines(recipe_file, tmp_path, trackers):
+    out = tmp_path / "run"
+    Trainer(load_recipe(recipe_file, trackers), out, progress=False).fit()
+    rows = read_metrics(out)
+    check_points(read_wandb(out), rows, dedupe=False)
+    info, hist = read_mlflow(out)
+    check_points(hist, rows, dedupe=False)
+    assert info.info.status == "FINISHED" and info.data.params["optim.name"] == "adamw"
+
+
+def test_trackers_continue_their_run_on_resume(recipe_file, tmp_path, trackers):
+    """A stop and --resume: one W&B run and one MLflow run, every step's numbers those of metrics.jsonl."""
+    out = tmp_path / "run"
+    recipe = load_recipe(recipe_file, trackers)
+    Trainer(recipe, out, progress=False, stop_after=10).fit()  # checkpoint at step 8
+    wandb_id, mlflow_id = (out / "wandb" / "run_id").read_text(), (out / "mlflow_run_id").read_text()
+    Trainer(recipe, out, resume=True, progress=False).fit()
+    assert (out / "wandb" / "run_id").read_text() == wandb_id and (out / "mlflow_run_id").read_text() == mlflow_id
+    rows = read_metrics(out)
+    check_points(read_wandb(out), rows, dedupe=True)  # W&B: the first value of a step
+    _, hist = read_mlflow(out)
+    check_points(hist, rows, dedupe=True)  # MLflow: the lines after the checkpoint twice, the same numbers
+
+
+def test_missing_tracker_fails_at_set_up_with_the_install_line(recipe_file, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    with pytest.raises(ConfigError, match=r"mlflow is not installed.*pip install 'vitkit\[mlflow\]'"):
+        Trainer(load_recipe(recipe_file, {**LOGGED, "train.log": ["mlflow"]}), tmp_path / "run", progress=False)

@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 
+import vitkit
 from vitkit import ViTConfig, VisionTransformer
 from vitkit.train import EMA, Schedule, list_recipes, load_recipe, param_groups
 from vitkit.train.optim import build_optimizer
@@ -104,6 +105,31 @@ def test_no_weight_decay_groups_follow_the_model():
     assert "blocks.0.attn.qkv.weight" not in names and groups[1]["weight_decay"] == 0.0
     opt = build_optimizer(m, load_recipe("fmnist-fast").optim, torch.device("cpu"))
     assert opt.defaults["betas"] == (0.9, 0.999) and (opt.defaults["fused"] or opt.defaults["foreach"])
+
+
+def test_layer_wise_lr_decay():
+    """optim.layer_decay: block i of L trains at lr * d ** (L - i), the embeddings at lr * d ** (L + 1), the head
+    and final norm at lr; weight decay still follows no_weight_decay(); an SGD step moves each weight by exactly
+    its group's lr times its gradient."""
+    from vitkit.train.optim import set_lr
+    m = vitkit.create_model("vit_small_patch14_reg4_dinov2", img_size=28, width=32, depth=3, num_heads=2, mlp_dim=64,
+                            num_classes=3)
+    groups = param_groups(m, 0.1, 0.5)
+    scale = {n: g["lr_scale"] for g in groups for p in g["params"] for n, q in m.named_parameters() if q is p}
+    assert scale["patch_embed.proj.weight"] == scale["reg_token"] == scale["cls_token"] == 0.5 ** 4
+    assert scale["blocks.0.attn.qkv.weight"] == 0.5 ** 3 and scale["blocks.2.ls2.gamma"] == 0.5
+    assert scale["norm.weight"] == scale["head.weight"] == 1.0
+    assert all(g["weight_decay"] == (0.1 if g["name"].startswith("decay") else 0.0) for g in groups)
+    assert len({id(p) for g in groups for p in g["params"]}) == len(list(m.parameters()))
+    opt = torch.optim.SGD(groups, lr=1.0)
+    set_lr(opt, 0.2)
+    w = m.blocks[0].mlp.fc1.weight
+    before, grad = w.detach().clone(), torch.randn_like(w)
+    w.grad = grad
+    opt.step()
+    torch.testing.assert_close(w.detach(), before - 0.2 * 0.5 ** 3 * (grad + 0.1 * before))
+    with pytest.raises(vitkit.ConfigError, match="layer_decay"):
+        load_recipe("fmnist-fast", overrides={"optim.layer_decay": 1.5})
 
 
 def test_schedules():

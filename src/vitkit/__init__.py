@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .config import ConfigError, ViTConfig, list_models, parse_model_name, register_model
 from .models import VisionTransformer, adapt_state_dict, resize_pos_embed
+from .models.backend import Backend, set_backend, use_backend
 from .models.cost import cost
 from .models.meta import ModelMeta
 from .checkpoints import WeightsUnavailable, convert, load_weights, read_checkpoint, save_weights
@@ -12,7 +13,8 @@ from .predict import classify, create_transform
 from .version import __version__
 
 __all__ = [
-    "ConfigError", "ModelMeta", "ViTConfig", "VisionTransformer", "WeightsUnavailable", "adapt_state_dict",
+    "Backend", "ConfigError", "ModelMeta", "ViTConfig", "VisionTransformer", "WeightsUnavailable", "adapt_state_dict",
     "classify", "cost", "create_model", "create_transform", "list_models", "parse_model_name", "register_model",
     "resize_pos_embed", "__version__", "convert", "get_preset", "load_weights", "read_checkpoint", "save_weights",
+    "set_backend", "use_backend",
 ]

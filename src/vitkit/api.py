@@ -27,7 +27,9 @@ def create_model(name: Union[str, ViTConfig] = "B/16", pretrained: bool = False,
 
     - ``pretrained=True``: with the weights published for that name (``vit_b_16`` -> torchvision's,
       ``vit_base_patch16_224`` -> timm's, a Hub id or known name -> itself; ``vitkit weights`` lists them).
-    - ``weights=``: these weights (anything :func:`vitkit.load_weights` takes).
+    - ``weights=``: these weights (anything :func:`vitkit.load_weights` takes), built with what the name
+      says and the keys cannot (QuickGELU, LayerNorm epsilon, heads); a part they disagree on (register
+      tokens, layer scale, ...) raises, naming both.
     - other keyword arguments are config fields (``num_classes=10`` with weights: a new zero head;
       ``img_size=384``: position embeddings resized; ``drop_path=0.1``, ...).
     """
@@ -36,7 +38,18 @@ def create_model(name: Union[str, ViTConfig] = "B/16", pretrained: bool = False,
     if weights is None:  # random initialisation
         cfg = name.replace(**overrides) if isinstance(name, ViTConfig) else config_from_name(name, **overrides)
         return VisionTransformer(cfg)
-    return load_weights(weights, **overrides)
+    return load_weights(weights, model_name=name if _is_model_name(name) else None, **overrides)
+
+
+def _is_model_name(name: Union[str, ViTConfig]) -> bool:
+    """A name vitkit parses into a config (not a Hub id or URL it only fetches)."""
+    if not isinstance(name, str):
+        return False
+    try:
+        config_from_name(name)
+    except ConfigError:
+        return False
+    return True
 
 
 def default_weights(name: Union[str, ViTConfig]) -> str:
@@ -75,7 +88,13 @@ def _same_model(e: KnownCheckpoint, cfg: ViTConfig) -> bool:
     except ConfigError:
         return False
     return (known.width, known.depth, known.patch_size, known.distill_token) == \
-        (cfg.width, cfg.depth, cfg.patch_size, cfg.distill_token) and (e.img_size, e.img_size) == cfg.img_size
+        (cfg.width, cfg.depth, cfg.patch_size, cfg.distill_token) and (e.img_size, e.img_size) == cfg.img_size \
+        and all(getattr(known, k) == getattr(cfg, k) for k in _PARTS) and (known.layer_scale is None) == \
+        (cfg.layer_scale is None)
+
+
+# the parts and numerics by which a descendant's published weights differ from the paper's ViT
+_PARTS = ("reg_tokens", "norm_pre", "pool", "final_norm", "gelu", "class_token", "patch_bias")
 
 
 __all__ = ["create_model", "default_weights"]

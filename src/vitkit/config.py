@@ -19,9 +19,10 @@ from .errors import ConfigError
 
 POSEMB_KINDS = ("none", "learn", "learn2d", "relative", "sincos2d")
 POSEMB_WHERE = ("input", "every_layer", "every_layer_shared")
-POOL_KINDS = ("token", "gap")
+POOL_KINDS = ("token", "gap", "map")  # map: attention pooling by a learned query (SigLIP's MAP head)
 ATTENTION_KINDS = ("global", "axial")  # axial: row attention + MLP, then column attention + MLP (App. D.6)
-GELU_KINDS = ("exact", "tanh")
+GELU_KINDS = ("exact", "tanh", "quick")  # quick: x * sigmoid(1.702 x), OpenAI CLIP's QuickGELU
+FINAL_NORMS = ("tokens", "pooled", "none")  # LN on every token before pooling (Eq. 4) | after pooling | none
 RESIZE_METHODS = ("bilinear", "bicubic")  # bilinear = authors' aligned-corners resize
 BACKBONES = ("resnet",)  # hybrid front-ends (Section 3.1); None = patches of the raw image
 STD_CONV_STYLES = ("std", "var")  # (w-mean)/(std+eps): authors' Flax; (w-mean)/sqrt(var+eps): timm
@@ -77,14 +78,30 @@ class ViTConfig:
     # False: the distillation token stays in the sequence but only the class token is read out (one head;
     # Hugging Face's DeiTForImageClassification / DeiTModel)
     distill_head: bool = True
-    pool: str = "token"  # "token": read out token 0 (Eq. 4); "gap": mean of patch tokens (App. D.3)
+    # register tokens (Darcet et al. 2024, DINOv2 with registers): learned tokens after the class (and
+    # distillation) token, without position embeddings, dropped before pooling
+    reg_tokens: int = 0
+    # "token": read out token 0 (Eq. 4); "gap": mean of patch tokens (App. D.3); "map": multihead attention
+    # pooling of the patch tokens by one learned query, then LN + MLP on a residual (SigLIP; no class token)
+    pool: str = "token"
     # "global": every block attends over all tokens; "axial" (Axial-ViT, App. D.6): every block is a pre-norm
     # block over each row of the patch grid followed by one over each column (twice the block parameters)
     attention: str = "global"
     posemb: str = "learn"  # none | learn (1D) | learn2d | relative | sincos2d (App. D.4)
     posemb_where: str = "input"  # input | every_layer | every_layer_shared (Table 8)
+    # the learned table has slots for the class (and distillation) token; False: those tokens get no
+    # position and the table covers the patches only (timm's no_embed_class: DeiT III, DINOv2 with registers)
+    posemb_class_slot: bool = True
     representation_size: Optional[int] = None  # pre-logits layer (tanh) of the pre-training head
     qkv_bias: bool = True
+    patch_bias: bool = True  # bias of the patch projection E (OpenAI CLIP has none)
+    # LayerScale (Touvron et al. 2021, DeiT III, DINOv2): a learned per-channel scale on each residual branch,
+    # initialised to this value; None: no scale (the paper's block)
+    layer_scale: Optional[float] = None
+    norm_pre: bool = False  # a LayerNorm on the embedded tokens before the first block (CLIP's ln_pre)
+    # the final LayerNorm: "tokens" on every token before pooling (Eq. 4), "pooled" after pooling (timm's
+    # fc_norm; Hugging Face's CLIP: its last hidden state is not normalised), "none"
+    final_norm: str = "tokens"
     dropout: float = 0.0  # after position embedding and after every dense layer but qkv
     attn_dropout: float = 0.0
     drop_path: float = 0.0  # stochastic depth, rate grows linearly to this value over depth
@@ -92,6 +109,7 @@ class ViTConfig:
     ln_eps: float = 1e-6
     gelu: str = "exact"  # exact (erf, PyTorch libraries) | tanh (Flax's nn.gelu default)
     posemb_resize: str = "bilinear"  # bilinear (aligned corners, authors) | bicubic (timm)
+    posemb_antialias: bool = False  # antialias when a table shrinks (bicubic; timm's resample does, HF's does not)
     dynamic_img_size: bool = False  # accept other input sizes, resizing position embeddings on the fly
     dynamic_img_pad: bool = False  # pad inputs on the right/bottom up to a multiple of the patch size
     # Hybrid (Section 3.1): patches (usually 1x1) of a BiT ResNet feature map instead of the image.
@@ -110,8 +128,11 @@ class ViTConfig:
         set_("backbone_layers", _layers(self.backbone_layers))
         if self.representation_size is not None:
             set_("representation_size", int(self.representation_size))
+        if self.layer_scale is not None:
+            set_("layer_scale", float(self.layer_scale))
         for key, allowed in (("posemb", POSEMB_KINDS), ("posemb_where", POSEMB_WHERE),
                              ("pool", POOL_KINDS), ("attention", ATTENTION_KINDS), ("gelu", GELU_KINDS), ("posemb_resize", RESIZE_METHODS),
+                             ("final_norm", FINAL_NORMS),
                              ("backbone", (None,) + BACKBONES), ("std_conv_style", STD_CONV_STYLES)):
             value = getattr(self, key)
             if value not in allowed:
@@ -148,6 +169,17 @@ class ViTConfig:
                 raise ConfigError("distill_token=True (DeiT's distillation token) needs " + "; ".join(problems))
         elif not self.distill_head:
             raise ConfigError("distill_head=False only applies to a model with distill_token=True")
+        if self.reg_tokens < 0:
+            raise ConfigError(f"reg_tokens must be 0 or more, got {self.reg_tokens}")
+        if self.reg_tokens and (self.distill_token or self.posemb == "relative" or self.posemb_where != "input"):
+            raise ConfigError("register tokens (reg_tokens) need no distillation token, and position embeddings "
+                              "added once at the input (posemb none/learn/learn2d/sincos2d, posemb_where='input')")
+        if self.layer_scale is not None and not float(self.layer_scale) > 0:
+            raise ConfigError(f"layer_scale is the initial scale of each residual branch: a positive number, or "
+                              f"None for no layer scale; got {self.layer_scale!r}")
+        if self.pool == "map" and (self.distill_token or self.representation_size is not None):
+            raise ConfigError("pool='map' (attention pooling) takes no distillation token and no pre-logits layer "
+                              "(representation_size=None)")
         for key in ("dropout", "attn_dropout", "drop_path", "patch_drop"):
             if not 0.0 <= float(getattr(self, key)) < 1.0:
                 raise ConfigError(f"{key} must be in [0, 1), got {getattr(self, key)!r}")
@@ -207,11 +239,24 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        return int(self.class_token) + int(self.distill_token)
+        """Tokens before the patches in the sequence the blocks see: class, distillation, registers."""
+        return int(self.class_token) + int(self.distill_token) + self.reg_tokens
+
+    @property
+    def num_posemb_prefix(self) -> int:
+        """Slots of the learned position table before the patches: the class and distillation tokens
+        (registers have none)."""
+        return (int(self.class_token) + int(self.distill_token)) if self.posemb_class_slot else 0
 
     @property
     def seq_len(self) -> int:
+        """Tokens the blocks see."""
         return self.num_patches + self.num_prefix_tokens
+
+    @property
+    def posemb_len(self) -> int:
+        """Slots of the learned 1D position table."""
+        return self.num_patches + self.num_posemb_prefix
 
     @property
     def head_dim(self) -> int:
@@ -224,10 +269,12 @@ class ViTConfig:
 
     # --- (de)serialisation ----------------------------------------------------
     def replace(self, **overrides: Any) -> "ViTConfig":
+        """A copy with ``overrides`` (config fields, checked for type) set."""
         checked = check_fields(overrides)
         return dataclasses.replace(self, **{k: checked[k] if v is None else v for k, v in overrides.items()})
 
     def to_dict(self) -> Dict[str, Any]:
+        """The fields as plain JSON values (pairs as lists): what vitkit.json stores."""
         d = dataclasses.asdict(self)
         d["img_size"] = list(self.img_size)
         d["patch_size"] = list(self.patch_size)
@@ -261,7 +308,7 @@ def check_fields(d: Dict[str, Any], where: str = "") -> Dict[str, Any]:
     """Every key is a ViTConfig field and every value has the field's type (``where`` prefixes the key in
     messages, e.g. "model."). Returns the values in their fields' types."""
     names = [f.name for f in dataclasses.fields(ViTConfig)]
-    out = {}
+    out: Dict[str, Any] = {}
     for k, v in d.items():
         if k not in names:
             hint = difflib.get_close_matches(k, names, n=1)
@@ -391,9 +438,11 @@ def register_model(name: str, **config: Any) -> None:
 
 
 def list_models(pattern: Optional[str] = None) -> list:
-    """Canonical names: the paper's models, the hybrids, then registered ones; ``pattern`` keeps those
+    """Canonical names: the paper's models, the hybrids, the descendants (DeiT III, DINOv2, CLIP and SigLIP
+    towers: :mod:`vitkit.families`), then registered ones; ``pattern`` keeps those
     matching a shell-style wildcard, case-insensitive (``"B/*"``, ``"*16"``, ``"R50*"``)."""
-    names = list(PAPER_MODELS) + list(HYBRID_MODELS) + sorted(_REGISTRY)
+    from .families import FAMILIES
+    names = list(PAPER_MODELS) + list(HYBRID_MODELS) + list(FAMILIES) + sorted(_REGISTRY)
     if pattern is None:
         return names
     import fnmatch
@@ -416,6 +465,10 @@ def parse_model_name(name: str) -> Dict[str, Any]:
     """
     if name in _REGISTRY:
         return dict(_REGISTRY[name], name=name)
+    from .families import family_fields
+    family = family_fields(name)
+    if family:
+        return dict(family[1], name=family[0])
     s = name.strip().lower()
     s = re.sub(r"^(google|facebook)/", "", s)
     deit = re.match(r"^deit[-_/ .]+(.+)$", s)

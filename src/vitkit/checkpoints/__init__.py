@@ -7,6 +7,7 @@
 - :func:`read_checkpoint` -> :class:`Checkpoint` (vitkit-layout weights, config, labels, preprocessing).
 - :func:`save_weights` / :func:`convert`: write vitkit, npz, torchvision, timm or hf; A -> B -> A is exact.
 - :data:`KNOWN` / :func:`list_known`: published checkpoints with their metadata.
+- :func:`push_to_hub`: a Hugging Face Hub repository in timm's or transformers' folder layout.
 - :func:`save_model`: vitkit's own folder format (read back by :func:`load_weights`, or its
   shorthand :func:`load_model`).
 """
@@ -15,9 +16,10 @@ from .download import WeightsUnavailable, download_url
 from .load import (TARGETS, build, checkpoint_of, convert, load_model, load_weights, read_checkpoint, read_weights,
                    save_weights)
 from .native import save_model
+from .push import push_to_hub
 from .registry import KNOWN, KnownCheckpoint, get_known, list_known
 from .sources import resolve_weights
 
 __all__ = ["KNOWN", "TARGETS", "Checkpoint", "KnownCheckpoint", "WeightsUnavailable", "build", "checkpoint_of",
-           "convert", "download_url", "get_known", "list_known", "load_model", "load_weights", "read_checkpoint",
-           "read_weights", "resolve_weights", "save_model", "save_weights"]
+           "convert", "download_url", "get_known", "list_known", "load_model", "load_weights", "push_to_hub",
+           "read_checkpoint", "read_weights", "resolve_weights", "save_model", "save_weights"]

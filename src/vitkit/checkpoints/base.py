@@ -11,14 +11,14 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+from torch import Tensor
 
 from ..config import SIZES, ViTConfig
 from ..errors import CheckpointError
-
-Tensor = torch.Tensor
+from ..models.adapt import fold_class_slots
 
 
 @dataclass
@@ -31,8 +31,12 @@ class Checkpoint:
     layout: Dict[str, Any] = field(default_factory=dict)
     source: Optional[str] = None
     notes: List[str] = field(default_factory=list)
+    # config fields the source does not store, which the reader assumed (e.g. a timm state dict's GELU and
+    # LayerNorm epsilon, a head count): a model name asked for with the weights supplies them
+    assumed: Tuple[str, ...] = ()
 
     def describe(self) -> str:
+        """One line: format, flavour, sizes, resolution, classes and extra tokens."""
         c = self.config
         return (f"{self.format} checkpoint{' ' + self.layout.get('flavour') if self.layout.get('flavour') else ''}: "
                 f"width {c.width}, depth {c.depth}, heads {c.num_heads}, patch {c.patch_size[0]}, "
@@ -57,6 +61,7 @@ def square_grid(n: int) -> Optional[int]:
 
 
 PREFIX_KEYS = ("cls_token", "dist_token")  # the tokens before the patches, in order
+LAYER_SCALE_INIT = 1e-5  # LayerScale's initial value where weights carry a scale (timm's and DINOv2's default)
 
 
 def add_class_slot(state: Dict[str, Tensor]) -> bool:
@@ -77,17 +82,30 @@ def add_class_slot(state: Dict[str, Tensor]) -> bool:
 def drop_class_slot(state: Dict[str, Tensor]) -> Dict[str, Tensor]:
     """The inverse of :func:`add_class_slot` for writing: each slot's value is folded into its token (the
     sum is what the model adds), so the function computed is unchanged."""
-    out = dict(state)
-    pe = out.get("pos_embed")
-    if pe is None or out.get("cls_token") is None:
-        return out
-    keys = [k for k in PREFIX_KEYS if k in out]
-    for j, key in enumerate(keys):
-        slot = pe[:, j:j + 1]
-        if bool(slot.any()):
-            out[key] = out[key] + slot
-    out["pos_embed"] = pe[:, len(keys):].contiguous()
-    return out
+    if state.get("pos_embed") is None or state.get("cls_token") is None:
+        return dict(state)
+    return fold_class_slots(state, sum(k in state for k in PREFIX_KEYS))
+
+
+def descendant_parts(cfg: ViTConfig) -> List[str]:
+    """The parts of ``cfg`` beyond the paper's ViT (which the torchvision, .npz and HF ViT layouts cannot
+    hold; timm's can, and HF's DINOv2 / CLIP / SigLIP towers each hold theirs)."""
+    parts = [what for what, on in (
+        (f"{cfg.reg_tokens} register tokens", cfg.reg_tokens), ("layer scale", cfg.layer_scale is not None),
+        ("a LayerNorm before the blocks", cfg.norm_pre), (f"final_norm={cfg.final_norm!r}", cfg.final_norm != "tokens"),
+        ("attention pooling (pool='map')", cfg.pool == "map"), ("QuickGELU", cfg.gelu == "quick"),
+        ("no patch-embedding bias", not cfg.patch_bias)) if on]
+    return parts
+
+
+def with_class_slots(state: Dict[str, Tensor], cfg: ViTConfig) -> Dict[str, Tensor]:
+    """For a layout whose position table has slots for the class (and distillation) token: a model without
+    them (``posemb_class_slot=False``) gets zero ones, the same function."""
+    tokens = int(cfg.class_token) + int(cfg.distill_token)
+    pe = state.get("pos_embed")
+    if cfg.posemb_class_slot or not tokens or pe is None:
+        return state
+    return {**state, "pos_embed": torch.cat([pe.new_zeros(pe.shape[0], tokens, pe.shape[-1]), pe], dim=1)}
 
 
 def infer_config(state: Dict[str, Tensor], *, num_heads: Optional[int] = None, img_size=None,
@@ -116,8 +134,16 @@ def infer_config(state: Dict[str, Tensor], *, num_heads: Optional[int] = None, i
         num_heads=num_heads or guess_num_heads(width), class_token=class_token, distill_token=distill_token,
         # a distilled model with a class head but no distillation head reads out the class token only
         distill_head=not distill_token or "head_dist.weight" in state or "head.weight" not in state,
-        pool="token" if class_token else "gap",
-        qkv_bias="blocks.0.attn.qkv.bias" in state)
+        pool="token" if class_token else "map" if "attn_pool.latent" in state else "gap",
+        qkv_bias="blocks.0.attn.qkv.bias" in state, patch_bias="patch_embed.proj.bias" in state,
+        norm_pre="norm_pre.weight" in state,
+        final_norm="tokens" if "norm.weight" in state else "pooled" if "fc_norm.weight" in state else "none")
+    if "reg_token" in state:
+        fields["reg_tokens"] = int(state["reg_token"].shape[1])
+    if "blocks.0.ls1.gamma" in state:  # LayerScale: the weights do not say its initial value; timm's default
+        fields["layer_scale"] = LAYER_SCALE_INIT
+    if "attn_pool.latent" in state and class_token:
+        fields["pool"] = "map"
     from .formats.hybrid import backbone_fields
     hybrid = backbone_fields(state)  # a hybrid's ResNet: stages, width, input channels
     fields.update(hybrid)

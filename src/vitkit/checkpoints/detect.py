@@ -8,12 +8,14 @@ from ..errors import CheckpointError
 
 
 def _candidates(keys: List[str]) -> Dict[str, int]:
-    from .formats import hf, npz, timm, torchvision
+    from .formats import hf, hf_towers, npz, open_clip, timm, torchvision
 
     scores = {
         torchvision.NAME: signature_hits(keys, torchvision.RULES),
         timm.NAME: signature_hits(keys, timm.RULES),
         hf.NAME: signature_hits(list(hf.strip_prefix(dict.fromkeys(keys))), hf.RULES),
+        hf_towers.NAME: hf_towers.signature_hits(keys),  # DINOv2, CLIP, SigLIP image towers
+        open_clip.NAME: open_clip.signature_hits(keys),
     }
     prefix = npz.find_prefix(keys)
     stripped = [k[len(prefix):] for k in keys if k.startswith(prefix)]

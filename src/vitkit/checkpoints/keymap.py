@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
+from torch import Tensor
 
-Tensor = torch.Tensor
 State = Dict[str, Tensor]
 
 
@@ -66,6 +66,9 @@ QKV_HEADS_BIAS = Codec(
     lambda t, c: [p.reshape(c.num_heads, c.head_dim) for p in t.chunk(3, 0)])
 # separate torch q/k/v Linear weights or biases <-> fused (rows q; k; v)
 QKV_CAT = Codec("qkv_cat", lambda ts, c: torch.cat(list(ts), 0), lambda t, c: list(t.chunk(3, 0)))
+# a token [D] or a position table [tokens, D] stored without the batch axis <-> [1, 1, D] / [1, tokens, D]
+UNBATCHED = _one(lambda t, c: t.reshape(1, -1, t.shape[-1]),
+                 lambda t, c: t.reshape(-1, t.shape[-1]).squeeze(0) if t.shape[1] == 1 else t[0], "unbatched")
 
 
 @dataclass(frozen=True)
@@ -114,13 +117,13 @@ def layout_error(source: str, fmt: str, mapped: Mapped) -> ValueError:
     """The error for tensors recognised as ``fmt`` whose keys do not all map: which are foreign, which missing."""
     parts = [f"{source}: recognised as the {fmt} layout ({len(mapped.state)} tensors mapped)"]
     if mapped.unused:
-        parts.append(f"but {len(mapped.unused)} key(s) are not part of the paper's ViT in that layout: "
+        parts.append(f"but {len(mapped.unused)} key(s) are not part of vitkit's ViT in that layout: "
                      f"{show_keys(mapped.unused)}")
     if mapped.missing:
         parts.append(f"{'and' if mapped.unused else 'but'} {len(mapped.missing)} expected key(s) are missing: "
                      f"{show_keys(mapped.missing)}")
-    parts.append("(a different architecture, e.g. a hybrid ResNet stem, register tokens, layer scale or MAP "
-                 "pooling, or an incomplete file)")
+    parts.append("(a different architecture, e.g. QK normalisation, a SwiGLU MLP or a text tower, or an "
+                 "incomplete file)")
     return ValueError(", ".join(parts[:-1]) + " " + parts[-1])
 
 

@@ -28,9 +28,10 @@ from .sources import resolve_weights
 from .validate import validate_checkpoint
 from ..errors import CheckpointError, InputError, NotFoundError
 
-TARGETS = ("vitkit", "npz", "torchvision", "timm", "hf")
+TARGETS = ("vitkit", "npz", "torchvision", "timm", "hf", "open_clip")
 _KEEP = object()
-DEFAULT_PRESET = {"torchvision": "torchvision", "timm": "timm", "npz": "authors", "hf": "hf"}
+DEFAULT_PRESET = {"torchvision": "torchvision", "timm": "timm", "npz": "authors", "hf": "hf", "hf_towers": "hf",
+                  "open_clip": "clip"}
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
@@ -66,7 +67,8 @@ def _read_folder(p: Path, num_heads: Optional[int]) -> Checkpoint:
         tensors = _read_hf_weights(p)
         if timm_folder.is_timm_config(config):  # a timm Hub folder: timm names, timm's config.json
             return FORMATS["timm"].read_folder(tensors, config, num_heads=num_heads, source=str(p))
-        ckpt = FORMATS["hf"].read(tensors, config=config, num_heads=num_heads, source=str(p))
+        fmt = "hf_towers" if FORMATS["hf_towers"].is_tower_config(config) else "hf"
+        ckpt = FORMATS[fmt].read(tensors, config=config, num_heads=num_heads, source=str(p))
         pre = p / "preprocessor_config.json"
         if pre.is_file():
             ckpt.preprocessing = _hf_preprocessing(read_json(pre), ckpt) or ckpt.preprocessing
@@ -135,7 +137,7 @@ def _read_file(p: Path, num_heads: Optional[int]) -> Checkpoint:
         return FORMATS["npz"].read(tensors, num_heads=num_heads, source=str(p))
     fmt = detect_layout(tensors, str(p))
     kwargs: Dict[str, Any] = {"num_heads": num_heads, "source": str(p)}
-    if fmt == "hf":
+    if fmt in ("hf", "hf_towers"):
         sibling = p.with_name("config.json")
         if sibling.is_file():
             kwargs["config"] = read_json(sibling)
@@ -149,7 +151,7 @@ def load_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike]
                  representation_size: Any = _KEEP, head: str = "auto", resize: Optional[str] = None,
                  num_heads: Optional[int] = None, strict: bool = True, return_state: bool = False,
                  cache_dir: Optional[PathLike] = None, check_hash: bool = False, offline: Optional[bool] = None,
-                 progress: bool = True, **overrides: Any):
+                 progress: bool = True, model_name: Optional[str] = None, **overrides: Any):
     """Load weights from a path (any format), a known name, a Hub id or a URL, adapted to the model you want.
 
     - ``name_or_path``: see :func:`vitkit.checkpoints.sources.resolve_weights`; what is not on disk
@@ -166,6 +168,10 @@ def load_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike]
     - ``model``: load into this existing model (its config is the target).
     - other keyword arguments override config fields (``drop_path=0.1``, ...).
     - ``strict``: missing, unexpected or mis-shaped keys raise, listed by name.
+    - ``model_name``: the model the weights are for (``vit_base_patch16_clip_quickgelu_224``, a timm or
+      Hub name): its config supplies what the keys cannot say (GELU flavour, LayerNorm epsilon, heads,
+      position-table resize); a part the weights and the name disagree on raises, naming both
+      (:mod:`vitkit.checkpoints.named`).
 
     Returns the model in eval mode, its :class:`~vitkit.models.meta.ModelMeta` (``model.meta``: labels,
     preprocessing for its resolution, format, source, notes) filled; with ``return_state=True`` returns
@@ -173,6 +179,9 @@ def load_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike]
     """
     ckpt = read_weights(name_or_path, file=file, num_heads=num_heads, cache_dir=cache_dir, check_hash=check_hash,
                         offline=offline, progress=progress)
+    if model_name is not None:
+        from .named import name_fields
+        overrides = {**name_fields(model_name, ckpt), **overrides}
     return build(ckpt, model=model, img_size=img_size, num_classes=num_classes, labels=labels,
                  representation_size=representation_size, head=head, resize=resize, strict=strict,
                  return_state=return_state, **overrides)
@@ -190,7 +199,8 @@ def read_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike]
     ckpt = read_checkpoint(where.path, num_heads=num_heads)
     if entry is not None:
         from ..data.preprocess import get_preset, imagenet_classes
-        ckpt.preprocessing = get_preset(entry.preset, ckpt.config.img_size).to_dict()
+        if entry.preset:  # else the folder's own config said it
+            ckpt.preprocessing = get_preset(entry.preset, ckpt.config.img_size).to_dict()
         if entry.labels == "imagenet1k" and ckpt.config.num_classes == 1000 and ckpt.labels is None:
             ckpt.labels = imagenet_classes()
     if where.origin != str(where.path):
@@ -256,8 +266,9 @@ def checkpoint_of(model: VisionTransformer) -> Checkpoint:
 
 def save_weights(obj: Union[VisionTransformer, Checkpoint], dst: PathLike, to: str = "vitkit", *,
                  safetensors: bool = False, flavour: Optional[str] = None, prefix: Optional[str] = None) -> Path:
-    """Write a model (or Checkpoint) in format ``to``: vitkit (folder), npz, torchvision / timm (.pth, or
-    .safetensors with ``safetensors=True``), hf (folder). ``flavour`` / ``prefix`` choose the npz layout
+    """Write a model (or Checkpoint) in format ``to``: vitkit (folder), npz, torchvision / timm / open_clip (.pth,
+    or .safetensors with ``safetensors=True``; open_clip: the image tower's state dict), hf (folder).
+    ``flavour`` / ``prefix`` choose the npz layout
     ("vit_jax" or "big_vision"; e.g. "params/"); by default the layout it was read in is kept."""
     ckpt = obj if isinstance(obj, Checkpoint) else checkpoint_of(obj)
     to = to.lower()
@@ -275,7 +286,7 @@ def save_weights(obj: Union[VisionTransformer, Checkpoint], dst: PathLike, to: s
                                  extra={"source_layout": layout})
     writer = FORMATS[to].write
     kwargs: Dict[str, Any] = {}
-    if to in ("torchvision", "timm"):
+    if to in ("torchvision", "timm", "open_clip"):
         kwargs["safetensors"] = safetensors
     if to == "npz":
         kwargs.update(flavour=flavour, prefix=prefix)
@@ -290,9 +301,9 @@ def _check_name(dst: Path, to: str, safetensors: bool) -> bool:
     """Whether to write safetensors: the file name's extension decides (``.safetensors``), and a name
     whose extension says another format than the one written is refused. Returns the safetensors flag."""
     suffix = dst.suffix.lower()
-    if to in ("torchvision", "timm") and suffix == ".safetensors":
+    if to in ("torchvision", "timm", "open_clip") and suffix == ".safetensors":
         return True
-    if to in ("torchvision", "timm") and suffix in _TORCH_SUFFIXES and safetensors:
+    if to in ("torchvision", "timm", "open_clip") and suffix in _TORCH_SUFFIXES and safetensors:
         raise InputError(f"{dst}: safetensors asked for, but {suffix} names a PyTorch pickle file; "
                          f"name the file {dst.with_suffix('.safetensors').name}")
     if (to == "npz") != (suffix == ".npz") and suffix in _FILE_SUFFIXES:

@@ -25,7 +25,7 @@ class KnownCheckpoint:
     url: str  # where people who are online fetch it
     model: str  # vitkit model name (config)
     img_size: int
-    preset: str  # preprocessing preset
+    preset: str  # preprocessing preset; "" = the one the folder's config describes (Hub folders)
     labels: str  # imagenet1k | imagenet21k
     num_classes: int
     params: Optional[int] = None  # reported parameter count
@@ -46,6 +46,7 @@ class KnownCheckpoint:
         return None
 
     def to_dict(self) -> Dict[str, Any]:
+        """The entry as plain JSON values (``vitkit weights NAME --json``)."""
         return asdict(self)
 
 
@@ -69,6 +70,14 @@ def _deit(size, short, params, top1):
                            "imagenet1k", 1000, params=params, top1=top1,
                            reference=f"DeiT paper (DeiT-{short}, distilled); timm (save model.safetensors under "
                                      f"this name)")
+
+
+def _hub(name, model, size, labels, classes, reference):
+    """A Hub repository of a descendant: the folder (config.json + model.safetensors) is fetched."""
+    repo = name[len("hf/"):] if name.startswith("hf/") else name
+    return KnownCheckpoint(name, "hf" if name.startswith("hf/") else "timm", repo.replace("/", "--"),
+                           HF + f"{repo}/tree/main", model, size, "", labels, classes,
+                           reference=reference + "; files config.json and model.safetensors in one folder")
 
 
 KNOWN: Dict[str, KnownCheckpoint] = {k.name: k for k in (
@@ -127,10 +136,30 @@ KNOWN: Dict[str, KnownCheckpoint] = {k.name: k for k in (
     # DeiT's distilled models (Touvron et al. 2021): a distillation token and a second head, ImageNet-1k only
     _deit("tiny", "Ti", 5910800, 74.5),
     _deit("base", "B", 87338192, 83.4),
+    # the descendants (vitkit.families): timm's Hub folders and the publishers' own Hugging Face towers; the
+    # preprocessing is what each folder's config describes
+    *(_hub(f"timm/{repo}", model or repo.split(".")[0], size, labels, classes, ref)
+      for repo, model, size, labels, classes, ref in (
+        ("deit3_small_patch16_224.fb_in1k", None, 224, "imagenet1k", 1000, "DeiT III (Touvron et al. 2022)"),
+        ("deit3_base_patch16_224.fb_in1k", None, 224, "imagenet1k", 1000, "DeiT III (Touvron et al. 2022)"),
+        ("vit_small_patch14_dinov2.lvd142m", None, 518, "none", 0, "DINOv2 (Oquab et al. 2023)"),
+        ("vit_base_patch14_dinov2.lvd142m", None, 518, "none", 0, "DINOv2 (Oquab et al. 2023)"),
+        ("vit_small_patch14_reg4_dinov2.lvd142m", None, 518, "none", 0, "DINOv2 with registers (Darcet et al. 2024)"),
+        # OpenAI's weights were trained with QuickGELU: timm's quickgelu model reads this repository
+        ("vit_base_patch16_clip_224.openai", "vit_base_patch16_clip_quickgelu_224", 224, "none", 512,
+         "OpenAI CLIP image tower, its projection as the head"),
+        ("vit_base_patch16_siglip_224.webli", None, 224, "none", 0, "SigLIP image tower (Zhai et al. 2023)"))),
+    *(_hub(f"hf/{repo}", repo, size, "none", classes, ref) for repo, size, classes, ref in (
+        ("facebook/dinov2-small", 518, 0, "DINOv2 (Dinov2Model)"),
+        ("facebook/dinov2-base", 518, 0, "DINOv2 (Dinov2Model)"),
+        ("facebook/dinov2-with-registers-small", 518, 0, "DINOv2 with registers (Dinov2WithRegistersModel)"),
+        ("openai/clip-vit-base-patch16", 224, 512, "CLIPModel: the image tower and its projection"),
+        ("google/siglip-base-patch16-224", 224, 0, "SiglipModel: the image tower"))),
 )}
 
 
 def list_known() -> List[KnownCheckpoint]:
+    """Every known checkpoint, in the order ``vitkit weights`` lists them."""
     return list(KNOWN.values())
 
 

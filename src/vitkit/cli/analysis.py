@@ -29,6 +29,9 @@ def register(sub) -> None:
                         "(default: fashion-mnist from /usr/share/datasets)")
     p.add_argument("--load-size", type=positive_int, default=None,
                    help="size image folders are decoded at before the model's resize (default: the model size)")
+    p.add_argument("--img-size", type=positive_int, nargs="+", metavar="N",
+                   help="evaluate at another resolution: N or H W (position embeddings resized; e.g. 224 for "
+                        "DINOv2's 518 px weights)")
     p.add_argument("--shots", type=positive_int, nargs="*", default=[1, 5, 10, 25], metavar="K",
                    help="examples per class (default: 1 5 10 25; none: only the linear probe)")
     p.add_argument("--seeds", type=positive_int, default=5, help="repetitions with different shots (default 5)")
@@ -138,7 +141,7 @@ def _fewshot(args) -> int:
         raise UsageError("nothing to do: give --shots or --linear-probe")
     if args.seeds < 1:
         raise UsageError("--seeds must be at least 1")
-    models = [(ckpt, load_checkpoint(ckpt, device=args.device)) for ckpt in args.checkpoints]
+    models = [(ckpt, load_checkpoint(ckpt, _size(args.img_size), device=args.device)) for ckpt in args.checkpoints]
     chans = models[0][1].config.in_chans if models else 3
     size = args.load_size or (max(models[0][1].config.img_size) if models else 224)
     train_x, train_y, classes = load_split(args.data, "train", chans, size)

@@ -24,7 +24,7 @@ def register(sub) -> None:
     p.add_argument("src", help="weights file or folder (any format), a known checkpoint name, Hub id or URL")
     p.add_argument("dst", help="output file (npz, torchvision, timm) or folder (vitkit, hf; timm when DST is not a "
                    ".pth / .bin / .safetensors name: timm's Hub folder)")
-    p.add_argument("--to", required=True, choices=["vitkit", "npz", "torchvision", "timm", "hf"])
+    p.add_argument("--to", required=True, choices=["vitkit", "npz", "torchvision", "timm", "hf", "open_clip"])
     p.add_argument("--safetensors", action="store_true",
                    help="torchvision/timm: write safetensors, not a pickle (implied by a .safetensors DST)")
     p.add_argument("--force", "--overwrite", action="store_true", help="replace DST if it exists")
@@ -69,6 +69,22 @@ def register(sub) -> None:
     p.add_argument("--download", action="store_true", help="fetch NAME (any name -w takes) into the cache now")
     p.set_defaults(func=_weights)
 
+    p = sub.add_parser("push", help="upload weights to a Hugging Face Hub repository (timm's or transformers' folder)",
+                       description="Write WEIGHTS (any format or name vitkit reads) as a timm or transformers folder "
+                       "with a model card and upload it to REPO_ID in one commit (the repository is created if "
+                       "needed; token from --token, HF_TOKEN or huggingface-cli login; endpoint HF_ENDPOINT).")
+    p.add_argument("weights", help="checkpoint path (any format), known name, Hub id or URL")
+    p.add_argument("repo_id", help="OWNER/NAME of the Hub repository")
+    p.add_argument("--to", choices=["timm", "hf"], default="timm",
+                   help="timm: model.safetensors + timm's config.json (default); hf: transformers' "
+                        "save_pretrained files")
+    p.add_argument("--private", action="store_true", help="create the repository private")
+    p.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
+    p.add_argument("--revision", help="branch to commit to (default: main)")
+    p.add_argument("--message", help="commit message")
+    p.add_argument("--num-heads", type=positive_int, help="heads, for torchvision/timm files of non-standard sizes")
+    p.set_defaults(func=_push)
+
     p = sub.add_parser("inspect", help="recognise a checkpoint's format and show its config, layout and notes "
                        "(a name is resolved and downloaded as for predict; every tensor is read and checked)")
     p.add_argument("weights")
@@ -94,6 +110,15 @@ def _convert(args) -> int:
         out = convert(src, tmp, args.to, num_heads=args.num_heads, safetensors=args.safetensors,
                       flavour=args.flavour, prefix=args.prefix, overwrite=args.force)
     print(f"wrote {args.dst if out == tmp else out} ({args.to})")
+    return 0
+
+
+def _push(args) -> int:
+    from ..checkpoints import push_to_hub
+
+    url = push_to_hub(args.weights, args.repo_id, to=args.to, private=args.private, token=args.token,
+                      revision=args.revision, message=args.message, num_heads=args.num_heads)
+    print(f"pushed {args.weights} to {args.repo_id} ({args.to}): {url}")
     return 0
 
 
@@ -214,11 +239,13 @@ def _weights(args) -> int:
         for e in rows:
             print(json.dumps(e.to_dict()))
         return 0
-    print(f"{'name':48} {'model':5} {'px':>4} {'preset':16} {'labels':11} {'top-1':>6}  params")
+    w = max(len(e.model) for e in rows)
+    print(f"{'name':48} {'model':{w}} {'px':>4} {'preset':16} {'labels':11} {'top-1':>6}  params")
     for e in rows:
         top1 = f"{e.top1:.2f}" if e.top1 is not None else "-"
         params = f"{e.params / 1e6:.1f}M" if e.params else f"{_computed_params(e) / 1e6:.1f}M*"
-        print(f"{e.name:48} {e.model:5} {e.img_size:>4} {e.preset:16} {e.labels:11} {top1:>6}  {params}")
+        print(f"{e.name:48} {e.model:{w}} {e.img_size:>4} {e.preset or '(its config)':16} {e.labels:11} {top1:>6}"
+              f"  {params}")
     print("\n* computed from the architecture (not published with the file). Any command's -w NAME downloads the "
           "weights on first use\n  (or 'vitkit weights --download NAME'): URL files into TORCH_HOME/hub/checkpoints, "
           "Hub repositories into the Hugging Face cache.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from ..config import PAPER_MODELS, config_from_name, list_models
-from ..models.cost import cost, format_cost
+from ..models.cost import cost, format_cost, variant_fields
 from ..errors import UsageError
 from ._util import parse_overrides, positive_int
 
@@ -47,9 +47,9 @@ def _info(args) -> int:
         cfg = config_from_name(name, **overrides)
         c = cost(cfg, size)
         if args.json:
-            print(json.dumps({"model": cfg.name or name, **c.to_dict()}))
+            print(json.dumps({"model": cfg.name or name, **c.to_dict(), "variant": variant_fields(cfg)}))
         else:
             if i:
                 print()
-            print(format_cost(cfg.name or name, c, args.batch))
+            print(format_cost(cfg.name or name, c, args.batch, cfg))
     return 0

@@ -35,6 +35,7 @@ def fashion_mnist(split: str = "train", root: Optional[PathLike] = None) -> Tens
 
 
 def mnist(split: str = "train", root: Optional[PathLike] = None) -> TensorImages:
+    """MNIST from its IDX files (``root``, else /usr/share/datasets/mnist), in memory."""
     x, y = load_idx_split(split, root, defaults=MNIST_DIRS)
     return TensorImages(torch.from_numpy(x.copy()), torch.from_numpy(y), list(MNIST_CLASSES), f"mnist/{split}")
 
@@ -136,7 +137,7 @@ def tensor_file(path: PathLike, split: str = "train") -> TensorImages:
     y = d.get(f"{split}_labels", d.get("labels"))
     if x is None or y is None:
         raise DataError(f"{p}: needs arrays '{split}_images' and '{split}_labels' (or 'images' and 'labels'); "
-                        f"found {sorted(d)}")
+                         f"found {sorted(d)}")
     x, y = torch.as_tensor(np.asarray(x)), torch.as_tensor(np.asarray(y)).long()
     if x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):  # NHWC -> NCHW
         x = x.permute(0, 3, 1, 2).contiguous()
@@ -206,5 +207,5 @@ def open_dataset(spec: str, split: str = "train", *, root: Optional[PathLike] = 
             raise ConfigError("tensors: give a .npz or .pt file, e.g. tensors:/data/digits.npz")
         return tensor_file(path, split)
     raise ConfigError(f"unknown dataset {spec!r}: use one of {', '.join(KNOWN)} (e.g. 'fashion-mnist', "
-                      f"'folder:/data/pets', 'cifar10:/data/cifar-10-batches-py')")
+                     f"'folder:/data/pets', 'cifar10:/data/cifar-10-batches-py')")
 

@@ -56,9 +56,11 @@ class TensorImages:
         return int(self.images.shape[2]), int(self.images.shape[3])
 
     def gather(self, index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(images uint8 [len(index), C, H, W], labels [len(index)]) of these indices."""
         return self.images[index], self.labels[index]
 
     def subset(self, index: Sequence[int], name: Optional[str] = None) -> "TensorImages":
+        """The images at ``index``, as a new dataset."""
         index = torch.as_tensor(index, dtype=torch.int64)
         return TensorImages(self.images[index], self.labels[index], self.classes, name or self.name)
 
@@ -94,6 +96,7 @@ class FileImages:
         return self.load_size, self.load_size
 
     def decode(self, i: int) -> torch.Tensor:
+        """Image ``i`` decoded to uint8 [channels, load_size, load_size] (shorter side, centre crop)."""
         from PIL import Image
 
         src, _ = self.items[i]
@@ -107,16 +110,7 @@ class FileImages:
         except Exception as err:
             raise DataError(f"is not a readable image ({' '.join(str(err).split()) or type(err).__name__})",
                             path=src, hint=f"remove or replace the file ({self.name})") from None
-        img = img.convert("L" if self.channels == 1 else "RGB")
-        w, h = img.size
-        s = self.load_size / min(w, h)
-        nw, nh = max(self.load_size, round(w * s)), max(self.load_size, round(h * s))
-        img = img.resize((nw, nh), Image.BILINEAR)
-        left, top = (nw - self.load_size) // 2, (nh - self.load_size) // 2
-        img = img.crop((left, top, left + self.load_size, top + self.load_size))
-        arr = np.asarray(img, dtype=np.uint8)
-        t = torch.from_numpy(arr.copy())
-        return t.unsqueeze(0) if t.ndim == 2 else t.permute(2, 0, 1)
+        return fit_square(img, self.load_size, self.channels)
 
     def __getitem__(self, i: int) -> Tuple[torch.Tensor, int]:
         if self.skip_unreadable:
@@ -127,10 +121,12 @@ class FileImages:
         return self.decode(i), int(self.items[i][1])
 
     def gather(self, index: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(images uint8 [len(index), C, S, S], labels) of these indices, decoded now."""
         images, labels = zip(*(self[int(i)] for i in index))
         return torch.stack(images), torch.tensor(labels, dtype=torch.int64)
 
     def subset(self, index: Sequence[int], name: Optional[str] = None) -> "FileImages":
+        """The images at ``index``, as a new dataset (nothing decoded)."""
         return FileImages([self.items[int(i)] for i in index], self.classes, self.load_size, self.channels,
                           name or self.name, self.reader, self.skip_unreadable)
 
@@ -139,6 +135,22 @@ class FileImages:
         images = torch.stack([self.decode(i) for i in range(len(self))]) if len(self) else \
             torch.zeros(0, self.channels, self.load_size, self.load_size, dtype=torch.uint8)
         return TensorImages(images, self.labels.clone(), self.classes, self.name)
+
+
+def fit_square(img, load_size: int, channels: int) -> torch.Tensor:
+    """A PIL image as uint8 [channels, load_size, load_size]: the shorter side resized (bilinear) to
+    ``load_size``, then the centre square; how every decoded dataset brings its images to one size."""
+    from PIL import Image
+
+    img = img.convert("L" if channels == 1 else "RGB")
+    w, h = img.size
+    s = load_size / min(w, h)
+    nw, nh = max(load_size, round(w * s)), max(load_size, round(h * s))
+    img = img.resize((nw, nh), Image.BILINEAR)
+    left, top = (nw - load_size) // 2, (nh - load_size) // 2
+    img = img.crop((left, top, left + load_size, top + load_size))
+    t = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy())
+    return t.unsqueeze(0) if t.ndim == 2 else t.permute(2, 0, 1)
 
 
 Dataset = Union[TensorImages, FileImages]

@@ -69,6 +69,7 @@ class EpochSampler:
         return self.n // self.batch_size if self.drop_last else -(-self.n // self.batch_size)
 
     def order(self, epoch: int) -> torch.Tensor:
+        """The permutation of the dataset's indices for ``epoch`` (a function of the seed and the epoch)."""
         if not self.shuffle:
             return torch.arange(self.n)
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
@@ -78,6 +79,7 @@ class EpochSampler:
         return perm
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[torch.Tensor]:
+        """The index batches of ``epoch``, from batch ``start`` on (an exact resume mid-epoch)."""
         order = self.order(epoch)
         for b in range(start, len(self)):
             glob = order[b * self.batch_size:(b + 1) * self.batch_size]
@@ -106,6 +108,8 @@ class Loader:
         return len(self.sampler)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        """(images, labels) batches of ``epoch`` from batch ``start``: gathered in memory, or decoded by the
+        worker processes."""
         if self.data.in_memory or self.workers <= 0:
             for idx in self.sampler.batches(epoch, start):
                 yield self.data.gather(idx)

@@ -44,6 +44,8 @@ from ..errors import ConfigError, DataError
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 HALF = (0.5, 0.5, 0.5)
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # OpenAI CLIP's pixel statistics
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm")
 _PIL_FILTERS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST,
                 "lanczos": Image.LANCZOS}
@@ -340,6 +342,8 @@ PRESETS: Dict[str, Preset] = {p.name: p for p in (
            "timm ViT: shorter side floor(size / 0.9) bicubic, centre crop, mean = std = 0.5", 0.9),
     Preset("timm-imagenet", (224, 224), 248, "shorter", "bicubic", "pil", IMAGENET_MEAN, IMAGENET_STD,
            "timm / DeiT: shorter side floor(size / 0.9) bicubic, centre crop, ImageNet mean/std", 0.9),
+    Preset("clip", (224, 224), 224, "shorter", "bicubic", "pil", CLIP_MEAN, CLIP_STD,
+           "OpenAI CLIP / OpenCLIP: shorter side to the model size bicubic, centre crop, CLIP mean/std", 1.0),
 )}
 _ALIASES = {"imagenet1k_v1": "torchvision", "tv": "torchvision", "swag": "torchvision-swag",
             "vit_jax": "authors", "big_vision": "authors", "jax": "authors", "npz": "authors",

@@ -162,6 +162,7 @@ class ShotResult:
         return float(np.std(self.accuracies, ddof=1)) if len(self.accuracies) > 1 else 0.0
 
     def to_dict(self) -> Dict[str, object]:
+        """The result as plain JSON values (fewshot.json)."""
         return {"shots": self.shots, "mean": self.mean, "std": self.std, "min": float(min(self.accuracies)),
                 "max": float(max(self.accuracies)), "seeds": len(self.accuracies), "l2": self.l2,
                 "accuracies": [float(a) for a in self.accuracies], "val_accuracy": self.val_accuracy,

@@ -35,19 +35,33 @@ def adapt_state_dict(state: Dict[str, torch.Tensor], config: ViTConfig, *,
     if head not in ("auto", "keep", "reset"):
         raise ConfigError(f"head={head!r}: use 'auto', 'keep' or 'reset'")
     method = method or config.posemb_resize
+    aa = config.posemb_antialias
     out = dict(state)
     notes: List[str] = []
     new_grid = config.grid_size
-    prefix = config.num_prefix_tokens
+    prefix = config.num_posemb_prefix  # slots of the table before the patches (registers have none)
 
     pe = out.get("pos_embed")
     if pe is not None:
         if pe.ndim == 2:
             pe = pe.unsqueeze(0)
-        if pe.shape[1] != config.seq_len:
+        # slots for the class / distillation token: fold them into the tokens, or add zero ones
+        tokens = int(config.class_token) + int(config.distill_token)
+        have = (pe.shape[1] - source_grid[0] * source_grid[1] if source_grid is not None
+                else tokens if tokens and _square(pe.shape[1] - tokens) and not _square(pe.shape[1]) else 0)
+        if tokens and have == tokens and prefix == 0:
+            out = fold_class_slots(out, tokens)
+            pe = out["pos_embed"]
+            notes.append("the position table's class-token slot folded into the class token (the model gives "
+                         "it no position: posemb_class_slot=False)")
+        elif tokens and have == 0 and prefix == tokens:
+            pe = out["pos_embed"] = torch.cat([pe.new_zeros(pe.shape[0], tokens, pe.shape[-1]), pe], dim=1)
+            notes.append("zero class-token slot(s) added to the position table (posemb_class_slot=True)")
+        if pe.shape[1] != config.posemb_len:
             old = tuple(source_grid) if source_grid is not None else infer_square_grid(pe.shape[1], prefix)
-            out["pos_embed"] = resize_pos_embed(pe, old, new_grid, prefix, method)
-            notes.append(f"pos_embed resized {old[0]}x{old[1]} -> {new_grid[0]}x{new_grid[1]} ({method})")
+            out["pos_embed"] = resize_pos_embed(pe, old, new_grid, prefix, method, aa)
+            notes.append(f"pos_embed resized {old[0]}x{old[1]} -> {new_grid[0]}x{new_grid[1]} "
+                         f"({method}{', antialiased' if aa and method == 'bicubic' else ''})")
     for key, axis in (("pos_embed_row", 0), ("pos_embed_col", 1)):
         t = out.get(key)
         if t is not None and t.shape[1] != new_grid[axis]:
@@ -89,6 +103,25 @@ def adapt_state_dict(state: Dict[str, torch.Tensor], config: ViTConfig, *,
                 out[f"{name}.bias"] = ref.new_zeros(config.num_classes)
                 notes.append(f"{name} re-initialised to zeros: none -> {config.num_classes} classes")
     return out, notes
+
+
+def _square(n: int) -> bool:
+    side = int(round(max(n, 0) ** 0.5))
+    return n > 0 and side * side == n
+
+
+def fold_class_slots(state: Dict[str, torch.Tensor], n: int) -> Dict[str, torch.Tensor]:
+    """A state whose position table's first ``n`` slots (class, distillation token) are added to those
+    tokens and dropped from the table: the same function for a model without them (posemb_class_slot=False)."""
+    out = dict(state)
+    pe = out["pos_embed"]
+    keys = [k for k in ("cls_token", "dist_token") if k in out][:n]
+    for j, key in enumerate(keys):
+        slot = pe[:, j:j + 1]
+        if bool(slot.any()):
+            out[key] = out[key] + slot
+    out["pos_embed"] = pe[:, n:].contiguous()
+    return out
 
 
 def compare_state_dict(state: Dict[str, torch.Tensor], expected: Dict[str, torch.Tensor]) -> Dict[str, List[str]]:

@@ -8,7 +8,7 @@ against torch's FlopCounterMode.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Dict, Sequence, Union
+from typing import Dict, Optional, Sequence, Union
 
 from ..config import ViTConfig, grid_for
 from .resnet import resnet_cost
@@ -41,13 +41,14 @@ def param_count(cfg: ViTConfig) -> int:
     d, m, c, r = cfg.width, cfg.mlp_dim, cfg.num_classes, cfg.representation_size
     gh, gw = cfg.grid_size
     ph, pw = cfg.patch_size
-    n = cfg.in_chans * ph * pw * d + d  # patch embedding (conv kernel + bias)
+    bias = d if cfg.patch_bias else 0
+    n = cfg.in_chans * ph * pw * d + bias  # patch embedding (conv kernel + bias)
     if cfg.backbone:  # hybrid: the ResNet, then the projection of its feature-map patches
         rc = resnet_cost(cfg.in_chans, cfg.backbone_layers, cfg.backbone_width, cfg.img_size)
-        n = rc["params"] + rc["out_chans"] * ph * pw * d + d
-    n += d * cfg.num_prefix_tokens  # class (and distillation) token
+        n = rc["params"] + rc["out_chans"] * ph * pw * d + bias
+    n += d * cfg.num_prefix_tokens  # class (and distillation) token, register tokens
     if cfg.posemb == "learn":
-        n += cfg.num_posemb_tables * cfg.seq_len * d
+        n += cfg.num_posemb_tables * cfg.posemb_len * d  # registers have no slot
     elif cfg.posemb == "learn2d":
         n += cfg.num_posemb_tables * (gh + gw) * (d // 2)
     elif cfg.posemb == "relative":
@@ -56,8 +57,13 @@ def param_count(cfg: ViTConfig) -> int:
     block = 4 * d  # two LayerNorms
     block += 3 * d * d + (3 * d if cfg.qkv_bias else 0) + d * d + d  # qkv + out projection
     block += d * m + m + m * d + d  # MLP
+    if cfg.layer_scale is not None:
+        block += 2 * d  # LayerScale on both residual branches
     per_layer = 2 if cfg.attention == "axial" else 1  # axial: a row block and a column block per layer
-    n += cfg.depth * per_layer * block + 2 * d  # blocks + final LayerNorm
+    n += cfg.depth * per_layer * block
+    n += 2 * d * (int(cfg.final_norm != "none") + int(cfg.norm_pre))  # final LayerNorm, CLIP's ln_pre
+    if cfg.pool == "map":  # query, q / kv / output projections, LayerNorm, MLP
+        n += d + (d * d + d) + (2 * d * d + 2 * d) + (d * d + d) + 2 * d + (d * m + m + m * d + d)
     if r:
         n += d * r + r
     if c:
@@ -95,6 +101,7 @@ def cost(cfg: ViTConfig, img_size: Union[None, int, Sequence[int]] = None) -> Co
         "attn_values": L * t * span * d,  # AV over all heads
         "attn_proj": dense * L * t * d * d,
         "mlp": dense * L * 2 * t * d * m,
+        **({"attn_pool": 2 * d * d + n * 2 * d * d + 2 * n * d + 2 * d * m} if cfg.pool == "map" else {}),
         "head": ((d * cfg.representation_size) if cfg.representation_size else 0)
         + (cfg.representation_size or d) * cfg.num_classes * (2 if cfg.distill_token and cfg.distill_head else 1),
     }
@@ -113,10 +120,23 @@ def cost(cfg: ViTConfig, img_size: Union[None, int, Sequence[int]] = None) -> Co
                 state_train_bytes=4 * f32 * params)
 
 
-def format_cost(name: str, c: Cost, batch: int = 1) -> str:
+# the fields by which the descendants (DeiT III, DINOv2, CLIP, SigLIP) differ from the paper's ViT
+VARIANT_FIELDS = ("reg_tokens", "layer_scale", "norm_pre", "final_norm", "pool", "class_token", "gelu", "ln_eps",
+                  "patch_bias", "qkv_bias", "posemb_class_slot")
+
+
+def variant_fields(cfg: ViTConfig) -> Dict[str, object]:
+    """The fields of :data:`VARIANT_FIELDS` that ``cfg`` sets to other than the paper's values."""
+    default = ViTConfig()
+    return {k: getattr(cfg, k) for k in VARIANT_FIELDS if getattr(cfg, k) != getattr(default, k)}
+
+
+def format_cost(name: str, c: Cost, batch: int = 1, cfg: Optional[ViTConfig] = None) -> str:
     mib = 1024 ** 2
+    variant = variant_fields(cfg) if cfg is not None else {}
     return "\n".join([
         f"model            {name}",
+        *([f"differs from ViT {', '.join(f'{k}={v}' for k, v in variant.items())}"] if variant else []),
         f"image size       {c.img_size[0]}x{c.img_size[1]}  (patch grid {c.grid[0]}x{c.grid[1]})",
         f"tokens           {c.tokens}",
         f"parameters       {c.params:,}",

@@ -53,13 +53,14 @@ class PatchEmbed(nn.Module):
     training, benchmarks/cpu_kernels.py), so there is one path.
     """
 
-    def __init__(self, patch_size: Tuple[int, int], in_chans: int, width: int, pad: bool = False):
+    def __init__(self, patch_size: Tuple[int, int], in_chans: int, width: int, pad: bool = False, bias: bool = True):
         super().__init__()
         self.patch_size = tuple(patch_size)
         self.pad = pad
-        self.proj = nn.Conv2d(in_chans, width, kernel_size=self.patch_size, stride=self.patch_size)
+        self.proj = nn.Conv2d(in_chans, width, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Images [B, C, H, W] -> the patch grid [B, D, rows, cols] (right / bottom padded first with ``pad``)."""
         if self.pad:
             ph, pw = self.patch_size
             h, w = x.shape[-2:]
@@ -116,29 +117,53 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
                 need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Tokens [B, T, D] -> (attended tokens [B, T, D], the attention weights [B, heads, T, T] when
+        ``need_weights``, else None)."""
         b, t, d = x.shape
         out, weights = self.mix(_apply(x, self.qkv, self), b, t, bias, need_weights)
         return self.proj_drop(_apply(out, self.proj, self)).view(b, t, d), weights
 
 
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x): OpenAI CLIP's approximation of GELU (its checkpoints were trained with it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x * sigmoid(1.702 x), elementwise."""
+        return x * torch.sigmoid(1.702 * x)
+
+
 class Mlp(nn.Module):
     """The MLP of Eq. 3: Linear -> GELU -> Linear, dropout after each dense layer (GELU in place when no
-    autograd needs its input)."""
+    autograd needs its input). ``gelu``: exact (erf), tanh (its tanh approximation) or quick (QuickGELU)."""
 
     def __init__(self, width: int, hidden: int, gelu: str = "exact", drop: float = 0.0):
         super().__init__()
         self.fc1 = nn.Linear(width, hidden)
-        self.act = nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
+        self.act = QuickGELU() if gelu == "quick" else nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
         self.fc2 = nn.Linear(hidden, width)
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Tokens [..., D] -> [..., D] through the two dense layers."""
         h = _apply(x, self.fc1, self)
         if fast_inference(self) and type(self.act) is nn.GELU:
             h = torch.ops.aten.gelu_(h, approximate=self.act.approximate)
         else:
             h = self.drop(self.act(h))
         return self.drop(_apply(h, self.fc2, self))
+
+
+class LayerScale(nn.Module):
+    """A learned per-channel scale of a residual branch (Touvron et al. 2021; DeiT III, DINOv2)."""
+
+    def __init__(self, width: int, init: float):
+        super().__init__()
+        self.init = float(init)
+        self.gamma = nn.Parameter(torch.full((width,), self.init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x times the learned per-channel scale."""
+        return x * self.gamma
 
 
 def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
@@ -167,20 +192,56 @@ class Block(nn.Module):
 
     def __init__(self, width: int, num_heads: int, mlp_dim: int, *, qkv_bias: bool = True,
                  dropout: float = 0.0, attn_dropout: float = 0.0, drop_path: float = 0.0,
-                 ln_eps: float = 1e-6, gelu: str = "exact"):
+                 ln_eps: float = 1e-6, gelu: str = "exact", layer_scale: Optional[float] = None):
         super().__init__()
         self.norm1 = nn.LayerNorm(width, eps=ln_eps)
         self.attn = Attention(width, num_heads, qkv_bias, attn_dropout, dropout)
         self.norm2 = nn.LayerNorm(width, eps=ln_eps)
         self.mlp = Mlp(width, mlp_dim, gelu, dropout)
         self.drop_path = drop_path
+        # LayerScale on both residual branches (DeiT III, DINOv2); None: the paper's block
+        self.ls1 = LayerScale(width, layer_scale) if layer_scale is not None else None
+        self.ls2 = LayerScale(width, layer_scale) if layer_scale is not None else None
 
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
                 need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Eq. 2-3 on tokens [B, T, D] (each residual branch scaled by LayerScale where the block has it);
+        returns (tokens, attention weights or None)."""
         y, weights = self.attn(self.norm1(x), bias, need_weights)
+        if self.ls1 is not None:
+            y = self.ls1(y)
         x = x + drop_path(y, self.drop_path, self.training)
-        x = x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training)
+        y = self.mlp(self.norm2(x))
+        if self.ls2 is not None:
+            y = self.ls2(y)
+        x = x + drop_path(y, self.drop_path, self.training)
         return x, weights
+
+
+class AttentionPool(nn.Module):
+    """Multihead attention pooling (MAP; SigLIP's head): one learned query attends over the tokens, then
+    an LN + MLP residual: z = MHA(q, x, x) W_o; out = z + MLP(LN(z)). Tokens [B, N, D] -> [B, D]."""
+
+    def __init__(self, width: int, num_heads: int, mlp_dim: int, *, ln_eps: float = 1e-6, gelu: str = "exact"):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = width // num_heads
+        self.latent = nn.Parameter(torch.zeros(1, 1, width))
+        self.q = nn.Linear(width, width)
+        self.kv = nn.Linear(width, 2 * width)
+        self.proj = nn.Linear(width, width)
+        self.norm = nn.LayerNorm(width, eps=ln_eps)
+        self.mlp = Mlp(width, mlp_dim, gelu)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Tokens [B, N, D] -> one pooled vector per image [B, D]."""
+        b, n, d = x.shape
+        h, dh = self.num_heads, self.head_dim
+        q = _apply(self.latent.expand(b, -1, -1).to(x.dtype), self.q, self).view(b, 1, h, dh).transpose(1, 2)
+        k, v = (t.transpose(1, 2) for t in _apply(x, self.kv, self).view(b, n, 2, h, dh).unbind(2))
+        z = _apply(attention(q, k, v).transpose(1, 2).reshape(b, 1, d), self.proj, self)
+        z = z + self.mlp(self.norm(z))
+        return z[:, 0]
 
 
 def lecun_normal_(t: torch.Tensor) -> torch.Tensor:

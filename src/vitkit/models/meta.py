@@ -21,5 +21,6 @@ class ModelMeta:
     notes: List[str] = field(default_factory=list)  # the adaptations made while loading
 
     def to_dict(self) -> Dict[str, Any]:
+        """The fields as plain JSON values."""
         return {"labels": self.labels, "preprocessing": self.preprocessing, "format": self.format,
                 "source": self.source, "layout": dict(self.layout), "notes": list(self.notes)}

@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..config import ViTConfig
-from .layers import AxialBlock, Block, PatchEmbed, chunk_images, fast_inference, lecun_normal_
+from .layers import AttentionPool, AxialBlock, Block, PatchEmbed, chunk_images, fast_inference, lecun_normal_
 from .meta import ModelMeta
 from .posemb import RelativePositionBias, resize_grid, resize_pos_embed, resize_relative_table, sincos_2d
 from .resnet import HybridEmbed
@@ -20,6 +20,10 @@ Grid = Tuple[int, int]
 
 class VisionTransformer(nn.Module):
     """ViT: patch embedding, class token, position embeddings, L pre-norm blocks, final LN, head.
+
+    The descendants are the same class with config fields set: register tokens (``reg_tokens``), a
+    LayerNorm before the blocks (``norm_pre``), LayerScale (``layer_scale``), QuickGELU, the final norm
+    after pooling or none (``final_norm``) and attention pooling (``pool="map"``).
 
     >>> model = VisionTransformer(ViTConfig(img_size=32, patch_size=4, width=64, depth=2,
     ...                                     num_heads=4, mlp_dim=128, num_classes=10))
@@ -42,16 +46,17 @@ class VisionTransformer(nn.Module):
                                            std_eps=cfg.std_conv_eps, std_style=cfg.std_conv_style,
                                            gn_eps=cfg.gn_eps, pad=cfg.dynamic_img_pad)
         else:
-            self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, d, pad=cfg.dynamic_img_pad)
+            self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, d, pad=cfg.dynamic_img_pad, bias=cfg.patch_bias)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.distill_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, d)) if cfg.reg_tokens else None
 
         # Position embeddings (Appendix D.4): a table per layer for "every_layer", else one.
         n_tab = cfg.num_posemb_tables
         self.pos_embed = self.pos_embed_row = self.pos_embed_col = None
         self.rel_pos = None
         if cfg.posemb == "learn":
-            self.pos_embed = nn.Parameter(torch.zeros(n_tab, cfg.seq_len, d))
+            self.pos_embed = nn.Parameter(torch.zeros(n_tab, cfg.posemb_len, d))
         elif cfg.posemb == "learn2d":
             self.pos_embed_row = nn.Parameter(torch.zeros(n_tab, gh_gw[0], d // 2))
             self.pos_embed_col = nn.Parameter(torch.zeros(n_tab, gh_gw[1], d // 2))
@@ -62,13 +67,19 @@ class VisionTransformer(nn.Module):
         elif cfg.posemb == "sincos2d":
             self.register_buffer("pos_embed_fixed", self._sincos(gh_gw), persistent=False)
         self.pos_drop = nn.Dropout(cfg.dropout)
+        self.norm_pre = nn.LayerNorm(d, eps=cfg.ln_eps) if cfg.norm_pre else None  # CLIP's ln_pre
 
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # linear stochastic depth
         block = lambda r: Block(d, cfg.num_heads, cfg.mlp_dim, qkv_bias=cfg.qkv_bias, dropout=cfg.dropout,  # noqa: E731
-                                attn_dropout=cfg.attn_dropout, drop_path=r, ln_eps=cfg.ln_eps, gelu=cfg.gelu)
+                                attn_dropout=cfg.attn_dropout, drop_path=r, ln_eps=cfg.ln_eps, gelu=cfg.gelu,
+                                layer_scale=cfg.layer_scale)
         self.blocks = nn.ModuleList(
             AxialBlock(block(r), block(r)) if cfg.attention == "axial" else block(r) for r in rates)
-        self.norm = nn.LayerNorm(d, eps=cfg.ln_eps)
+        # Eq. 4's LayerNorm on every token, or (final_norm="pooled") on the pooled vector (timm's fc_norm)
+        self.norm = nn.LayerNorm(d, eps=cfg.ln_eps) if cfg.final_norm == "tokens" else nn.Identity()
+        self.fc_norm = nn.LayerNorm(d, eps=cfg.ln_eps) if cfg.final_norm == "pooled" else None
+        self.attn_pool = (AttentionPool(d, cfg.num_heads, cfg.mlp_dim, ln_eps=cfg.ln_eps, gelu=cfg.gelu)
+                          if cfg.pool == "map" else None)
 
         rep = cfg.representation_size
         self.pre_logits = (nn.Sequential(OrderedDict(fc=nn.Linear(d, rep), act=nn.Tanh()))
@@ -83,11 +94,14 @@ class VisionTransformer(nn.Module):
 
     # --- initialisation (the authors' Flax initialisers) ---------------------
     def reset_parameters(self) -> None:
+        """Initialise every weight as the authors' Flax code does (zero head, LeCun-normal patch projection,
+        Xavier-uniform dense layers), and the descendants' parts as their papers do."""
         d = self.config.width
         if isinstance(self.patch_embed, HybridEmbed):
             self.patch_embed.backbone.reset_parameters()
         lecun_normal_(self.patch_embed.proj.weight)
-        nn.init.zeros_(self.patch_embed.proj.bias)
+        if self.patch_embed.proj.bias is not None:
+            nn.init.zeros_(self.patch_embed.proj.bias)
         for p in (self.pos_embed, self.pos_embed_row, self.pos_embed_col):
             if p is not None:
                 nn.init.normal_(p, std=0.02)
@@ -95,6 +109,8 @@ class VisionTransformer(nn.Module):
             nn.init.zeros_(self.cls_token)
         if self.dist_token is not None:  # DeiT's init; it must differ from the class token's
             nn.init.trunc_normal_(self.dist_token, std=0.02, a=-0.04, b=0.04)
+        if self.reg_token is not None:  # DINOv2's init of its registers
+            nn.init.normal_(self.reg_token, std=1e-6)
         for blk in (b for layer in self.blocks for b in (layer.sublayers() if isinstance(layer, AxialBlock)
                                                          else (layer,))):
             for i in range(3):  # q, k and v each get their own Xavier-uniform [D, D] kernel
@@ -106,6 +122,19 @@ class VisionTransformer(nn.Module):
             for fc in (blk.mlp.fc1, blk.mlp.fc2):
                 nn.init.xavier_uniform_(fc.weight)
                 nn.init.normal_(fc.bias, std=1e-6)
+            for ls in (blk.ls1, blk.ls2):
+                if ls is not None:
+                    nn.init.constant_(ls.gamma, ls.init)
+        for norm in (self.norm, self.norm_pre, self.fc_norm):
+            if isinstance(norm, nn.LayerNorm):
+                norm.reset_parameters()
+        if self.attn_pool is not None:  # the query as timm / big_vision draw it; dense layers as the blocks'
+            pool = self.attn_pool
+            nn.init.trunc_normal_(pool.latent, std=d ** -0.5)
+            for fc in (pool.q, pool.kv, pool.proj, pool.mlp.fc1, pool.mlp.fc2):
+                nn.init.xavier_uniform_(fc.weight)
+                nn.init.zeros_(fc.bias)
+            pool.norm.reset_parameters()
         if isinstance(self.pre_logits, nn.Sequential):
             lecun_normal_(self.pre_logits.fc.weight)
             nn.init.zeros_(self.pre_logits.fc.bias)
@@ -122,28 +151,39 @@ class VisionTransformer(nn.Module):
     # --- position embeddings ---------------------------------------------------
     def _sincos(self, grid: Grid, device=None, dtype=torch.float32) -> torch.Tensor:
         pe = sincos_2d(grid, self.config.width, dtype=dtype, device=device)
-        prefix = self.config.num_prefix_tokens
+        prefix = self.config.num_posemb_prefix
         if prefix:
             pe = torch.cat([pe.new_zeros(prefix, pe.shape[1]), pe], dim=0)
         return pe.unsqueeze(0)
 
     def position_embedding(self, grid: Optional[Grid] = None) -> Optional[torch.Tensor]:
-        """The additive table [n_tables, tokens, D] for a patch grid (class slot first), or None."""
+        """The additive table [n_tables, tokens, D] for a patch grid, one slot per token of the sequence
+        (class slot first; tokens without a position, registers and with ``posemb_class_slot=False`` the
+        class token, get zero slots), or None."""
+        pe = self._position_table(grid)
+        cfg = self.config
+        p, missing = cfg.num_posemb_prefix, cfg.num_prefix_tokens - cfg.num_posemb_prefix
+        if pe is None or not missing:
+            return pe
+        return torch.cat([pe[:, :p], pe.new_zeros(pe.shape[0], missing, pe.shape[-1]), pe[:, p:]], 1)
+
+    def _position_table(self, grid: Optional[Grid] = None) -> Optional[torch.Tensor]:
         cfg = self.config
         built = cfg.grid_size
         grid = tuple(grid) if grid is not None else built
         if cfg.posemb == "learn":
             if grid == built:
                 return self.pos_embed
-            return resize_pos_embed(self.pos_embed, built, grid, cfg.num_prefix_tokens, cfg.posemb_resize)
+            return resize_pos_embed(self.pos_embed, built, grid, cfg.num_posemb_prefix, cfg.posemb_resize,
+                                    cfg.posemb_antialias)
         if cfg.posemb == "learn2d":
             row = resize_grid(self.pos_embed_row.unsqueeze(2), (grid[0], 1), cfg.posemb_resize).squeeze(2)
             col = resize_grid(self.pos_embed_col.unsqueeze(1), (1, grid[1]), cfg.posemb_resize).squeeze(1)
             n, h = row.shape[0], row.shape[-1]
             pe = torch.cat([row[:, :, None].expand(n, grid[0], grid[1], h),
                             col[:, None].expand(n, grid[0], grid[1], h)], dim=-1).reshape(n, -1, 2 * h)
-            if cfg.num_prefix_tokens:
-                pe = torch.cat([pe.new_zeros(n, cfg.num_prefix_tokens, 2 * h), pe], dim=1)
+            if cfg.num_posemb_prefix:
+                pe = torch.cat([pe.new_zeros(n, cfg.num_posemb_prefix, 2 * h), pe], dim=1)
             return pe
         if cfg.posemb == "sincos2d":
             fixed = self.pos_embed_fixed
@@ -156,8 +196,8 @@ class VisionTransformer(nn.Module):
         new = cfg.grid_size
         with torch.no_grad():
             if self.pos_embed is not None:
-                self.pos_embed = nn.Parameter(
-                    resize_pos_embed(self.pos_embed, old, new, cfg.num_prefix_tokens, cfg.posemb_resize))
+                self.pos_embed = nn.Parameter(resize_pos_embed(self.pos_embed, old, new, cfg.num_posemb_prefix,
+                                                               cfg.posemb_resize, cfg.posemb_antialias))
             if self.pos_embed_row is not None:
                 self.pos_embed_row = nn.Parameter(
                     resize_grid(self.pos_embed_row.unsqueeze(2), (new[0], 1), cfg.posemb_resize).squeeze(2))
@@ -203,9 +243,10 @@ class VisionTransformer(nn.Module):
         return self.add_prefix_tokens(x.flatten(2).transpose(1, 2)), grid
 
     def add_prefix_tokens(self, patches: torch.Tensor) -> torch.Tensor:
-        """[B, N, D] patch tokens -> [B, prefix + N, D]: the class token, then DeiT's distillation token."""
-        prefix = [t.expand(patches.shape[0], -1, -1).to(patches.dtype) for t in (self.cls_token, self.dist_token)
-                  if t is not None]
+        """[B, N, D] patch tokens -> [B, prefix + N, D]: the class token, then DeiT's distillation token or
+        the register tokens."""
+        prefix = [t.expand(patches.shape[0], -1, -1).to(patches.dtype)
+                  for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         return torch.cat(prefix + [patches], dim=1) if prefix else patches
 
     def _run_blocks(self, x: torch.Tensor, grid: Grid, keep: Sequence[int] = (), need_weights: bool = False,
@@ -221,6 +262,8 @@ class VisionTransformer(nn.Module):
         x = self.pos_drop(x)
         if patch_drop and self.training:
             x = self._drop_patches(x, patch_drop)
+        if self.norm_pre is not None:
+            x = self.norm_pre(x)
         biases = None
         if self.rel_pos is not None:
             biases = [rel(grid, cfg.posemb_resize) for rel in self.rel_pos]
@@ -257,7 +300,8 @@ class VisionTransformer(nn.Module):
         return torch.cat([x[:, :prefix], patches], dim=1) if prefix else patches
 
     def forward_features(self, x: torch.Tensor, patch_drop: Optional[float] = None) -> torch.Tensor:
-        """All tokens after the final LayerNorm: [B, prefix + N, D] (in training with patch dropout, the
+        """All tokens after the final LayerNorm (``final_norm="tokens"``; else as the last block left them):
+        [B, prefix + N, D] (in training with patch dropout, the
         prefix tokens and the kept patch tokens). ``patch_drop``: the patch-dropout rate of this call in
         training (a schedule passes it step by step); None: ``config.patch_drop``. Evaluation never drops."""
         x, grid = self.embed(x)
@@ -276,14 +320,20 @@ class VisionTransformer(nn.Module):
         return self.norm(x)
 
     def pool(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Eq. 4's read-out: token 0, or the mean of the patch tokens (GAP). With a distillation token read
-        out by its own head (``distill_head``), the mean of the class and distillation tokens (the features
-        timm's DeiT gives)."""
-        if self.dist_token is not None and self.config.distill_head:
-            return (tokens[:, 0] + tokens[:, 1]) / 2
-        if self.config.pool == "token":
-            return tokens[:, 0]
-        return tokens[:, self.config.num_prefix_tokens:].mean(dim=1)
+        """Eq. 4's read-out: token 0, the mean of the patch tokens (GAP) or their attention pooling (MAP),
+        then the final LayerNorm when it comes after pooling (``final_norm="pooled"``). With a distillation
+        token read out by its own head (``distill_head``), the mean of the class and distillation tokens (the
+        features timm's DeiT gives). Register tokens are never pooled."""
+        cfg = self.config
+        if self.dist_token is not None and cfg.distill_head:
+            out = (tokens[:, 0] + tokens[:, 1]) / 2
+        elif cfg.pool == "token":
+            out = tokens[:, 0]
+        elif cfg.pool == "map":
+            out = self.attn_pool(tokens[:, cfg.num_prefix_tokens:])
+        else:
+            out = tokens[:, cfg.num_prefix_tokens:].mean(dim=1)
+        return out if self.fc_norm is None else self.fc_norm(out)
 
     def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False):
         """Pool the final tokens, apply the pre-logits layer, then (unless ``pre_logits``) the head.
@@ -325,8 +375,9 @@ class VisionTransformer(nn.Module):
         return sorted(set(out))
 
     def forward_intermediates(self, x: torch.Tensor, indices: Union[None, int, Sequence[int]] = None, *,
-                              return_attention: bool = False, norm: bool = False,
-                              stop_early: bool = False) -> Dict[str, Any]:
+                              return_attention: bool = False, norm: bool = False, stop_early: bool = False,
+                              output_fmt: Optional[str] = None, return_prefix_tokens: bool = False,
+                              intermediates_only: bool = False) -> Any:
         """Outputs of chosen blocks (and their attention maps), keyed by name.
 
         ``indices``: None for every block, an int n for the last n, or a list
@@ -335,17 +386,61 @@ class VisionTransformer(nn.Module):
         LN applied if ``norm``), ``attention`` (maps [B, heads, T, T] of the
         chosen blocks, when asked), ``grid`` and ``features`` (final normed
         tokens; None when ``stop_early`` stops after the last chosen block).
+
+        With ``output_fmt`` ("NCHW" or "NLC") the return value is timm's instead: ``(features,
+        intermediates)``, or the intermediates alone with ``intermediates_only``; each intermediate is the
+        patch tokens as a map [B, D, rows, cols] (NCHW) or [B, N, D] (NLC), paired with its prefix tokens
+        [B, prefix, D] (class, registers) as ``(map, prefix)`` when ``return_prefix_tokens``.
         """
+        if output_fmt is not None and output_fmt not in ("NCHW", "NLC"):
+            raise InputError(f"output_fmt={output_fmt!r}: use 'NCHW' (maps) or 'NLC' (token sequences)")
         idx = self._resolve_indices(indices)
         tokens, grid = self.embed(x)
-        last = max(idx) if stop_early else None
+        last = max(idx) if stop_early or intermediates_only else None
         tokens, saved, maps = self._run_blocks(tokens, grid, idx, return_attention, last)
         inter = [self.norm(saved[i]) if norm else saved[i] for i in idx]
-        feats = None if stop_early and last < len(self.blocks) - 1 else self.norm(tokens)
+        feats = None if last is not None and last < len(self.blocks) - 1 else self.norm(tokens)
+        if output_fmt is not None:
+            p = self.config.num_prefix_tokens
+            out = [y[:, p:] for y in inter]
+            if output_fmt == "NCHW":
+                out = [y.reshape(y.shape[0], *grid, -1).permute(0, 3, 1, 2).contiguous() for y in out]
+            if return_prefix_tokens and p:
+                out = [(y, t[:, :p]) for y, t in zip(out, inter)]
+            return out if intermediates_only else (feats, out)
         out = {"indices": idx, "intermediates": inter, "grid": grid, "features": feats}
         if return_attention:
             out["attention"] = [maps[i] for i in idx]
         return out
+
+    def forward_feature_maps(self, x: torch.Tensor, indices: Union[int, Sequence[int]] = 4,
+                             scales: Optional[Sequence[float]] = None, norm: bool = False) -> List[torch.Tensor]:
+        """Feature maps for dense tasks (timm's ``features_only``): the patch tokens of the chosen blocks
+        (default: the last 4) as maps [B, D, rows, cols], all at the patch stride. ``scales`` makes them a
+        pyramid, one scale per map (e.g. ``(4, 2, 1, 0.5)``: strides P/4 ... 2P, as ViTDet's simple feature
+        pyramid but without parameters): up by bilinear interpolation, down by average pooling."""
+        maps = self.forward_intermediates(x, indices, norm=norm, output_fmt="NCHW", intermediates_only=True)
+        if scales is None:
+            return maps
+        if len(scales) != len(maps):
+            raise InputError(f"{len(scales)} scales for {len(maps)} feature maps: give one per map")
+        out = []
+        for m, s in zip(maps, scales):
+            if s > 1:
+                m = torch.nn.functional.interpolate(m, scale_factor=float(s), mode="bilinear", align_corners=False)
+            elif s < 1:
+                k = round(1 / s)
+                if abs(k * s - 1) > 1e-9:
+                    raise InputError(f"scale {s}: a down-scale must be 1/k for a whole k")
+                m = torch.nn.functional.avg_pool2d(m, k, ceil_mode=True)
+            out.append(m)
+        return out
+
+    def feature_info(self, indices: Union[int, Sequence[int]] = 4) -> List[Dict[str, Any]]:
+        """timm-style description of :meth:`forward_feature_maps`: the block, channels and stride of each map."""
+        stride = self.config.pixel_patch_size[0]
+        return [{"module": f"blocks.{i}", "num_chs": self.config.width, "reduction": stride}
+                for i in self._resolve_indices(indices)]
 
     def reset_classifier(self, num_classes: int) -> "VisionTransformer":
         """A new zero-initialised head (the paper's fine-tuning head) for ``num_classes`` classes (0: none);
@@ -369,16 +464,22 @@ class VisionTransformer(nn.Module):
 
     # --- bookkeeping ------------------------------------------------------------------
     def num_params(self, trainable_only: bool = False) -> int:
+        """The number of parameters (only those that train, with ``trainable_only``)."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
 
     def no_weight_decay(self) -> set:
         """Names of parameters the paper's recipes exclude from weight decay."""
         return {n for n, p in self.named_parameters()
-                if p.ndim <= 1 or n.startswith(("cls_token", "dist_token", "pos_embed")) or ".table" in n
-                or n.endswith(".cls")}
+                if p.ndim <= 1 or n.startswith(("cls_token", "dist_token", "reg_token", "pos_embed")) or ".table" in n
+                or n.endswith(".cls") or n == "attn_pool.latent"}
 
     def extra_repr(self) -> str:
+        """The config in one line of ``print(model)``."""
         c = self.config
         return (f"name={c.name}, img_size={c.img_size}, patch_size={c.patch_size}, width={c.width}, "
                 f"depth={c.depth}, heads={c.num_heads}, posemb={c.posemb}, pool={c.pool}"
-                + (", distill_token=True" if c.distill_token else ""))
+                + (", distill_token=True" if c.distill_token else "")
+                + (f", reg_tokens={c.reg_tokens}" if c.reg_tokens else "")
+                + (f", layer_scale={c.layer_scale:g}" if c.layer_scale is not None else "")
+                + (", norm_pre=True" if c.norm_pre else "") + (f", gelu={c.gelu}" if c.gelu != "exact" else "")
+                + (f", final_norm={c.final_norm}" if c.final_norm != "tokens" else ""))

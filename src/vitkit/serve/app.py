@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from fastapi import Query, Request  # module level: the routes' annotations are resolved here
 
+from ..errors import ConfigError
 from .batching import Batcher, Done, QueueFull
 from .images import BadImage, Decoded, decode, overlay_png
-from ..errors import ConfigError, InputError
 
 log = logging.getLogger("vitkit.serve")
 STATIC = Path(__file__).resolve().parent / "static"
@@ -156,7 +156,7 @@ class Service:
         self.meta = model.meta
         self.pre = create_transform(model, self.options.preset)
         if self.config.in_chans not in (1, 3):
-            raise InputError(f"images have 3 (RGB) or 1 (gray) channels; the model takes {self.config.in_chans}")
+            raise ConfigError(f"images have 3 (RGB) or 1 (gray) channels; the model takes {self.config.in_chans}")
         self.gray = self.config.in_chans == 1
         self.labels = list(self.meta.labels) if self.meta.labels else None
         self.has_classifier = self.config.num_classes > 0

@@ -1,6 +1,7 @@
 """A client for ``vitkit serve`` (standard library only): ``Client(url, token=None).classify(paths)``."""
 from __future__ import annotations
 
+from ..errors import UsageError
 import json
 import mimetypes
 import urllib.error
@@ -9,7 +10,6 @@ import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
-from ..errors import InputError
 
 PathLike = Union[str, Path]
 
@@ -29,7 +29,7 @@ class Client:
 
     def __init__(self, url: str, token: Optional[str] = None, timeout: float = 60.0, per_request: int = 16):
         if not url.startswith(("http://", "https://")):
-            raise InputError(f"--url {url!r}: give the server's address, e.g. http://127.0.0.1:8000")
+            raise UsageError(f"--url {url!r}: give the server's address, e.g. http://127.0.0.1:8000")
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout

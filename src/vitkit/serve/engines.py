@@ -14,6 +14,7 @@ for a bounded time, and keeps the fastest; the others are released.
 """
 from __future__ import annotations
 
+from ..errors import ConfigError, ExportError
 import gc
 import logging
 import os
@@ -23,7 +24,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-from ..errors import ConfigError, ExportError
 
 log = logging.getLogger("vitkit.serve")
 
@@ -299,8 +299,8 @@ def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int =
             eng.close()
         gc.collect()
     if best is None:
-        raise ConfigError(f"no engine can serve this model in {dtype}: "
-                          + "; ".join(f"{r['engine']}: {r.get('skipped')}" for r in report["candidates"]))
+        raise ExportError(f"no engine can serve this model in {dtype}: "
+                           + "; ".join(f"{r['engine']}: {r.get('skipped')}" for r in report["candidates"]))
     gc.collect()
     _release_freed_memory()
     report["chosen"] = best.name

@@ -154,8 +154,7 @@ def run_ray(weights: Any, *, host: str = "127.0.0.1", port: int = 8000, options:
             address: Optional[str] = None, img_size: Optional[int] = None, offline: Optional[bool] = None) -> int:
     """``vitkit serve --ray``: deploy, then wait for SIGTERM / Ctrl+C and shut Ray Serve down (it drains)."""
     if not ray_serve_installed():
-        raise MissingDependency("vitkit serve --ray needs Ray Serve, which no vitkit extra installs", extra=None,
-                                hint="pip install 'ray[serve]'")
+        raise MissingDependency("vitkit serve --ray needs Ray Serve, which is not installed", extra="ray")
     from .server import check_exposure, read_token, setup_logging
 
     setup_logging("info")

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from ..errors import ConfigError, InputError
 from .app import ServeOptions, Service, build_app, load_model
-from ..errors import ConfigError, ServiceError
 
 log = logging.getLogger("vitkit.serve")
 TOKEN_ENV = "VITKIT_SERVE_TOKEN"
@@ -53,8 +53,8 @@ def check_exposure(host: str, token: Optional[str], insecure: bool = False) -> N
             log.warning("serving on %s without a token (--insecure): anyone who can reach it can use it", host)
         return
     raise ConfigError(f"--host {host} exposes the server beyond this machine, and no token is set: give "
-                      f"--token-file PATH or ${TOKEN_ENV} (clients send 'Authorization: Bearer TOKEN'), or pass "
-                      f"--insecure to serve without one")
+                     f"--token-file PATH or ${TOKEN_ENV} (clients send 'Authorization: Bearer TOKEN'), or pass "
+                     f"--insecure to serve without one")
 
 
 def setup_logging(level: str = "info") -> None:
@@ -120,5 +120,5 @@ def run(weights, *, host: str = "127.0.0.1", port: int = 8000, options: Optional
              "required" if token else "not required")
     server.run()
     if failure:
-        raise ServiceError(f"the model could not be made ready: {failure['error']}")
+        raise InputError(f"the model could not be made ready: {failure['error']}")
     return 0

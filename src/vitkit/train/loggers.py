@@ -1,4 +1,5 @@
-"""Optional copies of the metrics lines: TensorBoard event files and a CSV table (``train.log``).
+"""Optional copies of the metrics lines: TensorBoard event files, a CSV table, Weights & Biases and MLflow
+runs (``train.log``).
 
 ``RUN/metrics.jsonl`` stays the record of a run; a recipe's ``train.log: [tensorboard, csv]`` sends every
 line it gets to these as well (:class:`vitkit.train.runlog.MetricsLog` calls :func:`open_loggers` and then
@@ -13,8 +14,19 @@ each logger's ``write``):
   keys in the order they first appear. It is a function of metrics.jsonl: a resumed run rewrites it from
   the lines metrics.jsonl kept, so a kill and ``--resume`` leave one row per line here too.
 
-TensorBoard is an optional dependency (``pip install 'vitkit[log]'``); a recipe that asks for it without
-it installed fails at set-up.
+- ``wandb``: a Weights & Biases run in ``RUN/wandb``, offline unless ``WANDB_MODE`` says otherwise (``wandb
+  sync RUN/wandb/offline-run-*`` uploads it later); the same ``PREFIX/KEY`` scalars at the line's step, the
+  recipe as the run's config. Its id is kept in ``RUN/wandb/run_id``, so ``--resume`` continues the same
+  run; W&B keeps the first value it got for a step, so the lines a killed part wrote after its checkpoint
+  stay as they were (they are the same numbers again in an exact resume).
+- ``mlflow``: an MLflow run in a file store, ``RUN/mlruns`` unless ``MLFLOW_TRACKING_URI`` names another
+  store (MLflow 3 wants ``MLFLOW_ALLOW_FILE_STORE=true`` for file stores: set when it is not), experiment
+  ``vitkit``; metrics ``PREFIX/KEY`` at the line's step, the recipe's fields as parameters. Its id is kept
+  in ``RUN/mlflow_run_id``; a resumed run continues it and logs the lines after its checkpoint again (MLflow
+  keeps each metric's whole history).
+
+TensorBoard, W&B and MLflow are optional dependencies (``pip install 'vitkit[log]'``, ``'vitkit[wandb]'``,
+``'vitkit[mlflow]'``); a recipe that asks for one without it installed fails at set-up.
 """
 from __future__ import annotations
 
@@ -23,34 +35,43 @@ import io
 import json
 import numbers
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from ..errors import ConfigError, MissingDependency
 from ..utils import atomic_path
 
-LOGGERS = ("tensorboard", "csv")  # the names train.log accepts
+LOGGERS = ("tensorboard", "csv", "wandb", "mlflow")  # the names train.log accepts
+# what each optional logger imports, and the extra that installs it
+_MODULES = {"tensorboard": ("torch.utils.tensorboard", "log"), "wandb": ("wandb", "wandb"),
+            "mlflow": ("mlflow", "mlflow")}
 _NOT_SCALARS = ("step", "epoch", "time", "train_time")  # where and when a line is, not what it measured
 
 
 def check_loggers(names: Iterable[str]) -> None:
-    """ConfigError naming ``train.log`` for an unknown name; MissingDependency (the ``log`` extra) for
-    ``tensorboard`` when it is not installed."""
+    """ConfigError naming ``train.log`` for an unknown name; MissingDependency naming the extra for an
+    optional logger that is not installed."""
     for name in names:
         if name not in LOGGERS:
             raise ConfigError(f"unknown logger {name!r}", key="train.log", hint=f"use {' and/or '.join(LOGGERS)}")
-    if "tensorboard" in names:
+    import importlib
+    for name in dict.fromkeys(names):
+        if name not in _MODULES:
+            continue
+        module, extra = _MODULES[name]
         try:
-            from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+            importlib.import_module(module)
         except ImportError:
-            raise MissingDependency("tensorboard is not installed", extra="log", key="train.log",
-                                    hint="pip install 'vitkit[log]' (or drop tensorboard from train.log)") from None
+            raise MissingDependency(f"{name} is not installed", extra=extra, key="train.log",
+                                    hint=f"pip install 'vitkit[{extra}]' (or drop {name} from train.log)") from None
 
 
 def open_loggers(names: Sequence[str], run_dir: Path, rows: List[Dict[str, Any]],
-                 resume_step: Optional[int]) -> list:
+                 resume_step: Optional[int], config: Optional[Dict[str, Any]] = None) -> list:
     """The loggers ``names`` for the run folder ``run_dir``. ``rows``: the lines metrics.jsonl holds
-    (those a resumed run kept; none for a new run); ``resume_step``: the checkpoint's step (None: a new run)."""
+    (those a resumed run kept; none for a new run); ``resume_step``: the checkpoint's step (None: a new run);
+    ``config``: the recipe, for the experiment trackers."""
     check_loggers(names)
     out = []
     for name in dict.fromkeys(names):
@@ -58,7 +79,116 @@ def open_loggers(names: Sequence[str], run_dir: Path, rows: List[Dict[str, Any]]
             out.append(CsvLog(run_dir / "metrics.csv", rows))
         elif name == "tensorboard":
             out.append(TensorBoardLog(run_dir / "tensorboard", rows, resume_step))
+        elif name == "wandb":
+            out.append(WandbLog(run_dir, rows, resume_step, config or {}))
+        elif name == "mlflow":
+            out.append(MlflowLog(run_dir, rows, resume_step, config or {}))
     return out
+
+
+def scalars(record: Dict[str, Any]) -> Dict[str, float]:
+    """The numbers of a metrics line as ``PREFIX/KEY`` (``train/loss``, ``val/top1``): the prefix is ``train``
+    for train lines, the split for evaluation and test lines."""
+    prefix = "train" if record.get("kind") in ("train", "diverged") else record.get("split") or record.get("kind")
+    return {f"{prefix}/{k}": float(v) for k, v in record.items()
+            if k not in _NOT_SCALARS and not isinstance(v, bool) and isinstance(v, numbers.Real)}
+
+
+def _flat(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _run_id(path: Path, make) -> tuple:
+    """(the id kept in ``path``, whether it was there): a resumed run continues its tracker run."""
+    if path.is_file():
+        return path.read_text().strip(), True
+    run_id = make()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_text(run_id)
+    return run_id, False
+
+
+class WandbLog:
+    """The metrics lines into a Weights & Biases run (offline by default) in ``RUN/wandb``."""
+
+    def __init__(self, run_dir: Path, rows: List[Dict[str, Any]], resume_step: Optional[int], config: Dict[str, Any]):
+        import wandb
+
+        folder = run_dir / "wandb"
+        if resume_step is None and (folder / "run_id").is_file():
+            (folder / "run_id").unlink()  # a new run in a folder an earlier one left: a new W&B run
+        run_id, known = _run_id(folder / "run_id", lambda: secrets.token_hex(4))
+        self.run = wandb.init(dir=str(run_dir), id=run_id, resume="allow", mode=os.environ.get("WANDB_MODE", "offline"),
+                              project=os.environ.get("WANDB_PROJECT", "vitkit"), name=run_dir.name, config=config,
+                              reinit="create_new", settings=wandb.Settings(silent=True, console="off"))
+        self.last = max((r.get("step", -1) for r in rows), default=-1) if known else -1
+        for row in rows:
+            self.write(row)
+
+    def write(self, record: Dict[str, Any]) -> None:
+        step = record.get("step")
+        if step is None or step < self.last:  # W&B keeps the first value of a step
+            return
+        self.last = step
+        self.run.log(scalars(record), step=int(step))
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowLog:
+    """The metrics lines into an MLflow run (file store ``RUN/mlruns`` by default)."""
+
+    def __init__(self, run_dir: Path, rows: List[Dict[str, Any]], resume_step: Optional[int], config: Dict[str, Any]):
+        from mlflow.tracking import MlflowClient
+
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:  # the run folder's file store; MLflow 3 asks for this opt-in to its file backend
+            uri = (run_dir / "mlruns").resolve().as_uri()
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = MlflowClient(tracking_uri=uri)
+        id_file = run_dir / "mlflow_run_id"
+        if resume_step is None and id_file.is_file():
+            id_file.unlink()
+
+        def new_run() -> str:
+            exp = self.client.get_experiment_by_name("vitkit")
+            exp_id = exp.experiment_id if exp is not None else self.client.create_experiment("vitkit")
+            run = self.client.create_run(exp_id, run_name=run_dir.name)
+            params = {k: str(v)[:500] for k, v in _flat(config).items()}
+            for i in range(0, len(params), 100):  # MLflow takes at most 100 parameters a batch
+                from mlflow.entities import Param
+                self.client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in list(params.items())[i:i + 100]])
+            return run.info.run_id
+
+        self.run_id, known = _run_id(id_file, new_run)
+        if known:
+            self.client.update_run(self.run_id, status="RUNNING")
+        else:
+            for row in rows:
+                self.write(row)
+
+    def write(self, record: Dict[str, Any]) -> None:
+        import time as _time
+
+        from mlflow.entities import Metric
+        step = record.get("step")
+        if step is None:
+            return
+        now = int(_time.time() * 1000)
+        metrics = [Metric(k, v, now, int(step)) for k, v in scalars(record).items()]
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
 
 
 class CsvLog:
@@ -135,11 +265,8 @@ class TensorBoardLog:
         step = record.get("step")
         if step is None:
             return
-        prefix = "train" if record.get("kind") in ("train", "diverged") else record.get("split") or record.get("kind")
-        for key, value in record.items():
-            if key in _NOT_SCALARS or isinstance(value, bool) or not isinstance(value, numbers.Real):
-                continue
-            self.writer.add_scalar(f"{prefix}/{key}", float(value), global_step=int(step))
+        for tag, value in scalars(record).items():
+            self.writer.add_scalar(tag, value, global_step=int(step))
         if flush:
             self.writer.flush()  # each line is on disk when the next step starts (a kill loses nothing)
 

@@ -3,6 +3,7 @@
 - Adam/AdamW with beta1 0.9, beta2 0.999 (Table 3), SGD with momentum 0.9 (fine-tuning).
 - No weight decay on what ``model.no_weight_decay()`` names (norms, biases, class token, position
   embeddings).
+- Optional layer-wise lr decay (``optim.layer_decay``): lower blocks get geometrically smaller lrs.
 - Linear warm-up from 0, then linear or cosine decay; the lr is a pure function of the step, so a
   resumed run continues exactly.
 - EMA / Polyak averaging of the weights (the paper's 0.9999 for its best numbers).
@@ -10,7 +11,8 @@
 from __future__ import annotations
 
 import math
-from typing import Dict, List
+import re
+from typing import Dict, Iterable, List, Optional
 
 import torch
 from torch import nn
@@ -19,23 +21,57 @@ from .recipe import OptimConfig, ScheduleConfig
 from ..errors import ConfigError
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> List[Dict]:
-    """Two groups: decayed weights and the parameters named by ``no_weight_decay()`` (plus every
-    parameter of < 2 dims)."""
+def param_groups(model: nn.Module, weight_decay: float, layer_decay: Optional[float] = None) -> List[Dict]:
+    """Decayed weights and the parameters named by ``no_weight_decay()`` (plus every parameter of < 2 dims),
+    each in one group; with ``layer_decay``, those two per layer of :func:`layer_id`, each group's
+    ``lr_scale`` = layer_decay ** (L + 1 - layer) (:func:`set_lr` multiplies it in)."""
     skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        clean = name.replace("_orig_mod.", "").replace("module.", "")
-        (no_decay if clean in skip or p.ndim <= 1 else decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay, "name": "decay"},
-              {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}]
-    return [g for g in groups if g["params"]]
+    named = [(n.replace("_orig_mod.", "").replace("module.", ""), p) for n, p in model.named_parameters()
+             if p.requires_grad]
+    depth = 1 + max([block_index(n) for n, _ in named if block_index(n) is not None], default=-1)
+    groups: Dict[tuple, Dict] = {}
+    for clean, p in named:
+        decayed = not (clean in skip or p.ndim <= 1)
+        layer = layer_id(clean, depth) if layer_decay is not None else 0
+        key = (layer, decayed)
+        if key not in groups:
+            scale = 1.0 if layer_decay is None else layer_decay ** (depth + 1 - layer)
+            name = ("decay" if decayed else "no_decay") + (f"_layer{layer}" if layer_decay is not None else "")
+            groups[key] = {"params": [], "weight_decay": weight_decay if decayed else 0.0, "name": name,
+                           "lr_scale": scale}
+        groups[key]["params"].append(p)
+    return [groups[k] for k in sorted(groups, key=lambda k: (k[0], not k[1]))]
+
+
+_BLOCK = re.compile(r"blocks\.(\d+)\.")
+_EMBEDDING = ("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed", "norm_pre.", "rel_pos.",
+              "mask_token")
+
+
+def _inner(name: str) -> str:
+    return name.split("vit.", 1)[1] if name.startswith("vit.") else name  # MPP wraps the ViT
+
+
+def block_index(name: str) -> Optional[int]:
+    """The encoder block a parameter belongs to (``blocks.{i}.``), else None (a hybrid's ResNet blocks are
+    the embedding's)."""
+    inner = _inner(name)
+    m = _BLOCK.match(inner)
+    return int(m.group(1)) if m and not inner.startswith(_EMBEDDING) else None
+
+
+def layer_id(name: str, depth: int) -> int:
+    """A parameter's layer for layer-wise lr decay: 0 the embeddings (patches or a hybrid's ResNet, tokens,
+    positions, CLIP's norm before the blocks, MPP's mask token), i + 1 block i, depth + 1 everything after
+    the blocks (final norm, pooling, head)."""
+    i = block_index(name)
+    if i is not None:
+        return i + 1
+    return 0 if _inner(name).startswith(_EMBEDDING) else depth + 1
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
-    groups = param_groups(model, cfg.weight_decay)
+    groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
     def make(impl: str) -> torch.optim.Optimizer:
         kw = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
         if cfg.name == "sgd":
@@ -89,11 +125,13 @@ class Schedule:
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The schedule's lr into every group, times the group's ``lr_scale`` (layer-wise decay)."""
     for g in optimizer.param_groups:
+        value = lr * g.get("lr_scale", 1.0)
         if isinstance(g["lr"], torch.Tensor):
-            g["lr"].fill_(lr)
+            g["lr"].fill_(value)
         else:
-            g["lr"] = lr
+            g["lr"] = value
 
 
 class EMA:

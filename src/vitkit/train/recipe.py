@@ -66,6 +66,10 @@ class OptimConfig:
     nesterov: bool = False
     clip_grad: Optional[float] = 1.0  # global-norm clipping (the paper clips at 1); null or 0: none
     implementation: str = "auto"  # auto (fused where torch has it, else foreach) | fused | foreach | loop
+    # layer-wise lr decay (BEiT; the usual fine-tuning of DINOv2, CLIP, SigLIP, DeiT III): block i of L gets
+    # lr * layer_decay ** (L - i), the embeddings lr * layer_decay ** (L + 1), the head and final norms lr;
+    # None: one lr for all
+    layer_decay: Optional[float] = None
 
 
 @dataclass
@@ -231,6 +235,8 @@ class Recipe:
         self._check_ranges()
         if o.batch_size % o.accum_steps:
             raise ConfigError(f"optim.batch_size {o.batch_size} is not divisible by accum_steps {o.accum_steps}")
+        if o.layer_decay is not None and not 0.0 < o.layer_decay <= 1.0:
+            raise ConfigError(f"optim.layer_decay must be in (0, 1] (e.g. 0.75), or null for none; got {o.layer_decay}")
         if o.implementation not in ("auto", "fused", "foreach", "loop"):
             raise ConfigError(f"optim.implementation={o.implementation!r}: use auto, fused, foreach or loop")
         if s.decay not in ("cosine", "linear", "constant"):

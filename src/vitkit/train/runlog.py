@@ -24,12 +24,14 @@ class MetricsLog:
     any instant followed by ``--resume`` leaves exactly one line per step. Checkpoints older than
     this record are resumed by step: lines up to ``truncate_after_step``, less any final evaluation.
 
-    ``loggers`` (the recipe's ``train.log``): each line also goes to TensorBoard and/or metrics.csv
-    (:mod:`vitkit.train.loggers`), which start from the lines kept here.
+    ``loggers`` (the recipe's ``train.log``): each line also goes to TensorBoard, metrics.csv, W&B and / or
+    MLflow (:mod:`vitkit.train.loggers`; ``config``: the recipe, for the trackers), which start from the
+    lines kept here.
     """
 
     def __init__(self, path: PathLike, enabled: bool = True, truncate_after_step: Optional[int] = None,
-                 resume_rows: Optional[int] = None, loggers: Sequence[str] = ()):
+                 resume_rows: Optional[int] = None, loggers: Sequence[str] = (),
+                 config: Optional[Dict[str, Any]] = None):
         self.path, self.enabled, self.rows = Path(path), enabled, 0
         self.loggers: list = []
         check_loggers(loggers)  # on every process, so that none goes on alone
@@ -49,7 +51,7 @@ class MetricsLog:
             rows = [json.loads(k) for k in keep]
             step = truncate_after_step if truncate_after_step is not None else (
                 max((r.get("step", 0) for r in rows), default=0) if resuming else None)
-            self.loggers = open_loggers(loggers, self.path.parent, rows, step)
+            self.loggers = open_loggers(loggers, self.path.parent, rows, step, config)
 
     def write(self, record: Dict[str, Any]) -> None:
         if not self.enabled:
@@ -62,6 +64,13 @@ class MetricsLog:
         self.rows += 1
         for logger in self.loggers:
             logger.write(record)
+
+    def close(self) -> None:
+        """End the trackers' runs (W&B's finish, MLflow's terminated status)."""
+        for logger in self.loggers:
+            if hasattr(logger, "close"):
+                logger.close()
+        self.loggers = []
 
 
 def _complete_lines(path: Path) -> List[str]:

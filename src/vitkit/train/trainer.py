@@ -101,7 +101,7 @@ class Trainer:
             recipe.save(self.out / "recipe.yaml")
         self.log = MetricsLog(self.out / "metrics.jsonl", self.dist.main,
                               truncate_after_step=self.step if resume else None, resume_rows=self.resume_rows,
-                              loggers=recipe.train.log)
+                              loggers=recipe.train.log, config=recipe.to_dict() if recipe.train.log else None)
         if not resume and self.dist.main and (self.out / "metrics.jsonl").exists():
             (self.out / "metrics.jsonl").unlink()
 
@@ -116,9 +116,13 @@ class Trainer:
         chans = 3 if chans == "auto" else int(chans)
         if not given and not dc.dataset:
             raise ConfigError(f"recipe {r.name!r} names no dataset: pass --data (e.g. --data folder:/data/pets, whose "
-                              f"sub-folders are the classes, or shards:/data/train-{{000..015}}.tar)")
-        if given:
-            train_full, test = given["train"], given.get("test")
+                             f"sub-folders are the classes, or shards:/data/train-{{000..015}}.tar)")
+        if given:  # vitkit's datasets, or any torch / Hugging Face dataset (wrapped by data.external)
+            from ..data.external import from_dataset
+            wrap = lambda ds, cls=None: ds if ds is None or hasattr(ds, "gather") else from_dataset(  # noqa: E731
+                ds, classes=cls, load_size=load_size, channels=chans)
+            train_full = wrap(given["train"])
+            test = wrap(given.get("test"), train_full.classes)
         else:
             train_full = open_dataset(dc.dataset, dc.train_split, root=dc.root, load_size=load_size, channels=chans)
             test = open_dataset(dc.dataset, dc.eval_split, root=dc.root, load_size=load_size, channels=chans,
@@ -281,7 +285,11 @@ class Trainer:
     def fit(self) -> Dict[str, Any]:
         """Train to the end (or the time budget), then evaluate and export; under the run's backend."""
         with use_backend(self.backend):
-            return self._fit()
+            try:
+                return self._fit()
+            finally:
+                if self.log is not None:
+                    self.log.close()
 
     def _fit(self) -> Dict[str, Any]:
         r, d = self.recipe, self.dist

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ...utils import write_json_atomic
-from ..base import Checkpoint, heads_note, infer_config
+from ..base import Checkpoint, descendant_parts, heads_note, infer_config, with_class_slots
 from ..files import write_safetensors
 from ..keymap import QKV_CAT, Context, Rule, check_mapped, count_blocks, from_vitkit, linear, rule, to_vitkit
 from ...errors import CheckpointError
@@ -119,7 +119,8 @@ def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, nu
     return Checkpoint(mapped.state, cfg, NAME, labels=labels, preprocessing=preprocessing(cfg),
                       layout={"flavour": "hf", "model_type": "deit" if deit else "vit",
                               "model_class": "classification" if "head.weight" in mapped.state else "model"},
-                      source=source, notes=notes)
+                      source=source, notes=notes,
+                      assumed=(() if config else ("ln_eps", "gelu")) + (() if num_heads else ("num_heads",)))
 
 
 def labels_from_config(config: Dict[str, Any], state) -> Optional[List[str]]:
@@ -147,8 +148,14 @@ def architecture(cfg) -> str:
 
 
 def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
-    """Write a ``save_pretrained``-style folder: config.json, model.safetensors, preprocessor_config.json."""
+    """Write a ``save_pretrained``-style folder: config.json, model.safetensors, preprocessor_config.json.
+    DINOv2, CLIP and SigLIP towers go to their own classes (:mod:`.hf_towers`)."""
     cfg = ckpt.config
+    from . import hf_towers
+    if hf_towers.kind_of_config(cfg):
+        folder = hf_towers.write(ckpt, dst)
+        _write_processor(ckpt, folder)
+        return folder
     problems = []
     if not cfg.class_token or cfg.pool != "token":
         problems.append("a class token read-out")
@@ -164,6 +171,9 @@ def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
         problems.append("square images and patches")
     if cfg.backbone:
         problems.append("no hybrid ResNet backbone (write hybrids as vitkit, npz or timm)")
+    if descendant_parts(cfg):
+        problems.append(f"none of {', '.join(descendant_parts(cfg))} (HF's ViT is the paper's; DINOv2, CLIP and "
+                        f"SigLIP towers are written as theirs)")
     if problems:
         raise CheckpointError(f"Hugging Face's ViT needs {'; '.join(problems)}: this model cannot be written as an "
                               f"HF folder")
@@ -174,7 +184,7 @@ def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
         top = ("classifier", "cls_classifier", "distillation_classifier")
     else:
         table, top = RULES, ("classifier",)
-    mapped = from_vitkit(ckpt.state, table, cfg.depth, Context(cfg.width, cfg.num_heads))
+    mapped = from_vitkit(with_class_slots(ckpt.state, cfg), table, cfg.depth, Context(cfg.width, cfg.num_heads))
     if mapped.unused:
         raise CheckpointError(f"Hugging Face's {arch} has no place for {mapped.unused}")
     prefix = "deit." if deit else "vit."
@@ -196,7 +206,14 @@ def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
         config["label2id"] = {name: i for i, name in enumerate(labels)}
     write_safetensors(state, folder / "model.safetensors", metadata={"format": "pt"})
     write_json_atomic(folder / "config.json", config)
+    _write_processor(ckpt, folder)
+    return folder
+
+
+def _write_processor(ckpt: Checkpoint, folder: Path) -> None:
+    """preprocessor_config.json: the image processor that computes the checkpoint's preprocessing."""
     from ...data.preprocess import get_preset
+    cfg = ckpt.config
     pre = get_preset(ckpt.preprocessing) if ckpt.preprocessing else get_preset("hf", cfg.img_size)
     resample = {name: code for code, name in RESAMPLE.items()}[pre.interpolation]
     processor = {"image_processor_type": "ViTImageProcessor", "do_resize": True,
@@ -211,4 +228,3 @@ def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
     write_json_atomic(folder / "preprocessor_config.json", {
         **processor, "resample": resample, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
         "image_mean": list(pre.mean), "image_std": list(pre.std)})
-    return folder

@@ -23,7 +23,8 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from ..base import Checkpoint, add_class_slot, drop_class_slot, infer_config, layout_for
+from ..base import (Checkpoint, add_class_slot, descendant_parts, drop_class_slot, infer_config, layout_for,
+                    with_class_slots)
 from ..files import write_npz
 from ..keymap import (ATTN_OUT, CONV_HWIO, DENSE, QKV_HEADS, QKV_HEADS_BIAS, Context, Mapped, Rule, check_mapped,
                       count_blocks, from_vitkit, rule, to_vitkit)
@@ -130,6 +131,9 @@ def write(ckpt: Checkpoint, dst: Path, *, flavour: Optional[str] = None, prefix:
     if cfg.distill_token:
         raise CheckpointError("the .npz layouts have no distillation token (DeiT): write this model as vitkit, timm "
                               "or hf")
+    if descendant_parts(cfg):
+        raise CheckpointError(f"the .npz layouts hold the paper's ViT; this model has "
+                              f"{', '.join(descendant_parts(cfg))}: write it as vitkit or timm")
     layout = layout_for(ckpt, NAME)
     if flavour:
         if flavour not in FLAVOURS:
@@ -141,7 +145,9 @@ def write(ckpt: Checkpoint, dst: Path, *, flavour: Optional[str] = None, prefix:
         layout["prefix"] = prefix
     state = ckpt.state
     class_slot = layout.get("posemb_class_slot", layout["flavour"] == "vit_jax" or not cfg.class_token)
-    if not class_slot:
+    if class_slot:
+        state = with_class_slots(state, cfg)
+    elif cfg.posemb_class_slot:
         state = drop_class_slot(state)
     mapped: Mapped = from_vitkit(state, rules(layout) + hybrid.write_rules(cfg, NAME), cfg.depth,
                                  Context(cfg.width, cfg.num_heads))

@@ -6,8 +6,11 @@ exact GELU; heads are not stored (the standard size for the width is assumed).
 Files written with ``no_embed_class=True`` (no class slot in ``pos_embed``)
 are read too. A GAP model corresponds to timm's ``global_pool='avg',
 fc_norm=False`` (final norm, then the mean of the patch tokens). DeiT's distilled models
-(``VisionTransformerDistilled``: ``dist_token``, ``head_dist``) are read and written. Layer scale,
-register tokens, ``fc_norm`` and other timm extensions are not the paper's model and are reported as
+(``VisionTransformerDistilled``: ``dist_token``, ``head_dist``) are read and written, and so are the
+descendants' parts: LayerScale (``ls1/ls2.gamma``), register tokens (``reg_token``), CLIP's
+``norm_pre`` and bias-less patch projection, ``fc_norm`` and the MAP head (``attn_pool``). What the keys
+cannot say (QuickGELU, CLIP's eps 1e-5 beside its ``norm_pre``) comes from a model name
+(``vitkit.create_model(NAME, weights=FILE)``). QK norm, SwiGLU and other extensions are reported as
 unrecognised.
 """
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any, Dict, List, Optional
 
 from ..base import Checkpoint, add_class_slot, drop_class_slot, heads_note, infer_config, layout_for, warn_numerics
 from ..files import write_safetensors, write_torch
+from ...models.adapt import fold_class_slots
 from ..keymap import Context, Rule, check_mapped, count_blocks, from_vitkit, linear, rule, to_vitkit
 from . import hybrid, timm_folder
 from ...errors import CheckpointError
@@ -24,18 +28,27 @@ from ...errors import CheckpointError
 NAME = "timm"
 B = "blocks.{i}."
 RULES: List[Rule] = [
-    *linear("patch_embed.proj", "patch_embed.proj"),
+    rule("patch_embed.proj.weight", "patch_embed.proj.weight"),
+    rule("patch_embed.proj.bias", "patch_embed.proj.bias", optional=True),  # OpenAI CLIP has none
     rule("cls_token", "cls_token", optional=True),
     rule("dist_token", "dist_token", optional=True),  # VisionTransformerDistilled (DeiT)
+    rule("reg_token", "reg_token", optional=True),  # register tokens (DINOv2 with registers)
     rule("pos_embed", "pos_embed", optional=True),
+    *linear("norm_pre", "norm_pre", optional=True),  # CLIP's ln_pre
     *linear("blocks.{i}.norm1", B + "norm1"),
     rule("blocks.{i}.attn.qkv.weight", B + "attn.qkv.weight"),
     rule("blocks.{i}.attn.qkv.bias", B + "attn.qkv.bias", optional=True),
     *linear("blocks.{i}.attn.proj", B + "attn.proj"),
+    rule("blocks.{i}.ls1.gamma", B + "ls1.gamma", optional=True),  # LayerScale (DeiT III, DINOv2)
     *linear("blocks.{i}.norm2", B + "norm2"),
     *linear("blocks.{i}.mlp.fc1", B + "mlp.fc1"),
     *linear("blocks.{i}.mlp.fc2", B + "mlp.fc2"),
-    *linear("norm", "norm"),
+    rule("blocks.{i}.ls2.gamma", B + "ls2.gamma", optional=True),
+    *linear("norm", "norm", optional=True),
+    *linear("fc_norm", "fc_norm", optional=True),  # the final norm after pooling
+    rule("attn_pool.latent", "attn_pool.latent", optional=True),  # MAP head (SigLIP)
+    *(r for name in ("q", "kv", "proj", "norm", "mlp.fc1", "mlp.fc2")
+      for r in linear(f"attn_pool.{name}", f"attn_pool.{name}", optional=True)),
     *linear("pre_logits.fc", "pre_logits.fc", optional=True),
     *linear("head", "head", optional=True),
     *linear("head_dist", "head_dist", optional=True),
@@ -54,9 +67,26 @@ def read(tensors: Dict[str, Any], *, num_heads: Optional[int] = None, source: st
     check_mapped(mapped, source, NAME)
     state = mapped.state
     slot_added = add_class_slot(state)
-    cfg = infer_config(state, num_heads=num_heads, img_size=img_size, ln_eps=1e-6, gelu="exact", **numerics)
+    notes = []
+    eps = 1e-6
+    if "norm_pre.weight" in state:  # timm's towers with a LayerNorm before the blocks are CLIP's: eps 1e-5
+        eps = 1e-5
+        notes.append("a LayerNorm before the blocks (CLIP's ln_pre): LayerNorm eps 1e-5 and exact GELU assumed "
+                     "(OpenAI's CLIP computes QuickGELU: ask for a *_quickgelu_* name or pass gelu='quick')")
+    cfg = infer_config(state, num_heads=num_heads, img_size=img_size, ln_eps=eps, gelu="exact", **numerics)
     layout = {"flavour": "timm", "posemb_class_slot": not slot_added}
-    return Checkpoint(state, cfg, NAME, layout=layout, source=source, notes=[] if num_heads else [heads_note(cfg)])
+    if not num_heads:
+        notes.append(heads_note(cfg))
+    assumed = ("ln_eps", "gelu") + (() if num_heads else ("num_heads",))
+    return Checkpoint(state, cfg, NAME, layout=layout, source=source, notes=notes, assumed=assumed)
+
+
+def numerics(cfg) -> Dict[str, Any]:
+    """The LayerNorm epsilon and GELU timm computes a model of this shape with: its CLIP towers (a norm
+    before the blocks) use eps 1e-5 and exact or QuickGELU (by name), every other ViT eps 1e-6, exact GELU."""
+    if cfg.norm_pre:
+        return {"ln_eps": 1e-5, "gelu": cfg.gelu if cfg.gelu in ("exact", "quick") else "exact"}
+    return {"ln_eps": 1e-6, "gelu": "exact"}
 
 
 def read_folder(tensors: Dict[str, Any], config: Dict[str, Any], *, num_heads: Optional[int] = None,
@@ -73,6 +103,10 @@ def read_folder(tensors: Dict[str, Any], config: Dict[str, Any], *, num_heads: O
                      f"{ckpt.config.img_size} is used")
     if fields:
         ckpt.config = ckpt.config.replace(**fields)
+        pe = ckpt.state.get("pos_embed")
+        extra = 0 if pe is None else pe.shape[-2] - ckpt.config.posemb_len
+        if extra > 0 and not ckpt.config.posemb_class_slot:  # no_embed_class: the zero slot read() added goes
+            ckpt.state = fold_class_slots(ckpt.state, extra)
     ckpt.notes.extend(notes)
     ckpt.labels = timm_folder.labels(config, ckpt.config.num_classes)
     ckpt.preprocessing = timm_folder.preprocessing(config, ckpt.notes)
@@ -92,11 +126,11 @@ def write(ckpt: Checkpoint, dst: Path, *, safetensors: bool = False) -> Path:
                               f"has posemb={cfg.posemb}, posemb_where={cfg.posemb_where}: use --to vitkit")
     if cfg.distill_token and not cfg.distill_head and cfg.num_classes:
         raise CheckpointError("timm's distilled DeiT reads out both tokens (head and head_dist); this model reads out "
-                              "the class token only (distill_head=False, e.g. from HF's DeiTForImageClassification): "
+                         "the class token only (distill_head=False, e.g. from HF's DeiTForImageClassification): "
                               "use --to vitkit or hf")
-    warn_numerics(cfg, "timm", ln_eps=1e-6, gelu="exact")
+    warn_numerics(cfg, "timm", **numerics(cfg))
     state = ckpt.state
-    if layout_for(ckpt, NAME).get("posemb_class_slot") is False:
+    if cfg.posemb_class_slot and layout_for(ckpt, NAME).get("posemb_class_slot") is False:
         state = drop_class_slot(state)
     mapped = from_vitkit(state, RULES + hybrid.write_rules(cfg, NAME), cfg.depth, Context(cfg.width, cfg.num_heads))
     if mapped.unused:

@@ -29,13 +29,22 @@ from ...errors import CheckpointError
 WEIGHTS = "model.safetensors"
 FILE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".safetensors")
 DEFAULT_CROP_PCT = 0.875  # timm's, for a pretrained_cfg without crop_pct
-POOLS = {"token": "token", "avg": "gap"}
+POOLS = {"token": "token", "avg": "gap", "map": "map"}
+SIZE_FIELDS = ("width", "depth", "num_heads", "mlp_dim", "patch_size", "img_size", "num_classes")
 # timm's extensions of the ViT, with the value that leaves them off: another value is not the paper's model
 EXTENSIONS = {"qk_norm": False, "scale_attn_norm": False, "scale_mlp_norm": False, "proj_bias": True,
-              "init_values": None, "reg_tokens": 0, "pre_norm": False, "final_norm": True, "fc_norm": False,
               "pool_include_prefix": False, "embed_norm_layer": None}
-ALLOWED = {"pos_embed": ("learn", "none"), "act_layer": (None, "gelu"), "norm_layer": (None, "layernorm"),
-           "fc_norm": (None, False)}  # fc_norm None = timm's default (on for 'avg' pooling: its weights then show)
+ALLOWED = {"pos_embed": ("learn", "none"), "act_layer": (None, "gelu", "quick_gelu", "gelu_tanh"),
+           "norm_layer": (None, "layernorm")}
+ACTS = {"gelu": "exact", "quick_gelu": "quick", "gelu_tanh": "tanh"}
+# timm's keyword arguments for the descendants' parts -> vitkit config fields (their weights show the parts)
+ARGS = {"init_values": lambda v: {"layer_scale": float(v)} if v else {},
+        "reg_tokens": lambda v: {"reg_tokens": int(v)},
+        "pre_norm": lambda v: {"norm_pre": bool(v)},
+        "final_norm": lambda v: {} if v else {"final_norm": "none"},
+        "fc_norm": lambda v: {"final_norm": "pooled"} if v else {},
+        "no_embed_class": lambda v: {"posemb_class_slot": not v},
+        "act_layer": lambda v: {"gelu": ACTS[v]} if v else {}}
 # standard timm names by (width, depth, heads, mlp, patch, img): used as the architecture when they fit
 SIZES = {(192, 12, 3, 768): "tiny", (384, 12, 6, 1536): "small", (768, 12, 12, 3072): "base",
          (1024, 24, 16, 4096): "large", (1280, 32, 16, 5120): "huge"}
@@ -87,11 +96,18 @@ def model_fields(config: Dict[str, Any]) -> Tuple[Optional[int], Dict[str, Any],
             notes.append(f"timm architecture {arch!r} is not a name vitkit knows: its shape is read from the "
                          f"weights")
     fields: Dict[str, Any] = {}
+    from ...families import family_fields
+    family = family_fields(arch)  # a descendant's timm name: its numerics (GELU, eps, layer scale, resize)
+    if family:
+        fields.update({k: v for k, v in family[1].items() if k not in SIZE_FIELDS})
+    for key, convert in ARGS.items():
+        if key in args:
+            fields.update(convert(args[key]))
     pool = args.get("global_pool", config.get("global_pool"))
     if pool:
         if pool not in POOLS:
             raise CheckpointError(f"timm model {arch} pools with global_pool={pool!r}; vitkit reads out the class "
-                                  f"token ('token') or the patch-token mean ('avg')")
+                                  f"token ('token'), the patch-token mean ('avg') or attention-pools them ('map')")
         fields["pool"] = POOLS[pool]
     for key in ("dynamic_img_size", "dynamic_img_pad"):
         if args.get(key):
@@ -156,6 +172,11 @@ def architecture(cfg) -> str:
     if cfg.distill_token:
         size = SIZES.get((cfg.width, cfg.depth, cfg.num_heads, mlp), "base")
         return f"deit_{size if size in ('tiny', 'small', 'base') else 'base'}_distilled_patch16_224"
+    from ...families import FAMILIES
+    if cfg.name in FAMILIES and not cfg.name.count("/"):  # built as a descendant's timm name: that name
+        return cfg.name
+    if cfg.norm_pre:  # timm's CLIP towers: LayerNorm eps 1e-5 (model_args cannot say it), QuickGELU by name
+        return "vit_base_patch16_clip_quickgelu_224" if cfg.gelu == "quick" else "vit_base_patch16_clip_224"
     size = SIZES.get((cfg.width, cfg.depth, cfg.num_heads, mlp))
     name = f"vit_{size}_patch{p}_{img}"
     return name if size and name in TIMM_NAMES else "vit_base_patch16_224"
@@ -173,17 +194,23 @@ def model_args(ckpt: Checkpoint) -> Dict[str, Any]:
     ratio = cfg.mlp_dim / cfg.width
     if int(cfg.width * ratio) != cfg.mlp_dim:
         problems.append(f"an MLP width timm's mlp_ratio can express (got {cfg.mlp_dim} for width {cfg.width})")
+    if cfg.patch_bias == cfg.norm_pre:
+        problems.append("a patch-embedding bias exactly when there is no LayerNorm before the blocks (timm's pre_norm "
+                        "drops the bias)")
     if problems:
         raise CheckpointError(f"a timm folder needs {'; '.join(problems)}")
     args: Dict[str, Any] = {
         "img_size": list(cfg.img_size), "patch_size": cfg.patch_size[0], "in_chans": cfg.in_chans,
         "num_classes": cfg.num_classes, "embed_dim": cfg.width, "depth": cfg.depth, "num_heads": cfg.num_heads,
         "mlp_ratio": ratio, "qkv_bias": cfg.qkv_bias, "class_token": cfg.class_token,
-        "global_pool": "token" if cfg.pool == "token" else "avg", "fc_norm": False,
+        "global_pool": {"token": "token", "gap": "avg", "map": "map"}[cfg.pool],
+        "fc_norm": cfg.final_norm == "pooled", "final_norm": cfg.final_norm != "none",
+        "act_layer": {v: k for k, v in ACTS.items()}[cfg.gelu], "pre_norm": cfg.norm_pre,
+        "init_values": cfg.layer_scale, "reg_tokens": cfg.reg_tokens,
     }
     if cfg.posemb == "none":
         args["pos_embed"] = "none"
-    if layout_for(ckpt, "timm").get("posemb_class_slot") is False:
+    if not cfg.posemb_class_slot or layout_for(ckpt, "timm").get("posemb_class_slot") is False:
         args["no_embed_class"] = True
     if cfg.dynamic_img_size:
         args["dynamic_img_size"] = True

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..base import Checkpoint, heads_note, infer_config, warn_numerics
+from ..base import Checkpoint, descendant_parts, heads_note, infer_config, warn_numerics, with_class_slots
 from ..files import write_safetensors, write_torch
 from ..keymap import Context, Rule, check_mapped, count_blocks, from_vitkit, linear, rule, to_vitkit
 from ...errors import CheckpointError
@@ -46,13 +46,14 @@ def read(tensors: Dict[str, Any], *, num_heads: Optional[int] = None, source: st
     check_mapped(mapped, source, NAME)
     cfg = infer_config(mapped.state, num_heads=num_heads, ln_eps=1e-6, gelu="exact")
     notes = [] if num_heads else [heads_note(cfg)]
-    return Checkpoint(mapped.state, cfg, NAME, layout={"flavour": "torchvision"}, source=source, notes=notes)
+    return Checkpoint(mapped.state, cfg, NAME, layout={"flavour": "torchvision"}, source=source, notes=notes,
+                      assumed=() if num_heads else ("num_heads",))
 
 
 def write(ckpt: Checkpoint, dst: Path, *, safetensors: bool = False) -> Path:
     cfg = ckpt.config
     _require(cfg)
-    mapped = from_vitkit(ckpt.state, RULES, cfg.depth, Context(cfg.width, cfg.num_heads))
+    mapped = from_vitkit(with_class_slots(ckpt.state, cfg), RULES, cfg.depth, Context(cfg.width, cfg.num_heads))
     if mapped.unused:
         raise CheckpointError(f"torchvision has no place for {mapped.unused}")
     return write_safetensors(mapped.state, dst) if safetensors else write_torch(mapped.state, dst)
@@ -72,6 +73,7 @@ def _require(cfg) -> None:
         hard.append("no hybrid ResNet backbone (torchvision has no ResNet+ViT; write hybrids as vitkit, npz or timm)")
     if cfg.distill_token:
         hard.append("no distillation token (DeiT; write it as vitkit, timm or hf)")
+    hard.extend(f"no {p}" if not p.startswith("no ") else "a patch-embedding bias" for p in descendant_parts(cfg))
     if hard:
         raise CheckpointError(f"torchvision's VisionTransformer needs {'; '.join(hard)}: this model cannot be "
                               f"written in its layout (use --to vitkit, or hf / timm where they fit)")

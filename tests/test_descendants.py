@@ -1,0 +1,238 @@
+"""The ViT's descendants as config fields: DeiT III, DINOv2 (with registers), CLIP and SigLIP towers.
+Against their libraries: tests/test_descendants_peers.py (peers environment)."""
+import json
+
+import pytest
+import torch
+
+import vitkit
+from vitkit import ConfigError, ViTConfig, VisionTransformer, load_weights, save_weights
+from vitkit.cli import main
+from vitkit.models.cost import cost, param_count
+
+FAMILY = ["deit3_small_patch16_224", "vit_small_patch14_dinov2", "vit_small_patch14_reg4_dinov2",
+          "vit_base_patch16_clip_224", "vit_base_patch16_clip_quickgelu_224", "vit_base_patch16_siglip_224",
+          "facebook/dinov2-small", "facebook/dinov2-with-registers-small", "openai/clip-vit-base-patch16",
+          "google/siglip-base-patch16-224"]
+# timm's own parameter counts of its models (timm.create_model(name).num_params, timm 1.0.31)
+TIMM_PARAMS = {"deit3_small_patch16_224": 22_059_496, "vit_small_patch14_reg4_dinov2": 22_057_344,
+               "vit_small_patch14_dinov2": 22_056_192, "vit_base_patch16_clip_224": 86_568_424,
+               "vit_base_patch16_clip_quickgelu_224": 86_193_152, "vit_base_patch16_siglip_224": 92_884_224}
+
+
+def tiny(name, **kw):
+    """A descendant cut to unit-test size: every part kept, 2 blocks of width 64 on 28 px."""
+    patch = vitkit.parse_model_name(name)["patch_size"]
+    small = dict(width=64, num_heads=4, mlp_dim=128, depth=2, img_size=2 * patch)
+    return vitkit.create_model(name, **dict(small, **kw))
+
+
+@pytest.mark.parametrize("name", FAMILY)
+def test_cost_model_counts_every_parameter(name):
+    with torch.device("meta"):
+        model = vitkit.create_model(name)
+    assert model.num_params() == param_count(model.config) == cost(model.config).params
+    if name in TIMM_PARAMS:
+        assert model.num_params() == TIMM_PARAMS[name]
+
+
+def test_new_fields_cost_nothing_when_off():
+    """The paper's models are built exactly as before: no new module, parameter or buffer."""
+    model = vitkit.create_model("B/16", depth=1)
+    names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
+    assert not [n for n in names if n.startswith(("reg_token", "norm_pre", "fc_norm", "attn_pool")) or ".ls" in n]
+    assert model.norm_pre is None and model.fc_norm is None and model.attn_pool is None
+    assert model.blocks[0].ls1 is None and isinstance(model.blocks[0].mlp.act, torch.nn.GELU)
+    assert vitkit.create_model("B/16").num_params() == 86_567_656
+
+
+def test_map_pooling_cost_matches_flop_counter(monkeypatch):
+    """The attention pool's multiply-adds as torch counts them (the difference from a GAP model; the pool's
+    attention on the explicit path, whose matmuls the counter sees)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from vitkit.models import layers, precision
+    monkeypatch.setattr(layers, "attention", lambda q, k, v: precision.attention(q, k, v, path="explicit"))
+
+    def flops(cfg):
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            VisionTransformer(cfg).eval()(torch.randn(1, 3, *cfg.img_size), return_attention=True)
+        return counter.get_total_flops()
+
+    gap = ViTConfig(img_size=32, patch_size=4, width=64, depth=1, num_heads=4, mlp_dim=128, num_classes=0,
+                    class_token=False, pool="gap")
+    mapped = gap.replace(pool="map")
+    assert flops(mapped) - flops(gap) == 2 * cost(mapped).macs_breakdown["attn_pool"]
+
+
+def test_list_models_and_names():
+    dinos = vitkit.list_models("*dinov2*")
+    assert "vit_small_patch14_dinov2" in dinos and "facebook/dinov2-small" in dinos
+    assert all("dinov2" in n for n in dinos)
+    cfg = vitkit.config.config_from_name("vit_base_patch16_clip_quickgelu_224")
+    assert (cfg.gelu, cfg.ln_eps, cfg.norm_pre, cfg.patch_bias, cfg.num_classes) == ("quick", 1e-5, True, False, 512)
+    cfg = vitkit.config.config_from_name("vit_small_patch14_reg4_dinov2")
+    assert (cfg.img_size, cfg.patch_size, cfg.reg_tokens, cfg.layer_scale, cfg.posemb_class_slot) == \
+        ((518, 518), (14, 14), 4, 1e-5, False)
+    assert cfg.grid_size == (37, 37) and cfg.seq_len == 1369 + 5 and cfg.posemb_len == 1369
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(reg_tokens=-1), "reg_tokens"), (dict(layer_scale=0.0), "layer_scale"),
+    (dict(reg_tokens=2, posemb="relative"), "register tokens"), (dict(final_norm="post"), "final_norm"),
+    (dict(gelu="quik"), "did you mean 'quick'"), (dict(pool="map", representation_size=8), "pool='map'")])
+def test_bad_fields_are_one_clear_line(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        ViTConfig(**bad)
+
+
+def test_registers_and_class_slot_positions():
+    """Registers sit after the class token with no position; without a class slot the class token gets none
+    either; the pooled output ignores the registers."""
+    model = tiny("vit_small_patch14_reg4_dinov2").eval()
+    pe = model.position_embedding()
+    assert pe.shape == (1, 1 + 4 + 4, 64) and not pe[0, :5].any() and torch.equal(pe[0, 5:], model.pos_embed[0])
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        tokens = model.forward_features(x)
+        assert tokens.shape == (2, 9, 64)
+        assert torch.equal(model.forward_head(tokens, pre_logits=True), tokens[:, 0])
+
+
+def test_quick_gelu_and_layer_scale_are_in_the_function():
+    model = tiny("vit_base_patch16_clip_quickgelu_224").eval()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        base = model.forward_features(x)
+        assert model.blocks[0].ls1 is None  # CLIP has no layer scale
+        model.blocks[0].mlp.act = torch.nn.GELU()
+        assert (model.forward_features(x) - base).abs().max() > 1e-6
+    dino = tiny("vit_small_patch14_dinov2", layer_scale=0.5)
+    assert torch.all(dino.blocks[1].ls2.gamma == 0.5)
+
+
+def test_timm_intermediates_and_feature_maps():
+    model = tiny("vit_small_patch14_reg4_dinov2", img_size=56, depth=4).eval()
+    x = torch.randn(2, 3, 56, 56)
+    with torch.no_grad():
+        feats, inter = model.forward_intermediates(x, 2, output_fmt="NCHW", return_prefix_tokens=True)
+        assert feats.shape == (2, 1 + 4 + 16, 64) and len(inter) == 2
+        assert inter[0][0].shape == (2, 64, 4, 4) and inter[0][1].shape == (2, 5, 64)
+        nlc = model.forward_intermediates(x, [-1], output_fmt="NLC", intermediates_only=True)
+        assert torch.equal(nlc[0].transpose(1, 2).reshape(2, 64, 4, 4), inter[1][0])
+        as_dict = model.forward_intermediates(x, [-1])  # today's dict, unchanged
+        assert torch.equal(as_dict["intermediates"][0][:, 5:], nlc[0])
+        maps = model.forward_feature_maps(x, scales=(4, 2, 1, 0.5))
+    assert [tuple(m.shape[-2:]) for m in maps] == [(16, 16), (8, 8), (4, 4), (2, 2)]
+    assert [(i["module"], i["reduction"]) for i in model.feature_info(2)] == [("blocks.2", 14), ("blocks.3", 14)]
+    with pytest.raises(ValueError, match="output_fmt"):
+        model.forward_intermediates(x, output_fmt="NHWC")
+
+
+@pytest.mark.parametrize("name", ["deit3_small_patch16_224", "vit_small_patch14_reg4_dinov2",
+                                  "vit_base_patch16_clip_quickgelu_224", "vit_base_patch16_siglip_224"])
+def test_timm_file_round_trip_needs_the_name_for_numerics(tmp_path, name):
+    """A timm state dict cannot say QuickGELU or CLIP's eps: the name supplies them; vitkit's own folder
+    keeps every field."""
+    model = tiny(name).eval()
+    save_weights(model, tmp_path / "w.safetensors", "timm")
+    back = vitkit.create_model(name, weights=tmp_path / "w.safetensors", num_heads=4)
+    assert back.config.replace(name=None) == model.config.replace(name=None)
+    x = torch.randn(2, 3, *model.config.img_size)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), model(x), rtol=0, atol=0)
+    save_weights(model, tmp_path / "native", "vitkit")
+    assert load_weights(tmp_path / "native").config == model.config
+
+
+def test_name_and_weights_disagree_names_both(tmp_path):
+    save_weights(tiny("vit_small_patch14_dinov2"), tmp_path / "plain.pth", "timm")
+    with pytest.raises(ConfigError, match=r"reg_tokens=0.*'vit_small_patch14_reg4_dinov2' has .*reg_tokens=4"):
+        vitkit.create_model("vit_small_patch14_reg4_dinov2", weights=tmp_path / "plain.pth")
+    save_weights(tiny("vit_base_patch16_siglip_224"), tmp_path / "siglip.pth", "timm")
+    with pytest.raises(ConfigError, match=r"class_token=False, pool='map'.*class_token=True, pool='token'"):
+        vitkit.create_model("deit3_small_patch16_224", weights=tmp_path / "siglip.pth")
+
+
+@pytest.mark.parametrize("to", ["torchvision", "npz"])
+def test_paper_layouts_refuse_the_descendants_parts(tmp_path, to):
+    with pytest.raises(ValueError, match="layer scale"):
+        save_weights(tiny("deit3_small_patch16_224"), tmp_path / ("x.npz" if to == "npz" else "x.pth"), to)
+    with pytest.raises(ValueError, match="no register tokens"):  # HF's CLIP tower has none
+        save_weights(tiny("vit_base_patch16_clip_224", reg_tokens=2, num_classes=0), tmp_path / "clip", "hf")
+
+
+def test_class_slot_folded_and_added_exactly():
+    """A table with a class slot loads into a model without one (the slot folded into the class token) and
+    back: the same function both ways."""
+    from vitkit.models.adapt import adapt_state_dict
+    with_slot = tiny("vit_small_patch14_dinov2").eval()
+    with torch.no_grad():
+        with_slot.pos_embed[:, 0].normal_()
+    target = with_slot.config.replace(posemb_class_slot=False)
+    state, notes = adapt_state_dict(with_slot.state_dict(), target, source_grid=with_slot.config.grid_size)
+    without = VisionTransformer(target).eval()
+    without.load_state_dict(state)
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(without(x), with_slot(x))
+    assert any("folded" in n for n in notes)
+    state, notes = adapt_state_dict(without.state_dict(), with_slot.config, source_grid=target.grid_size)
+    again = VisionTransformer(with_slot.config).eval()
+    again.load_state_dict(state)
+    with torch.no_grad():
+        torch.testing.assert_close(again(x), with_slot(x))
+
+
+def test_dinov2_resolution_change_uses_the_models_resize():
+    """set_img_size and loading at another size resize the 37x37-style table the one way: the config's
+    bicubic, antialiased for timm's names."""
+    model = tiny("vit_small_patch14_dinov2", img_size=70)  # a 5x5 grid
+    from vitkit.models.posemb import resize_pos_embed
+    expect = resize_pos_embed(model.pos_embed.detach(), (5, 5), (2, 2), 1, "bicubic", True)
+    model.set_img_size(28)
+    torch.testing.assert_close(model.pos_embed.detach(), expect)
+
+
+def test_info_names_the_differences(capsys):
+    assert main(["info", "vit_small_patch14_reg4_dinov2", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["params"] == 22_057_344 and row["variant"]["reg_tokens"] == 4 and row["tokens"] == 1374
+    assert main(["info", "vit_base_patch16_siglip_224"]) == 0
+    out = capsys.readouterr().out
+    assert "pool=map" in out and "attn_pool" in out
+
+
+def test_analyze_a_headless_tower(tmp_path):
+    """vitkit analyze on a DINOv2 with registers and on SigLIP (no class token: rollout reads the patches)."""
+    from vitkit.data import find_idx_dataset
+    try:
+        find_idx_dataset()
+    except FileNotFoundError:
+        pytest.skip("Fashion-MNIST not installed (make data)")
+    for name in ("vit_small_patch14_reg4_dinov2", "vit_base_patch16_siglip_224"):
+        weights, out = tmp_path / f"{name}.safetensors", tmp_path / name
+        save_weights(tiny(name, img_size=56 if "14" in name else 64), weights, "timm")
+        assert main(["analyze", str(weights), "--out", str(out), "--data", "fashion-mnist", "--num-images", "8",
+                     "--rollout-images", "2", "--filters", "4"]) == 0
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary and (out / "rollout.png").is_file()
+
+
+@pytest.mark.slow
+def test_dinov2_ten_shot_probe_on_fashion_mnist(tmp_path, capsys):
+    """A DINOv2-small (random weights, two blocks, 28 px) as an HF Dinov2Model folder -> vitkit fewshot:
+    the 10-shot linear probe of its pooled embeddings on Fashion-MNIST, end to end."""
+    from vitkit.data import find_idx_dataset
+    try:
+        find_idx_dataset()
+    except FileNotFoundError:
+        pytest.skip("Fashion-MNIST not installed (make data)")
+    model = vitkit.create_model("facebook/dinov2-small", depth=2, img_size=42)  # a 3x3 table, used at 2x2
+    folder = save_weights(model, tmp_path / "dinov2", "hf")
+    assert main(["fewshot", str(folder), "--img-size", "28", "--shots", "10", "--seeds", "2", "--test-limit", "1000",
+                 "--no-cache", "--quiet", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    acc = report["results"][str(folder)]
+    print(json.dumps(acc))
+    top1 = acc["fewshot"][0]["mean"]
+    assert 0.2 < top1 <= 1.0  # random features of 10 images a class: far above chance (0.1)
