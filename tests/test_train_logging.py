@@ -242,5 +242,5 @@ def test_trackers_continue_their_run_on_resume(recipe_file, tmp_path, trackers):
 
 def test_missing_tracker_fails_at_set_up_with_the_install_line(recipe_file, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)
-    with pytest.raises(ConfigError, match=r"mlflow is not installed.*pip install 'vitkit\[mlflow\]'"):
+    with pytest.raises(MissingDependency, match=r"mlflow is not installed.*pip install 'vitkit\[mlflow\]'"):
         Trainer(load_recipe(recipe_file, {**LOGGED, "train.log": ["mlflow"]}), tmp_path / "run", progress=False)
