@@ -11,7 +11,7 @@ PEERS_LOCK ?= requirements/peers.txt
 PEERS_MB ?= 5300
 PYTEST_ARGS ?=
 
-.PHONY: venv venv-test lint data browser demo analysis-figures test test-fast test-peers peers api-docs clean
+.PHONY: venv venv-test lint data browser demo analysis-figures test test-fast test-peers test-reproduce-extra peers api-docs clean
 FMNIST ?= /usr/share/datasets/fashion-mnist
 
 # The demo needs only the core and matplotlib (about a minute to install); the tests add their extras
@@ -84,6 +84,22 @@ test: venv-test peers data browser lint
 	  VITKIT_BACKEND=$$b $(BIN)/python -m pytest -q -m "not peers and not slow" -p no:cacheprovider \
 	    $(BACKEND_TESTS) $(PYTEST_ARGS) || exit 1; done
 	env -u VITKIT_BACKEND $(PEERS)/bin/python -m pytest -q -rs -m peers $(PYTEST_ARGS)
+	$(MAKE) test-reproduce-extra
+
+# `vitkit reproduce` end to end (tiny settings) and its statistics in an environment with only the core and
+# the `reproduce` extra (plus pytest to run them): the test environment installs every extra, so it would
+# hide an import the extra does not declare.
+REPRO ?= .venv-reproduce
+$(REPRO)/.installed: pyproject.toml
+	rm -rf $(REPRO)
+	$(PY) -m venv $(REPRO)
+	$(REPRO)/bin/pip install -q $(TORCH_PIN)
+	$(REPRO)/bin/pip install -q -e '.[reproduce]' pytest
+	touch $@
+
+test-reproduce-extra: $(REPRO)/.installed
+	env -u VITKIT_BACKEND $(REPRO)/bin/python -m pytest -q -rs -p no:cacheprovider tests/test_reproduce_stats.py \
+	  tests/test_reproduce.py::test_reproduce_end_to_end_tiny tests/test_reproduce.py::test_the_extra_is_checked_first
 
 # The core tests only (no peers environment to build), without those marked slow.
 test-fast: venv-test data browser lint
@@ -119,4 +135,4 @@ api-docs: venv-test
 	$(BIN)/python -m pdoc -o docs/api vitkit $$($(BIN)/python -c "import pkgutil, vitkit; print(' '.join(m.name for m in pkgutil.walk_packages(vitkit.__path__, 'vitkit.') if not m.name.endswith('__main__')))")
 
 clean:
-	rm -rf $(VENV) $(PEERS) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(PEERS) $(REPRO) build src/*.egg-info .pytest_cache

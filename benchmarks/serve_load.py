@@ -193,11 +193,11 @@ def _offline(weights: str, engine: str, dtype: str, batch: int, img_size: Option
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p.add_mutually_exclusive_group()
     src.add_argument("--weights", help="a checkpoint vitkit reads")
     src.add_argument("--model", help="a model name (B/16, Ti/16, ...) with random weights")
-    src.add_argument("--url", help="a server already running (no idle/memory/SIGTERM steps; offline step needs "
-                     "--weights or --model)")
+    p.add_argument("--url", help="a server already running (no memory or SIGTERM steps; the offline step runs "
+                   "when --weights or --model names the same model)")
     p.add_argument("--img-size", type=int)
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--requests", type=int, default=63, help="per client (32 x 63 = 2,016)")
@@ -211,6 +211,8 @@ def main() -> None:
     p.add_argument("--name", help="result file name (default: from the model and settings)")
     p.add_argument("--out", help="folder for the JSON (default benchmarks/results/<kind>/serve)")
     args = p.parse_args()
+    if not (args.weights or args.model or args.url):
+        p.error("give --weights, --model or --url")
     if args.clients < 1 or args.requests < 1 or args.clients * args.requests > 20_000:
         p.error("--clients x --requests must be between 1 and 20,000")
 
@@ -218,8 +220,9 @@ def main() -> None:
     from vitkit.utils import write_json_atomic
 
     tmp = tempfile.TemporaryDirectory(prefix="vitkit-serve-load-")
-    random_weights = str(_random_checkpoint(args.model, args.img_size, Path(tmp.name))) if args.model else None
-    weights = args.weights or random_weights
+    weights = args.weights
+    if args.model:
+        weights = str(_random_checkpoint(args.model, args.img_size, Path(tmp.name)))
     body = _image(224)
     token = os.environ.get("VITKIT_SERVE_TOKEN")
     proc = None

@@ -64,14 +64,14 @@ class ServerThread:
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
-    def start(self, timeout: float = 60.0) -> "ServerThread":
+    def start(self, timeout: float = 60.0, ready: str = "/readyz") -> "ServerThread":
         import httpx
 
         self.thread.start()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                if httpx.get(self.url + ready, timeout=2).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -86,8 +86,8 @@ class ServerThread:
 
 
 @contextlib.contextmanager
-def serving(app) -> Iterator[ServerThread]:
-    srv = ServerThread(app).start()
+def serving(app, ready: str = "/readyz") -> Iterator[ServerThread]:
+    srv = ServerThread(app).start(ready=ready)
     try:
         yield srv
     finally:

@@ -169,8 +169,8 @@ def test_rollout_any_resolution_and_patch_shape():
         # rolled out again in float64 numpy from the model's attention: ((A + I) / 2) per layer, last layer
         # first in the product, the class token's row over the patches, row-major on the (rows, cols) grid
         with torch.no_grad():
-            attention = model.forward_intermediates(x, return_attention=True)["attention"]
-            att = [a.double().mean(1).numpy() for a in attention]
+            layers = model.forward_intermediates(x, return_attention=True)["attention"]
+            att = [a.double().mean(1).numpy() for a in layers]
         roll = np.broadcast_to(np.eye(1 + gh * gw), att[0].shape)
         for a in att:
             roll = ((a + np.eye(a.shape[-1])) / 2) @ roll

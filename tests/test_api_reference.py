@@ -11,7 +11,7 @@ import pytest
 import vitkit
 
 # the packages whose exports (``__all__``) are the documented API; each export's public methods too
-DOCUMENTED = ("vitkit", "vitkit.models", "vitkit.checkpoints", "vitkit.data")
+DOCUMENTED = ("vitkit", "vitkit.models", "vitkit.checkpoints", "vitkit.data", "vitkit.train", "vitkit.eval")
 
 
 def modules():

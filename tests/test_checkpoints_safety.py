@@ -81,8 +81,8 @@ def test_wrong_layout_lists_recognised_and_unrecognised(tmp_path):
     with pytest.raises(ValueError) as err:
         read_checkpoint(tmp_path / "ls.pth")
     msg = str(err.value)
-    assert "recognised as the timm layout" in msg
-    assert "blocks.0.attn.q_norm.weight" in msg and "blocks.0.mlp.fc2.bias" in msg
+    assert "recognised as the timm layout" in msg and "blocks.0.attn.q_norm.weight" in msg
+    assert "blocks.0.mlp.fc2.bias" in msg
 
     resnet = {"conv1.weight": torch.zeros(64, 3, 7, 7), "bn1.weight": torch.zeros(64), "fc.weight": torch.zeros(10, 64)}
     torch.save(resnet, tmp_path / "resnet.pth")

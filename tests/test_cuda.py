@@ -62,3 +62,26 @@ def test_cuda_compiled_inference_equals_eager(tiny_cfg):
         ref = model(x)
     compiled = prepare_inference(copy.deepcopy(model), "fp32", compile=True)
     assert rel_err(compiled(x), ref) < 1e-4
+
+
+def test_fp16_training_with_a_gradient_scaler(tmp_path):
+    """train.precision=fp16 on CUDA: autocast in fp16, the loss scaled and unscaled before clipping, the
+    scale saved in the checkpoint; a stop and --resume continues with the same losses."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _synthetic import write_npz, write_recipe
+    from vitkit.train import Trainer, load_recipe
+    from vitkit.train.runlog import read_metrics
+    recipe = load_recipe(write_recipe(tmp_path, write_npz(tmp_path / "q.npz")),
+                         {"train.precision": "fp16", "train.device": "cuda", "schedule.epochs": 1,
+                          "train.ckpt_every": 8, "train.log_every": 2, "train.predictions": 0})
+    full = Trainer(recipe, tmp_path / "full", progress=False)
+    full.fit()
+    state = torch.load(tmp_path / "full" / "checkpoints" / "last.pt", weights_only=False)
+    assert state["grad_scaler"]["scale"] > 0
+    Trainer(recipe, tmp_path / "part", progress=False, stop_after=10).fit()
+    Trainer(recipe, tmp_path / "part", resume=True, progress=False).fit()
+    losses = [[r["loss"] for r in read_metrics(tmp_path / run) if r["kind"] == "train"] for run in ("full", "part")]
+    assert all(torch.isfinite(torch.tensor(x)).all() for x in losses)
+    assert losses[0] == pytest.approx(losses[1], rel=1e-4)

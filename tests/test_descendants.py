@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import vitkit
-from vitkit import ConfigError, ViTConfig, VisionTransformer, load_weights, save_weights
+from vitkit import ConfigError, VisionTransformer, ViTConfig, load_weights, save_weights
 from vitkit.cli import main
 from vitkit.models.cost import cost, param_count
 
@@ -50,6 +50,7 @@ def test_map_pooling_cost_matches_flop_counter(monkeypatch):
     """The attention pool's multiply-adds as torch counts them (the difference from a GAP model; the pool's
     attention on the explicit path, whose matmuls the counter sees)."""
     from torch.utils.flop_counter import FlopCounterMode
+
     from vitkit.models import layers, precision
     monkeypatch.setattr(layers, "attention", lambda q, k, v: precision.attention(q, k, v, path="explicit"))
 
@@ -236,3 +237,21 @@ def test_dinov2_ten_shot_probe_on_fashion_mnist(tmp_path, capsys):
     print(json.dumps(acc))
     top1 = acc["fewshot"][0]["mean"]
     assert 0.2 < top1 <= 1.0  # random features of 10 images a class: far above chance (0.1)
+
+
+def test_dinov2_repository_files_are_read():
+    """The DINOv2 repository's torch.hub checkpoints: timm's names but ``register_tokens``, a ``mask_token`` (dropped,
+    noted) and a table with the class slot; the same function as the model they were made from."""
+    from vitkit.checkpoints.formats import timm as timm_format
+    model = tiny("facebook/dinov2-with-registers-small").eval()  # class slot in the table, 4 registers
+    with torch.no_grad():
+        model.reg_token.normal_()
+    state = {("register_tokens" if k == "reg_token" else k): v for k, v in model.state_dict().items()}
+    state["mask_token"] = torch.zeros(1, 64)
+    ckpt = timm_format.read(state, num_heads=4)
+    assert any("mask token" in n for n in ckpt.notes) and ckpt.config.reg_tokens == 4
+    back = VisionTransformer(ckpt.config).eval()
+    back.load_state_dict(ckpt.state)
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(back.forward_features(x), model.forward_features(x))

@@ -205,3 +205,17 @@ def test_open_clip_visual_tower_both_ways(tmp_path, quick):
         errs = rel_err(ours(x), theirs), rel_err(back.encode_image(x), theirs)
     print(f"OpenCLIP (quick_gelu={quick}): in {errs[0]:.1e}, out {errs[1]:.1e}")
     assert max(errs) < 1e-5
+
+
+@pytest.mark.parametrize("size", [28, 84])
+def test_hf_dinov2_resolution_change(tmp_path, size):
+    """Dinov2Model run at another size interpolates its table (bicubic, no antialiasing): vitkit built at that
+    size from the folder gives the same features, shrinking (2x2 from 4x4) and growing (6x6)."""
+    t = pytest.importorskip("transformers")
+    ref = randomize(t.Dinov2Model(_hf_cases()["Dinov2Model"]))
+    ref.save_pretrained(tmp_path / "ref")
+    ours = load_weights(tmp_path / "ref", img_size=size)
+    x = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        err = rel_err(ours.forward_features(x), ref(pixel_values=x).last_hidden_state)
+    assert err < 1e-5

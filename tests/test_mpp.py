@@ -250,7 +250,11 @@ def test_pretrain_mpp_resumes_exactly(quadrants, mpp_run, monkeypatch):
 
 
 def test_mpp_never_reads_labels(quadrants):
+    """The objective ignores labels (shuffled labels, same weights); the labels only choose the validation
+    hold-out, which is the same class-stratified split a classifier holds out, so the fine-tunes are chosen
+    on images MPP never trained on."""
     from vitkit.data.datasets import tensor_file
+    from vitkit.train import Trainer, load_recipe
     from vitkit.train.mpp import MPPTrainer
 
     d, data = quadrants
@@ -259,11 +263,16 @@ def test_mpp_never_reads_labels(quadrants):
         train, test = tensor_file(data, "train"), tensor_file(data, "test")
         if shuffle:
             train.labels = train.labels[torch.randperm(len(train.labels))]
-        t = MPPTrainer(_recipe(data, **{"schedule.epochs": 1, "train.ema": 0.0}), d / f"labels{shuffle}",
-                       progress=False, data={"train": train, "test": test})
+        t = MPPTrainer(_recipe(data, **{"schedule.epochs": 1, "train.ema": 0.0, "data.val_size": None}),
+                       d / f"labels{shuffle}", progress=False, data={"train": train, "test": test})
         t.fit()
         states.append(t.model.state_dict())
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+    mpp = MPPTrainer(_recipe(data), d / "split-mpp", progress=False)
+    clf = Trainer(load_recipe("fmnist-1k", {**{k: v for k, v in TINY.items() if not k.startswith("mpp.")},
+                                            "data.dataset": f"tensors:{data}", "data.train_subset": None}),
+                  d / "split-clf", progress=False)
+    assert torch.equal(mpp.val_data.images, clf.val_data.images) and len(mpp.val_data) == 64
 
 
 def test_finetune_after_mpp_on_a_stratified_subset(quadrants, mpp_run):

@@ -25,15 +25,13 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 import vitkit  # noqa: E402
+from _serve import LABELS, free_port, image_bytes, raw_request, read_all, rss_mb, serving, tiny_checkpoint  # noqa: E402
 from vitkit.checkpoints import load_weights  # noqa: E402
 from vitkit.cli import main  # noqa: E402
 from vitkit.serve import Client, ServeClientError  # noqa: E402
 from vitkit.serve.app import ServeOptions, create_app  # noqa: E402
 from vitkit.serve.batching import Batcher, QueueFull  # noqa: E402
 from vitkit.serve.server import check_exposure, is_loopback, read_token  # noqa: E402
-
-from _serve import (LABELS, free_port, image_bytes, raw_request, read_all, rss_mb, serving,  # noqa: E402
-                    tiny_checkpoint)
 
 OPTS = dict(engine="torch", engine_budget_s=0, max_batch=8, max_wait_ms=2000, max_bytes=2 * 1024 * 1024,
             max_images=4, read_timeout_s=1.0, body_timeout_s=5.0, max_pixels=10_000_000)
@@ -134,7 +132,8 @@ def test_embed_explain_model_and_probes(server, ckpt, photo):
     assert page.status_code == 200 and "vitkit serve" in page.text
     for asset in ("/static/app.js", "/static/style.css", "/favicon.ico"):
         assert httpx.get(server.url + asset).status_code == 200
-    assert "http://" not in page.text.replace('href="/', "")  # no CDN: every asset is the server's own
+    assert "http://" not in page.text and "https://" not in page.text  # no CDN: every asset is the server's own
+    assert httpx.get(server.url + "/docs").status_code == 404  # FastAPI's docs pages would load a CDN's scripts
 
 
 def test_two_concurrent_requests_share_one_batch(server):
@@ -159,6 +158,29 @@ def test_two_concurrent_requests_share_one_batch(server):
     a_json = answer["a"].json()
     assert a_json["results"][0]["batch"] == b_json["results"][0]["batch"]
     assert a_json["results"][0]["batch"]["size"] == 2
+
+
+def test_request_whose_client_left_is_dropped_from_its_batch(server):
+    """A's client disconnects while A waits for B (on its way): A's image never runs; B's batch holds B alone."""
+    def dropped():
+        text = httpx.get(server.url + "/metrics").text
+        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith("vitkit_dropped_images")))
+
+    before = dropped()
+    b_body, a_body = image_bytes("PNG", seed=7), image_bytes("PNG", seed=8)
+    head = "POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: {}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port)) as b:
+        b.sendall(head.format(len(b_body)).encode() + b_body[:20])  # B on its way: A's batch waits for it
+        time.sleep(0.2)
+        a = socket.create_connection(("127.0.0.1", server.port))
+        a.sendall(head.format(len(a_body)).encode() + a_body)
+        time.sleep(0.3)  # A decoded and queued
+        a.close()  # A's client leaves
+        time.sleep(0.3)
+        b.sendall(b_body[20:])
+        answer = json.loads(read_all(b).partition(b"\r\n\r\n")[2])
+    assert answer["results"][0]["batch"]["size"] == 1
+    assert dropped() == before + 1
 
 
 def test_lone_request_runs_at_once(server):
@@ -326,6 +348,126 @@ def test_feature_extractor_embeds_and_refuses_classify(tmp_path):
         x = httpx.post(srv.url + "/v1/explain", content=image_bytes(), headers=img)
         assert x.status_code == 200 and x.json()["results"][0]["top"] is None and x.json()["results"][0]["overlay_png"]
         assert httpx.get(srv.url + "/v1/model").json()["has_classifier"] is False
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch14_reg4_dinov2", "vit_base_patch16_siglip_224"])
+def test_descendant_feature_extractors_embed_and_explain(name):
+    """DINOv2 with registers and SigLIP's attention pooling, without a head: the embedding is the model's
+    pooled features, the rollout runs (registers are prefix tokens)."""
+    from vitkit.serve.app import Service
+    from vitkit.serve.images import decode
+
+    torch.manual_seed(0)
+    model = vitkit.create_model(name, img_size=56 if "14" in name else 64, depth=2, num_classes=0)
+    model.meta.preprocessing = {"mean": [0.5], "std": [0.5]}
+    service = Service(model, ServeOptions(engine="torch", engine_budget_s=0))
+    service.prepare()
+    d = decode(image_bytes(), service.pre, max_pixels=10**7)
+    embed, explain = service.step([("embed", d), ("explain", d)])
+    with torch.no_grad():
+        x = service.pre.normalize(d.crop)[None]
+        want = model.forward_head(model.forward_features(x), pre_logits=True)[0]
+    np.testing.assert_allclose(embed["features"], want.numpy(), atol=1e-4)
+    assert service.explain_error is None
+    assert Image.open(io.BytesIO(explain["overlay"])).size == tuple(model.config.img_size)[::-1]
+    with pytest.raises(Exception, match="no classifier"):
+        service.check_classifier("/v1/classify")
+
+
+def test_grayscale_model_matches_predict(tmp_path):
+    """A one-channel model (Fashion-MNIST style): the server converts to luma as vitkit.classify does."""
+    torch.manual_seed(1)
+    model = vitkit.create_model("Ti/16", img_size=28, patch_size=4, in_chans=1, depth=2, width=64, num_heads=2,
+                                mlp_dim=128, num_classes=4)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(std=0.2)
+    model.meta.preprocessing = {"mean": [0.286], "std": [0.353]}
+    (tmp_path / "x.png").write_bytes(image_bytes(size=(28, 28), seed=4))
+    want = vitkit.classify(model, [tmp_path / "x.png"], topk=4, progress=False)[0]
+    with serving(create_app(model, **OPTS)) as srv:
+        r = httpx.post(srv.url + "/v1/classify?topk=4", content=(tmp_path / "x.png").read_bytes(),
+                       headers={"Content-Type": "image/png"})
+    got = r.json()["results"][0]["top"]
+    assert [t["index"] for t in got] == [t["index"] for t in want.top]
+    np.testing.assert_allclose([t["prob"] for t in got], [t["prob"] for t in want.top], atol=1e-5)
+
+
+def test_model_without_rollout_classifies_and_refuses_explain():
+    """An axial-attention ViT has no [tokens, tokens] map to roll out: /v1/explain says so (409), the rest
+    serves."""
+    torch.manual_seed(0)
+    model = vitkit.create_model("Ti/16", img_size=32, patch_size=8, depth=2, width=64, num_heads=2, mlp_dim=128,
+                                num_classes=3, attention="axial", pool="gap", class_token=False)
+    model.meta.preprocessing = {"mean": [0.5], "std": [0.5]}
+    with serving(create_app(model, **OPTS)) as srv:
+        img = {"Content-Type": "image/png"}
+        assert httpx.post(srv.url + "/v1/classify", content=image_bytes(), headers=img).status_code == 200
+        r = httpx.post(srv.url + "/v1/explain", content=image_bytes(), headers=img)
+        assert r.status_code == 409 and r.json()["error"] == "no_rollout" and "axial" in r.json()["detail"]
+
+
+def test_options_are_checked():
+    from vitkit.errors import ConfigError
+
+    for bad in ({"engine": "tensorrt"}, {"dtype": "fp8"}, {"max_batch": 0}, {"max_wait_ms": -1},
+                {"device": "gpu0"}, {"token": " "}):
+        with pytest.raises(ConfigError):
+            ServeOptions(**bad).check()
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="not available"):
+            ServeOptions(device="cuda").check()
+
+
+def test_engine_that_cannot_serve_is_reported_not_ready(ckpt):
+    """A named engine that cannot run the dtype: /healthz answers, /readyz and the API say why (503); the
+    command exits 1 with that line (vitkit.serve.server.run's on_failure)."""
+    from _serve import ServerThread
+
+    srv = ServerThread(create_app(str(ckpt), **{**OPTS, "engine": "onnxruntime", "dtype": "int8"}))
+    srv.thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                r = httpx.get(srv.url + "/readyz", timeout=2)
+                if "could not be made ready" in r.text:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        assert r.status_code == 503 and "onnxruntime" in r.json()["detail"]
+        assert httpx.get(srv.url + "/healthz").status_code == 200
+        c = httpx.post(srv.url + "/v1/classify", content=image_bytes(), headers={"Content-Type": "image/png"})
+        assert c.status_code == 503 and c.json()["error"] == "not_ready"
+    finally:
+        srv.stop()
+
+
+def test_mounted_inside_another_app(ckpt):
+    """create_app mounts under a prefix: the page's assets and API resolve below it, the token still guards
+    the API, and the parent's lifespan runs the app's."""
+    import contextlib
+
+    from fastapi import FastAPI
+
+    vit = create_app(str(ckpt), **OPTS, token="tok")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(parent):
+        async with vit.router.lifespan_context(vit):
+            yield
+
+    parent = FastAPI(lifespan=lifespan)
+    parent.mount("/vit", vit)
+    with serving(parent, ready="/vit/readyz") as srv:
+        page = httpx.get(srv.url + "/vit/")
+        assert page.status_code == 200 and 'src="static/app.js"' in page.text
+        assert httpx.get(srv.url + "/vit/static/app.js").status_code == 200
+        assert httpx.get(srv.url + "/vit/v1/model").status_code == 401
+        r = httpx.post(srv.url + "/vit/v1/classify", content=image_bytes(),
+                       headers={"Content-Type": "image/png", "Authorization": "Bearer tok"})
+        assert r.status_code == 200 and r.json()["results"][0]["top"]
 
 
 # --- the token rules --------------------------------------------------------------------------------------

@@ -12,9 +12,8 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
 
-from vitkit.serve.app import create_app  # noqa: E402
-
 from _serve import LABELS, serving, tiny_checkpoint  # noqa: E402
+from vitkit.serve.app import create_app  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -77,8 +76,8 @@ def test_page_uploads_and_shows_top1(browser, tmp_path):
         bars = browser.find_elements(By.CSS_SELECTOR, "#results .card:first-child .top li")
         assert len(bars) == len(LABELS)  # top-5 of 5 classes
         overlay = browser.find_element(By.CSS_SELECTOR, "#results .overlay")
-        script = "return arguments[0].complete && arguments[0].naturalWidth"
-        wait.until(lambda d: d.execute_script(script, overlay) == size)
+        loaded = "return arguments[0].complete && arguments[0].naturalWidth"
+        wait.until(lambda d: d.execute_script(loaded, overlay) == size)
         timing = browser.find_element(By.CSS_SELECTOR, "#results .timing").text
         assert "engine torch" in timing and "ms" in timing
         assert "1 of 1 classified" in browser.find_element(By.ID, "status").text

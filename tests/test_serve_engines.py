@@ -6,12 +6,17 @@ import numpy as np
 import pytest
 import torch
 
+from _serve import tiny_model
 from vitkit.checkpoints import save_model
 from vitkit.cli import main
-from vitkit.serve.engines import (TOLERANCE, EngineUnavailable, build_engine, choose_engine, installed,
-                                  openvino_native_bf16)
-
-from _serve import tiny_model
+from vitkit.serve.engines import (
+    TOLERANCE,
+    EngineUnavailable,
+    build_engine,
+    choose_engine,
+    installed,
+    openvino_native_bf16,
+)
 
 INSTALLED = installed()
 

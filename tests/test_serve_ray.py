@@ -12,10 +12,9 @@ if not ray_serve_installed():
     pytest.skip("Ray Serve is not installed (pip install 'ray[serve]')", allow_module_level=True)
 
 import vitkit  # noqa: E402
+from _serve import LABELS, free_port, image_bytes, tiny_checkpoint  # noqa: E402
 from vitkit.checkpoints import load_weights  # noqa: E402
 from vitkit.serve.app import ServeOptions  # noqa: E402
-
-from _serve import LABELS, free_port, image_bytes, tiny_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -247,3 +247,14 @@ def test_user_facing_errors_name_the_key_or_form_that_fixes_them(tmp_path):
     with pytest.raises(FileNotFoundError, match="--data fashion-mnist:DIR"):  # the spec that works
         open_dataset(f"fashion-mnist:{tmp_path}", "train")
     assert Loader([], EpochSampler(10, 2), workers=64).workers == usable_cores() <= 64
+
+
+def test_fp16_is_refused_off_cuda_with_the_fix(tmp_path):
+    from _synthetic import write_npz, write_recipe
+    from vitkit.train import Trainer
+    recipe = load_recipe(write_recipe(tmp_path, write_npz(tmp_path / "q.npz")),
+                         {"train.precision": "fp16", "train.device": "cpu"})
+    with pytest.raises(vitkit.ConfigError, match=r"fp16 trains with a CUDA gradient scaler.*bf16"):
+        Trainer(recipe, tmp_path / "run", progress=False)
+    with pytest.raises(vitkit.ConfigError, match="fp32, bf16 or fp16"):
+        load_recipe("fmnist-fast", overrides={"train.precision": "fp8"})

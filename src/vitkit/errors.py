@@ -104,11 +104,6 @@ class TrainingDiverged(VitkitError, RuntimeError):
     """The loss or the gradients became NaN/Inf: the message names the step and how to go on."""
 
 
-class ServiceError(VitkitError, ValueError):
-    """A ``vitkit serve`` server that cannot answer or could not start (unreachable, the token refused,
-    overloaded, the model not ready)."""
-
-
 class MissingDependency(VitkitError, ImportError):
     """An optional package is not installed; ``extra`` names the vitkit extra that installs it (None for a
     package no extra holds: the hint then says what to install)."""
@@ -180,6 +175,5 @@ def describe_os_error(err: OSError) -> str:
 
 __all__ = ["EXIT_BUG", "EXIT_ERROR", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "BusyError", "CheckpointError",
            "ConfigError", "DataError", "ExportError", "InputError", "MissingDependency", "NotFoundError", "OutputError",
-           "ServiceError",
            "TrainingDiverged", "UnsafeCheckpointError", "UsageError", "VitkitError", "VitkitWarning",
            "describe_os_error", "os_error_hint", "require"]

@@ -17,8 +17,8 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from .utils import PathLike, atomic_path
 from .errors import ConfigError, ExportError, require
+from .utils import PathLike, atomic_path
 
 DEFAULT_ATOL = 1e-4  # fp32: exporters may reorder reductions; logits agree to ~1e-6 in practice
 
@@ -146,14 +146,7 @@ def export_openvino(model, path: PathLike, *, opset: int = 17, dynamic_batch: bo
     xml.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="vitkit-ov-") as tmp:
         onnx_file = Path(tmp) / "model.onnx"
-        grads = [p.requires_grad for p in model.parameters()]
-        model.requires_grad_(False)  # trace the inference forward, not the training one (autograd functions)
-        try:
-            export_onnx(model, onnx_file, opset=opset, dynamic_batch=dynamic_batch, validate=False,
-                        features=features)
-        finally:
-            for p, g in zip(model.parameters(), grads):
-                p.requires_grad_(g)
+        export_onnx(model, onnx_file, opset=opset, dynamic_batch=dynamic_batch, validate=False, features=features)
         ir = ov.convert_model(str(onnx_file))
         staged = Path(tmp) / "staged.xml"
         ov.save_model(ir, str(staged), compress_to_fp16=False)

@@ -18,7 +18,7 @@ DIMS = {
 # timm resizes position tables bicubically with antialiasing (``resample_abs_pos_embed``)
 _TIMM_RESIZE = dict(posemb_resize="bicubic", posemb_antialias=True)
 _HF_RESIZE = dict(posemb_resize="bicubic", posemb_antialias=False)  # interpolate_pos_encoding
-# DeiT III (Touvron et al. 2022): LayerScale, no table slot for cls
+# DeiT III (Touvron et al. 2022): LayerScale, no slot for the class token in the position table
 DEIT3 = dict(layer_scale=1e-6, posemb_class_slot=False, **_TIMM_RESIZE)
 DINOV2 = dict(layer_scale=1e-5, num_classes=0)  # DINOv2 (Oquab et al. 2023): LayerScale, a feature extractor
 CLIP = dict(norm_pre=True, patch_bias=False, ln_eps=1e-5, **_TIMM_RESIZE)  # ln_pre, no patch bias, eps 1e-5

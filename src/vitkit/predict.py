@@ -22,8 +22,8 @@ import torch
 from PIL import Image
 
 from .data.preprocess import ImageError, Preset, get_preset, load_image, to_gray
-from .utils import PathLike, atomic_path
 from .errors import ConfigError, InputError, VitkitWarning
+from .utils import PathLike, atomic_path
 
 
 @dataclass
@@ -60,7 +60,7 @@ def create_transform(model, preset: Union[None, str, Preset, Dict[str, Any]] = N
     if model.meta.preprocessing:
         return get_preset(model.meta.preprocessing, size)
     raise ConfigError("the model carries no preprocessing (its checkpoint did not say): pass a preset, e.g. "
-                      "--preset torchvision, hf, authors or timm")
+                     "--preset torchvision, hf, authors or timm")
 
 
 def classify(weights, images: Sequence[Union[PathLike, Image.Image]], *, topk: int = 5, batch_size: int = 32,
@@ -160,11 +160,16 @@ def model_input(pre: Preset, img: Image.Image, gray: bool = False):
     """(crop, input): the pixels that reach the model (float [3, H, W], 0..255, after resize and crop) and
     the normalised input tensor (one channel for a grayscale model)."""
     crop = pre.crop(img)
-    return crop, pre.normalize(to_gray(crop) if gray else crop)
+    return crop, normalized(pre, crop, gray)
 
 
-def top_classes(logits: torch.Tensor, k: int, labels: Optional[Sequence[str]] = None
-                ) -> List[Optional[List[Dict[str, Any]]]]:
+def normalized(pre: Preset, crops: torch.Tensor, gray: bool = False) -> torch.Tensor:
+    """Crops [..., 3, H, W] (0..255, from ``pre.crop``) -> the model's input (one channel for a grayscale model)."""
+    return pre.normalize(to_gray(crops) if gray else crops)
+
+
+def top_classes(logits: torch.Tensor, k: int,
+                labels: Optional[Sequence[str]] = None) -> List[Optional[List[Dict[str, Any]]]]:
     """Per row of ``logits`` [B, classes]: the top-``k`` classes as ``[{"rank", "index", "label", "prob"}]``
     (softmax probabilities), or None where the row is not finite (no meaningful ranking exists)."""
     logits = torch.as_tensor(logits).float()

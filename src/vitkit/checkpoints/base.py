@@ -19,6 +19,7 @@ from torch import Tensor
 from ..config import SIZES, ViTConfig
 from ..errors import CheckpointError
 from ..models.adapt import fold_class_slots
+from ..models.cost import variant_fields
 
 
 @dataclass
@@ -42,7 +43,8 @@ class Checkpoint:
                 f"width {c.width}, depth {c.depth}, heads {c.num_heads}, patch {c.patch_size[0]}, "
                 f"{c.img_size[0]}x{c.img_size[1]} px, {c.num_classes} classes"
                 f"{', pre-logits ' + str(c.representation_size) if c.representation_size else ''}"
-                f"{', distillation token' if c.distill_token else ''}")
+                f"{', distillation token' if c.distill_token else ''}"
+                + "".join(f", {k}={v}" for k, v in variant_fields(c).items()))
 
 
 def guess_num_heads(width: int) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import InputError, NotFoundError, ServiceError, UsageError, require
+from ..errors import InputError, NotFoundError, UsageError, require
 from ._util import ManyFiles, positive_int
 
 
@@ -76,8 +76,8 @@ def register(sub) -> None:
     p.add_argument("weights", help="checkpoint path (any format), known name, Hub id or URL")
     p.add_argument("repo_id", help="OWNER/NAME of the Hub repository")
     p.add_argument("--to", choices=["timm", "hf"], default="timm",
-                   help="timm: model.safetensors + timm's config.json (default); hf: transformers' "
-                        "save_pretrained files")
+                   help="timm: model.safetensors + timm's config.json (default); "
+                        "hf: transformers' save_pretrained files")
     p.add_argument("--private", action="store_true", help="create the repository private")
     p.add_argument("--token", help="Hub token (default: HF_TOKEN or the stored login)")
     p.add_argument("--revision", help="branch to commit to (default: main)")
@@ -95,7 +95,6 @@ def register(sub) -> None:
 
 def _convert(args) -> int:
     from ..checkpoints import convert, resolve_weights
-
     from ..utils import staged_output
 
     where = resolve_weights(args.src, file=args.weights_file, offline=args.offline)
@@ -196,7 +195,7 @@ def _predict_remote(args, files, many) -> int:
                 pred.top, pred.geometry = row["top"], row.get("geometry")
             except ServeClientError as err:
                 if err.status in (0, 401, 409, 503):  # the server, not this image: stop here
-                    raise ServiceError(str(err)) from None
+                    raise
                 pred.error = err.detail
             yield pred
 

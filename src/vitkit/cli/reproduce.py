@@ -6,7 +6,7 @@ import sys
 
 
 def register(sub) -> None:
-    from ..reproduce.claims import claims_table
+    from ..reproduce.catalog import claims_table
 
     listing = "; ".join(f"{c.id} {c.title.split(' (')[0].lower()}" for c in claims_table().values())
     p = sub.add_parser("reproduce", help="test the paper's claims at laptop scale: train every arm (reusing "
@@ -14,13 +14,18 @@ def register(sub) -> None:
                        description=f"The claims: {listing}.")
     p.add_argument("--claims", default=None, metavar="1,2,...", help="claims to test (default: all ten)")
     p.add_argument("--budget", choices=["quick", "full"], default="quick",
-                   help="quick: 2 seeds, short runs, <= 45 min on a 2-core CPU; full: 3 seeds, the real report "
-                        "(many hours; resumable)")
+                   help="quick: 2 seeds, short runs, a smoke test of the set-up; full: 5 seeds and a learning-rate "
+                        "sweep per architecture, the real report (many hours; resumable). docs/reproduction/README.md "
+                        "gives each budget's estimated cost")
     p.add_argument("--out", "-o", required=True, help="folder for the run folders and the report")
     p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
                    help="train N runs at once, each in its own process with 1/N of the CPU cores (default 1); "
                         "small models use a many-core CPU better this way")
     p.add_argument("--report-only", action="store_true", help="train nothing: report on the finished runs")
+    p.add_argument("--allow-mixed-code", action="store_true",
+                   help="compare runs trained by different code versions (refused by default; the report lists them)")
+    p.add_argument("--allow-missing-seeds", action="store_true",
+                   help="compare arms whose seeds differ, unpaired (refused by default; the report lists them)")
     p.add_argument("--progress", action="store_true", help="a progress bar per run")
     p.set_defaults(func=_reproduce)
 
@@ -28,7 +33,7 @@ def register(sub) -> None:
 def _reproduce(args) -> int:
     from ..errors import UsageError
     from ..reproduce import reproduce
-    from ..reproduce.claims import claims_table
+    from ..reproduce.catalog import claims_table
 
     ids = None
     if args.claims:
@@ -43,7 +48,8 @@ def _reproduce(args) -> int:
     if args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: give 1 or more processes")
     report = reproduce(args.out, ids, args.budget, jobs=args.jobs, command="vitkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                       progress=args.progress, report_only=args.report_only)
+                       progress=args.progress, report_only=args.report_only, allow_mixed_code=args.allow_mixed_code,
+                       allow_missing_seeds=args.allow_missing_seeds)
     for c in report["claims"]:
-        print(f"claim {c['id']:2d}  {c['verdict']:12s}  {c['title']}")
+        print(f"claim {c['id']:2d}  {c['verdict']:32s}  {c['title']}")
     return 0

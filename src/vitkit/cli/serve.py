@@ -1,7 +1,6 @@
 """``vitkit serve``: a checkpoint as an HTTP service (see docs/serving.md)."""
 from __future__ import annotations
 
-from ..errors import MissingDependency
 from ._util import positive_int
 
 
@@ -20,7 +19,7 @@ def register(sub) -> None:
     p = sub.add_parser("serve", help="serve a checkpoint over HTTP: classify, embed, explain, a web page",
                        description="Serve WEIGHTS (any checkpoint vitkit reads) with its own preprocessing and "
                        "labels: POST /v1/classify, /v1/embed, /v1/explain; GET /v1/model, /healthz, /readyz, "
-                       "/metrics, /docs, and a web page at /. Concurrent requests are batched dynamically. "
+                       "/metrics, /openapi.json, and a web page at /. Concurrent requests are batched dynamically. "
                        "Binds 127.0.0.1; any other address needs a token (--token-file or $VITKIT_SERVE_TOKEN) "
                        "or an explicit --insecure. SIGTERM drains: no new connections, every accepted request "
                        "is answered, exit 0. Needs the serve extra: pip install 'vitkit[serve]'.")
@@ -51,6 +50,8 @@ def register(sub) -> None:
                    help="on SIGTERM, seconds to finish accepted requests (default 30)")
     p.add_argument("--engine-budget", type=_positive_float, default=2.0,
                    help="--engine auto: seconds to time each engine (default 2)")
+    p.add_argument("--device", default="cpu",
+                   help="where the model runs: cpu (default), cuda, cuda:1, mps (the torch engine only)")
     p.add_argument("--preset", help="preprocessing preset (default: the checkpoint's own)")
     p.add_argument("--img-size", type=positive_int, help="serve at this resolution (position embeddings resized)")
     p.add_argument("--model-id", help="the model name reported (default: the checkpoint's)")
@@ -59,27 +60,29 @@ def register(sub) -> None:
     p.add_argument("--access-log", action="store_true", help="also log every request (uvicorn's access log)")
     p.add_argument("--ray", action="store_true", help="run as a Ray Serve deployment (pip install 'ray[serve]')")
     p.add_argument("--replicas", type=positive_int, default=1, help="--ray: number of replicas (default 1)")
+    p.add_argument("--replica-cpus", type=positive_int,
+                   help="--ray: CPUs per replica, also its thread count (default: this machine's cores / replicas)")
     p.add_argument("--ray-address", help="--ray: a running Ray cluster (default: start a local one, or $RAY_ADDRESS)")
     p.set_defaults(func=_serve)
 
 
 def _serve(args) -> int:
-    try:
-        from ..serve.app import ServeOptions
-    except ImportError as err:
-        raise MissingDependency(f"vitkit serve needs the serve extra ({err})", extra="serve") from None
+    from ..errors import require
+
+    require("serve", "fastapi", "uvicorn", "prometheus_client", what="vitkit serve")
+    from ..serve.app import ServeOptions
 
     options = ServeOptions(engine=args.engine, dtype=args.dtype, max_batch=args.max_batch,
                            max_wait_ms=args.max_wait_ms, max_queue=args.max_queue, max_bytes=args.max_bytes,
                            max_pixels=args.max_pixels, max_images=args.max_images, max_topk=args.max_topk,
                            read_timeout_s=args.read_timeout, model_id=args.model_id, preset=args.preset,
-                           engine_budget_s=args.engine_budget)
+                           engine_budget_s=args.engine_budget, device=args.device)
     if args.ray:
         from ..serve.ray import run_ray
 
         return run_ray(args.weights, host=args.host, port=args.port, options=options, token_file=args.token_file,
                        insecure=args.insecure, replicas=args.replicas, address=args.ray_address,
-                       img_size=args.img_size, offline=args.offline)
+                       img_size=args.img_size, offline=args.offline, replica_cpus=args.replica_cpus)
     from ..serve.server import run
 
     return run(args.weights, host=args.host, port=args.port, options=options, token_file=args.token_file,

@@ -90,8 +90,8 @@ def to_pil(image: Any, where: str = "image"):
     return Image.fromarray(arr)
 
 
-def _labels_and_classes(dataset: Any, label_key: str, classes: Optional[Sequence[str]]
-                        ) -> Tuple[torch.Tensor, List[str]]:
+def _labels_and_classes(dataset: Any, label_key: str,
+                        classes: Optional[Sequence[str]]) -> Tuple[torch.Tensor, List[str]]:
     names = list(classes) if classes is not None else None
     features = getattr(dataset, "features", None)  # Hugging Face datasets
     if features is not None and label_key in features:

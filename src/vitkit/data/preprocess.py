@@ -39,6 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image, ImageOps
+
 from ..errors import ConfigError, DataError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

@@ -169,9 +169,11 @@ class FeatureCache:
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:40]
 
     def path(self, key: str) -> Path:
+        """The file of a cache entry."""
         return self.root / f"{key}.npy"
 
     def get(self, key: str) -> Optional[np.ndarray]:
+        """The cached features of ``key``, or None (also for a damaged entry, which is recomputed)."""
         p = self.path(key)
         if not p.is_file():
             return None
@@ -181,6 +183,7 @@ class FeatureCache:
             return None
 
     def put(self, key: str, value: np.ndarray, parts: Dict[str, Any]) -> Path:
+        """Store features under ``key`` (atomically), with ``parts`` beside them as JSON; returns the path."""
         p = self.path(key)
         with atomic_path(p) as tmp:
             with open(tmp, "wb") as f:

@@ -87,6 +87,7 @@ class Backend:
         return "auto" not in asdict(self).values()
 
     def replace(self, **changes: str) -> "Backend":
+        """A copy with the given fields (gemm, attention, int8) set."""
         return replace(self, **changes)
 
     def pinned(self) -> "Backend":

@@ -57,7 +57,8 @@ def onednn_ok(dtype: torch.dtype) -> bool:
     return dtype != torch.bfloat16 or backend.cpu_has_native_bf16()
 
 
-def _what(dtype: torch.dtype, op: str) -> str:
+def gemm_what(dtype: torch.dtype, op: str) -> str:
+    """The name of the GEMM choice for ``op`` in ``dtype`` (its decision's and cache entry's key)."""
     return f"gemm {op} {str(dtype).replace('torch.', '')}"
 
 
@@ -112,7 +113,7 @@ def calibrate(dtype: torch.dtype, op: str = "linear", rounds: int = 7) -> str:
     _CHOICE[(dtype, op, torch.get_num_threads())] = choice
     for key in [k for k in _CHOICE if k[0] == "training"]:  # decided on the products' former choices
         del _CHOICE[key]
-    return backend.remember(_what(dtype, op), {**result, "min_gain": MIN_GAIN}, choice)
+    return backend.remember(gemm_what(dtype, op), {**result, "min_gain": MIN_GAIN}, choice)
 
 
 def gemm_kernel(dtype: torch.dtype, device: torch.device, op: str = "linear") -> str:
@@ -127,7 +128,7 @@ def gemm_kernel(dtype: torch.dtype, device: torch.device, op: str = "linear") ->
     key = (dtype, op, torch.get_num_threads())
     choice = _CHOICE.get(key)
     if choice is None:
-        choice = backend.cached_choice(_what(dtype, op), KERNELS) or calibrate(dtype, op)
+        choice = backend.cached_choice(gemm_what(dtype, op), KERNELS) or calibrate(dtype, op)
         _CHOICE[key] = choice
     return choice
 
@@ -171,7 +172,7 @@ def summary(dtype: torch.dtype, device: str = "cpu") -> dict:
         elif declared != "auto":
             out[op] = {"kernel": declared, "why": "declared"}
         else:
-            entry = backend.read_cache().get(backend.cache_key(_what(dtype, op))) if op != "training" else None
+            entry = backend.read_cache().get(backend.cache_key(gemm_what(dtype, op))) if op != "training" else None
             key = ("training", dtype, torch.get_num_threads()) if op == "training" else \
                 (dtype, op, torch.get_num_threads())
             if key in _CHOICE:

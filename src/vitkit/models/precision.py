@@ -115,7 +115,7 @@ def dense(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.
 # --- attention ---------------------------------------------------------------------------------------
 ATTENTION_PATHS = ("fused", "explicit", "widened")
 ATTENTION_ROUNDS = 5
-_ATTENTION: Dict[tuple, str] = {}
+_ATTENTION: Dict[str, str] = {}
 
 
 def forget() -> None:
@@ -137,9 +137,15 @@ def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
     return (F.dropout(weights, dropout_p) if dropout_p else weights) @ v, weights
 
 
-def _attention_key(q: torch.Tensor, k: torch.Tensor, grad: bool) -> tuple:
-    return (str(q.dtype).replace("torch.", ""), "training" if grad else "inference", q.shape[-3],
-            q.shape[-2], k.shape[-2], q.shape[-1], torch.get_num_threads())
+def attention_what(q: torch.Tensor, k: torch.Tensor, grad: bool) -> str:
+    """The name of the attention choice for these q/k/v (the key of its decision and its cache entry)."""
+    return (f"attention {str(q.dtype).replace('torch.', '')} {'training' if grad else 'inference'} "
+            f"heads={q.shape[-3]} q={q.shape[-2]} k={k.shape[-2]} d={q.shape[-1]} threads={torch.get_num_threads()}")
+
+
+def decided_attention(what: str) -> Optional[str]:
+    """The path this process chose for the attention choice ``what`` under ``auto``, if it has chosen."""
+    return _ATTENTION.get(what)
 
 
 def _needs_grad(q, k, v) -> bool:
@@ -153,19 +159,18 @@ def attention_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
     gradient mode, head count, token count and head size (:func:`measure_attention`; cached). On a CPU
     without bf16 GEMMs, bf16 runs the chosen path on operands widened exactly to fp32 (``widened`` reports
     that for the fused path). The explicit path rounds the weights to bf16 before AV, the fused kernel
-    keeps them in fp32: the two differ by bf16 rounding (bounded in tests/test_inference.py)."""
+    keeps them in fp32: the two differ by bf16 rounding (bounded in tests/test_backend.py)."""
     declared = backend.current().attention
     if q.device.type != "cpu" or (declared == "auto" and backend.graph_capture()):
         return "fused"
     if declared == "auto":
         grad = _needs_grad(q, k, v)
-        key = _attention_key(q, k, grad)
-        declared = _ATTENTION.get(key)
+        what = attention_what(q, k, grad)
+        declared = _ATTENTION.get(what)
         if declared is None:
-            what = "attention {} {} heads={} q={} k={} d={} threads={}".format(*key)
             declared = backend.cached_choice(what, ("fused", "explicit")) or \
                 backend.remember(what, *_decide_attention(q, k, grad))
-            _ATTENTION[key] = declared
+            _ATTENTION[what] = declared
     return "widened" if declared == "fused" and widen_bf16(q) else declared
 
 

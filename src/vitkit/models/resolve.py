@@ -19,7 +19,7 @@ def _gemm_rows(dtype: torch.dtype, measure: bool) -> List[Dict[str, Any]]:
         kernels.training_kernels(dtype, torch.device("cpu"))
     rows = []
     for op, v in kernels.summary(dtype, "cpu").items():
-        entry = backend.read_cache().get(backend.cache_key(kernels._what(dtype, op))) or {}
+        entry = backend.read_cache().get(backend.cache_key(kernels.gemm_what(dtype, op))) or {}
         meas = (f"ATen/oneDNN time {entry['ratio']:.2f}x, needs >= {kernels.MIN_GAIN}x for oneDNN"
                 if "ratio" in entry else None)
         rows.append({"what": f"gemm {op} {name}", "choice": v["kernel"], "why": v["why"], "measurement": meas})
@@ -36,16 +36,13 @@ def _attention_rows(model: str, batch: int, dtype: torch.dtype, measure: bool) -
         with torch.set_grad_enabled(grad):
             qkv = torch.zeros(batch * tokens, 3 * heads * dim, dtype=dtype, requires_grad=grad)
             q, k, v = precision.split_heads(qkv, batch, tokens, heads, dim)
-            key = precision._attention_key(q, k, grad)
-            what = "attention {} {} heads={} q={} k={} d={} threads={}".format(*key)
+            what = precision.attention_what(q, k, grad)
             entry = backend.read_cache().get(backend.cache_key(what))
             declared = backend.current().attention
             if declared != "auto":
                 choice, why = precision.attention_path(q, k, v), "declared"
-            elif measure or key in precision._ATTENTION or entry:
-                if measure and key not in precision._ATTENTION and not entry:
-                    precision.attention_path(q, k, v)  # measures and caches
-                choice = precision.attention_path(q, k, v)
+            elif measure or precision.decided_attention(what) or entry:
+                choice = precision.attention_path(q, k, v)  # measures (and caches) when nothing is known
                 why = "measured"
                 entry = backend.read_cache().get(backend.cache_key(what)) or entry
             else:

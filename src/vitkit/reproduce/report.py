@@ -1,23 +1,25 @@
-"""report.json and report.md (with one PNG per claim) from the measured runs."""
+"""report.json (every value per seed, every test with its p-values and verdict) and report.md with one PNG
+per claim (:mod:`.figures`). :func:`evaluate` derives every estimate and verdict from report.json's own
+per-seed values, so anyone can re-check them from the JSON alone."""
 from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..errors import ConfigError
 from ..utils import PathLike, atomic_path, write_json_atomic
 from . import stats
 from .budget import Budget
-from .claims import METRIC_LABELS, SPEED, Arm, Claim
+from .claims import SPEED, Arm, Claim
+from .measure import code_id
 
-# The training logs' images / s stay in measures.json, out of the tables: runs of one report may have trained with
-# different thread counts (--jobs), days or machines; speed comparisons read the side-by-side timing (SPEED).
-SHOWN = ("test_top1", "val_top1", "fewshot_5", "fewshot_10", SPEED)
-PERCENT = {"test_top1", "val_top1", "fewshot_5", "fewshot_10"}
-
-
-def _values(measures: Dict[str, List[Dict[str, Any]]], metric: str) -> Dict[str, List[float]]:
-    return {arm: [m[metric] for m in ms if m.get(metric) is not None] for arm, ms in measures.items()}
+PER_SEED = ("test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain", "train_macs", "lr", "l0_mean_dist", "l0_max_rel",
+            "l0_min_rel", "l0_spread_rel", "dist_growth", "posemb_rowcol")
+PERCENT = {"test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain"}
+# the smallest difference that matters, per metric (stated in the report)
+MARGINS = {"test_top1": 0.01, "val_top1": 0.01, "fewshot_5": 0.01, "fewshot_10": 0.01, "l0_min_rel": 0.1,
+           "l0_spread_rel": 0.1, "dist_growth": 1.0, "l0_mean_dist": 1.0, "posemb_rowcol": 0.05, SPEED: None}
 
 
 def _groups(arms: Dict[str, Arm]) -> Dict[str, List[Tuple[float, str]]]:
@@ -28,104 +30,156 @@ def _groups(arms: Dict[str, Arm]) -> Dict[str, List[Tuple[float, str]]]:
     return {g: sorted(v) for g, v in out.items()}
 
 
-def build(claims: Sequence[Claim], arms: Dict[str, Arm], measures: Dict[str, List[Dict[str, Any]]],
-          canonical: Dict[str, str], budget: Budget, *, command: str = "", machine: str = "",
-          all_names: Sequence[str] = (), speeds: Optional[Dict[str, List[float]]] = None) -> Dict[str, Any]:
-    """The report as a JSON-ready dict. ``measures`` is keyed by canonical arm; ``canonical`` maps every
-    arm name to its run's; ``speeds`` holds the side-by-side training speeds (one value per round) of the
-    arms that speed comparisons read."""
-    by_name = {n: measures.get(canonical.get(n, n), []) for n in arms}
+def _arm_values(ms: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
+    return {k: {str(m["seed"]): m[k] for m in ms if m.get(k) is not None} for k in PER_SEED
+            if any(m.get(k) is not None for m in ms)}
+
+
+def build(claims: Sequence[Claim], arms: Dict[str, Arm], alias: Dict[str, str],
+          measures: Dict[str, List[Dict[str, Any]]], budget: Budget, *, command: str = "", machine: str = "",
+          speeds: Optional[Dict[str, List[float]]] = None, sweeps: Optional[Dict[str, Any]] = None,
+          allow_mixed_code: bool = False, allow_missing_seeds: bool = False) -> Dict[str, Any]:
+    """The report as a JSON-ready dict, evaluated. ``measures`` is keyed by run; ``alias`` maps every arm
+    name to its run; ``speeds`` (keyed by run) holds the side-by-side speeds, one value per round."""
     speeds = speeds or {}
-
-    def values(metric: str) -> Dict[str, List[float]]:
-        return {n: list(speeds.get(n, [])) for n in arms} if metric == SPEED else _values(by_name, metric)
-
+    used = sorted({n for c in claims for n in c.arms} | {n for c in claims for t in c.tests for n, _ in t.weights
+                                                         if isinstance(n, str)} | _candidates(claims, arms))
+    values, code, curves, missing = {}, {}, {}, {}
+    for n in used:
+        ms = measures.get(alias.get(n, n), [])
+        values[n] = _arm_values(ms)
+        if alias.get(n, n) in speeds:
+            values[n][SPEED] = {str(i): v for i, v in enumerate(speeds[alias[n]])}
+        code[n] = {str(m["seed"]): code_id(m.get("code")) for m in ms}
+        curves[n] = {str(m["seed"]): m.get("curve") for m in ms if m.get("curve")}
+        lack = sorted(set(budget.seeds) - {int(m["seed"]) for m in ms})
+        if lack:
+            missing[n] = lack
     groups = _groups(arms)
-    val = _values(by_name, "val_top1")
-    out: Dict[str, Any] = {"command": command, "machine": machine, "budget": budget.name, "budget_note": budget.note,
-                           "seeds": list(budget.seeds), "rule": stats.RULE, "data": budget.data_note,
-                           "validation": (f"{budget.val_size:,} images held out of the training split" if budget.val_size
-                                          else "the recipes' 5,000 training images, 500 per class, the same for "
-                                               "every seed"), "claims": []}
+    val = {n: list(v.get("val_top1", {}).values()) for n, v in values.items()}
+    out: Dict[str, Any] = {
+        "version": 2, "command": command, "machine": machine, "budget": budget.name, "budget_note": budget.note,
+        "seeds": list(budget.seeds), "rule": stats.RULE, "alpha": stats.ALPHA, "margins": MARGINS,
+        "data": budget.data_note, "validation": (f"{budget.val_size:,} images held out of the training split"
+                                                 if budget.val_size else "the recipes' 5,000 training images, 500 "
+                                                 "per class, the same for every seed and for MPP"),
+        "sweeps": sweeps or {}, "values": values, "code": code, "curves": curves, "missing_seeds": missing,
+        "allow_mixed_code": allow_mixed_code, "allow_missing_seeds": allow_missing_seeds, "claims": []}
     for c in claims:
-        rec: Dict[str, Any] = {"id": c.id, "title": c.title, "paper": c.paper, "setup": c.setup, "limits": c.limits,
-                               "metric": c.metric, "arms": [], "tests": []}
+        rec: Dict[str, Any] = {"id": c.id, "title": c.title, "paper": c.paper, "setup": c.setup, "can": c.can,
+                               "cannot": c.cannot, "metric": c.metric, "figure": c.figure, "arms": [], "tests": []}
         for name in c.arms:
-            a = arms[name]
-            row: Dict[str, Any] = {"arm": name, "label": a.label or name, "run": canonical.get(name, name),
-                                   "group": a.group, "x": a.x}
-            ms = by_name[name]
-            if ms:
-                row["params"], row["macs"] = ms[0]["params"], ms[0]["macs"]
-            for metric in SHOWN + (c.metric,):
-                row[metric] = stats.summary(speeds.get(name, []) if metric == SPEED else [m.get(metric) for m in ms])
-            if name in speeds and any(t.metric == SPEED for t in c.tests):
-                row["rounds"] = list(speeds[name])  # the side-by-side timing, one rate per round
+            a, ms = arms[name], measures.get(alias.get(name, name), [])
+            row = {"arm": name, "label": a.label or name, "run": alias.get(name, name), "group": a.group, "x": a.x,
+                   "params": ms[0]["params"] if ms else None, "macs": ms[0]["macs"] if ms else None}
             if c.figure == "distance":
                 row["distance"] = _mean_matrix([m.get("distance") for m in ms])
                 row["uniform_distance"] = ms[0].get("uniform_distance") if ms else None
             rec["arms"].append(row)
-        verdicts = []
         for t in c.tests:
-            metric_vals = values(t.metric)
             try:
-                weights = [(stats.resolve(n, groups, val), w) for n, w in t.weights]
-            except ValueError as err:
-                rec["tests"].append({"text": t.text, "error": str(err), "verdict": "inconclusive"})
-                verdicts.append("inconclusive")
+                weights = [(n if isinstance(n, str) else n.resolve(groups, val), w) for n, w in t.weights]
+                shared = [a for i, (a, _) in enumerate(weights) if alias.get(a, a) in
+                          {alias.get(b, b) for b, _ in weights[:i]}]
+                if shared:  # two names of one run are not two arms
+                    raise ConfigError(f"{', '.join(shared)} is the same run as another arm of this comparison")
+            except ConfigError as err:
+                rec["tests"].append({"text": t.text, "kind": "contrast", "error": str(err)})
                 continue
-            cst = stats.contrast(weights, metric_vals, paired=t.metric == SPEED)
-            margin = stats.MARGIN if t.metric in PERCENT else float("inf")
-            v = stats.verdict(cst["estimate"], cst["se"], t.expect, t.ref, margin)
-            rec["tests"].append({"text": t.text, "metric": t.metric, "expect": t.expect, "ref": t.ref,
-                                 "weights": weights, **cst, "verdict": v})
-            verdicts.append(v)
-        if c.id == 10:
-            names = [n for n in all_names if arms[n].kind == "train" and by_name.get(n)]
-            pts = [(n, stats.summary(_values(by_name, "fewshot_5")[n])["mean"],
-                    stats.summary(_values(by_name, "test_top1")[n])["mean"]) for n in names]
-            rc = stats.rank_correlation([p[1] for p in pts], [p[2] for p in pts])
-            rec["points"] = [{"arm": n, "label": arms[n].label or n, "fewshot_5": f, "test_top1": t}
-                             for n, f, t in pts]
-            rec["tests"].append({"text": "Spearman rank correlation of 5-shot and test accuracy over models",
-                                 **rc})
-            verdicts.append(rc["verdict"])
-        rec["verdict"] = stats.combine(verdicts)
+            margin = t.margin if t.margin is not None else MARGINS.get(t.metric)
+            rec["tests"].append({"text": t.text, "kind": "contrast", "metric": t.metric, "expect": t.expect,
+                                 "ref": t.ref, "margin": margin, "weights": weights, "requires": list(t.requires),
+                                 "selected": [str(n) for n, _ in t.weights if not isinstance(n, str)]})
+        if c.analysis is not None:
+            extra = c.analysis(c, {n: {k: {int(s): v for s, v in d.items()} for k, d in values[n].items()}
+                                   for n in c.arms if n in values})
+            rec["points"] = extra.get("points", [])
+            rec["tests"] += extra.get("tests", [])
         out["claims"].append(rec)
+    evaluate(out)
     return out
+
+
+def _candidates(claims: Sequence[Claim], arms: Dict[str, Arm]) -> set:
+    return {m for c in claims for t in c.tests for n, _ in t.weights if not isinstance(n, str)
+            for m in n.candidates(arms)}
+
+
+def evaluate(report: Dict[str, Any]) -> None:
+    """Fill in every test's estimate, interval, p-values (raw and Holm-adjusted) and verdict, and every
+    claim's verdict, from the report's own per-seed values (in place)."""
+    values, family = report["values"], []
+    for c in report["claims"]:
+        seen: Dict[Any, str] = {}
+        for t in c["tests"]:
+            if t.get("kind") == "correlation":
+                t["p_values"] = {} if t.get("p") is None else {"effect": t["p"]}
+            elif "error" not in t:
+                _contrast(t, values, report)
+                key = (t["metric"], tuple(sorted((a, abs(w)) for a, w in t["weights"])))
+                if key in seen:  # e.g. claim 2 when both read-outs peak at the same rate
+                    t["duplicate_of"], t["p_values"] = seen[key], {}
+                seen.setdefault(key, t["text"])
+            family += [(t, k, p) for k, p in (t.get("p_values") or {}).items()]
+    adjusted = stats.holm([p for _, _, p in family])
+    for t in (t for c in report["claims"] for t in c["tests"]):
+        t["p_adjusted"] = {}
+    for (t, k, _), p in zip(family, adjusted):
+        t["p_adjusted"][k] = p
+    report["tests_in_family"] = len(family)
+    for c in report["claims"]:
+        by_text = {}
+        for t in c["tests"]:
+            if t.get("kind") == "correlation":
+                t["verdict"] = stats.decide_correlation(t.get("rho"), t["p_adjusted"].get("effect"))
+            elif "error" in t:
+                t["verdict"] = stats.UNDERPOWERED
+            elif t.get("duplicate_of"):  # tested once, under the first text; not a claim's evidence twice
+                t["verdict"] = stats.UNDERPOWERED
+            else:
+                t["verdict"] = stats.decide(t["expect"], t["estimate"], t["ref"], t["p_adjusted"])
+                unmet = [r for r in t.get("requires", []) if by_text.get(r) != stats.REPRODUCED]
+                if unmet:
+                    t["verdict"], t["note"] = stats.UNDERPOWERED, "not testable: " + "; ".join(unmet) + " is not reproduced"
+            by_text[t["text"]] = t["verdict"]
+        c["verdict"] = stats.combine([t["verdict"] for t in c["tests"] if not t.get("duplicate_of")])
+
+
+def _contrast(t: Dict[str, Any], values: Dict[str, Any], report: Dict[str, Any]) -> None:
+    per = {a: {int(s): v for s, v in (values.get(a) or {}).get(t["metric"], {}).items()} for a, _ in t["weights"]}
+    if t["metric"] != SPEED:
+        versions = {report["code"].get(a, {}).get(str(s)) for a in per for s in per[a]}
+        if len(versions) > 1 and not report.get("allow_mixed_code"):
+            raise ConfigError(f"'{t['text']}' compares runs of different code versions ({', '.join(sorted(map(str, versions)))}):"
+                              f" retrain them with one version, or pass --allow-mixed-code")
+    try:
+        cst = stats.contrast(t["weights"], per, allow_missing=bool(report.get("allow_missing_seeds")))
+    except stats.SeedMismatch as err:
+        raise ConfigError(f"'{t['text']}': {err}") from None
+    t.update({k: cst.get(k) for k in ("estimate", "se", "df", "n", "ci", "design")})
+    if cst.get("missing_seeds"):
+        t["missing_seeds"] = cst["missing_seeds"]
+    t["p_values"] = stats.p_values(cst, t["expect"], t["ref"], t["margin"])
 
 
 def compute(measures: Dict[str, List[Dict[str, Any]]], *, wall_s: float, runs: Dict[str, int],
             jobs: int = 1) -> Dict[str, Any]:
     """What the report cost: the runs' summed training time (from their results.json, so it covers earlier
-    invocations too) and this invocation's wall time with what it did (``runs``: training / resumed / reused
-    counts; empty for ``--report-only``). The wall time is the whole cost only when every run was trained
-    from scratch by this invocation. ``jobs``: runs trained at once (each its own process)."""
+    invocations too), per run, and this invocation's wall time with what it did (``runs``: training /
+    resumed / reused counts; empty for ``--report-only``); the machines and code versions that trained."""
     ms = [m for v in measures.values() for m in v]
     machines = Counter(m.get("machine") or "" for m in ms)  # "": measured before the machine was recorded
+    codes = Counter(code_id(m.get("code")) for m in ms)
+    backends = Counter(m.get("backend") or "unrecorded" for m in ms)
+    per_run: Dict[str, Dict[str, float]] = {}
+    for run, v in measures.items():
+        per_run[run] = {str(m["seed"]): float(m.get("train_s") or 0.0) for m in v}
     return {"runs": len(ms), "train_s_total": sum(float(m.get("train_s") or 0.0) for m in ms),
-            "machines": dict(sorted(machines.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "train_s": per_run, "machines": dict(sorted(machines.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "code_versions": dict(sorted(codes.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "backends": dict(sorted(backends.items(), key=lambda kv: (-kv[1], kv[0]))),
             "wall_s": float(wall_s), "jobs": int(jobs), "this_invocation": {k: int(v) for k, v in sorted(runs.items())},
             "complete": bool(ms) and runs.get("training", 0) == len(ms)}
-
-
-def _compute_line(c: Optional[Dict[str, Any]]) -> str:
-    if not c:
-        return ""
-    did = c["this_invocation"]
-    what = ", ".join(f"{n} {k}" for k, n in did.items()) if did else "report only, nothing trained"
-    wall = (f"this command took {c['wall_s'] / 60:.1f} min wall for all of it" if c["complete"] else
-            f"this invocation took {c['wall_s'] / 60:.1f} min wall ({what})")
-    if c.get("jobs", 1) > 1:
-        wall += f", {c['jobs']} runs at a time"
-    line = f"Compute: {c['runs']} runs, {c['train_s_total'] / 60:.1f} min of training in all; {wall}."
-    machines = c.get("machines") or {}
-    known = [f"{m} ({n} run{'s' if n > 1 else ''})" for m, n in machines.items() if m]
-    if known:
-        line += " Trained on: " + "; ".join(known) + "."
-    if machines.get(""):
-        line += f" Not recorded for {machines['']} run{'s' if machines[''] > 1 else ''} (measured before vitkit recorded it)."
-    return line
 
 
 def _mean_matrix(mats: List[Optional[list]]) -> Optional[list]:
@@ -137,156 +191,16 @@ def _mean_matrix(mats: List[Optional[list]]) -> Optional[list]:
     return np.mean(np.asarray(mats, dtype=float), axis=0).tolist()
 
 
-# --- figures ---------------------------------------------------------------------------------------------
-def figure(rec: Dict[str, Any], path: Path) -> Optional[Path]:
-    from ..analysis.plots import matplotlib_figure, save_figure
+def write(report: Dict[str, Any], out: PathLike, claims: Sequence[Claim] = ()) -> Path:
+    from .figures import curves_figure, figure
+    from .markdown import markdown
 
-    _, Figure = matplotlib_figure()
-    fig = Figure(figsize=(6.4, 3.8))
-    ax = fig.add_subplot(1, 1, 1)
-    metric = rec["metric"]
-    scale = 100.0 if metric in PERCENT else 1.0
-    kind = rec.get("figure", "bars")
-    if rec["id"] == 10:
-        pts = [p for p in rec.get("points", []) if p["fewshot_5"] is not None and p["test_top1"] is not None]
-        if not pts:
-            return None
-        ax.scatter([100 * p["fewshot_5"] for p in pts], [100 * p["test_top1"] for p in pts], s=14)
-        for p in pts:
-            ax.annotate(p["label"], (100 * p["fewshot_5"], 100 * p["test_top1"]), fontsize=6, alpha=0.7)
-        ax.set(xlabel="5-shot linear accuracy (%)", ylabel="test top-1 (%)")
-    elif kind == "distance":
-        drew = False
-        for i, row in enumerate(rec["arms"]):
-            d = row.get("distance")
-            if not d:
-                continue
-            drew = True
-            for layer, heads in enumerate(d):
-                ax.scatter([layer + 0.15 * i] * len(heads), heads, s=12, color=f"C{i}",
-                           label=row["label"] if layer == 0 else None)
-            if row.get("uniform_distance"):
-                ax.axhline(row["uniform_distance"], color=f"C{i}", ls=":", lw=0.8,
-                           label=f"{row['label']}: uniform attention")
-        if not drew:
-            return None
-        depth = max(len(row.get("distance") or []) for row in rec["arms"])
-        ax.set_xticks(range(depth))
-        ax.set(xlabel="layer (one dot per head)", ylabel="mean attention distance (pixels)")
-        ax.legend(fontsize=7)
-    elif kind == "lines":
-        groups: Dict[str, List[Dict[str, Any]]] = {}
-        for row in rec["arms"]:
-            groups.setdefault(row["group"], []).append(row)
-        for g, rows in groups.items():
-            rows = [r for r in rows if r[metric]["mean"] is not None]
-            rows.sort(key=lambda r: r["x"])
-            if not rows:
-                continue
-            ax.errorbar([r["x"] for r in rows], [scale * r[metric]["mean"] for r in rows],
-                        yerr=[scale * (r[metric]["std"] or 0.0) for r in rows], marker="o", capsize=3, label=g)
-        ax.set_xscale("log")
-        ax.set(xlabel="learning rate" if rec["id"] == 2 else "labelled training images",
-               ylabel=METRIC_LABELS.get(metric, metric) + (" (%)" if scale == 100 else ""))
-        ax.legend(fontsize=8)
-    else:
-        rows = [r for r in rec["arms"] if r[metric]["mean"] is not None]
-        if not rows:
-            return None
-        ax.bar(range(len(rows)), [scale * r[metric]["mean"] for r in rows],
-               yerr=[scale * (r[metric]["std"] or 0.0) for r in rows], capsize=3, color="C0", alpha=0.8)
-        ax.set_xticks(range(len(rows)))
-        ax.set_xticklabels([r["label"] for r in rows], rotation=25, ha="right", fontsize=7)
-        if scale == 100:  # accuracies: zoom onto the range the arms span
-            lo = min(scale * r[metric]["mean"] for r in rows)
-            hi = max(scale * r[metric]["mean"] for r in rows)
-            ax.set_ylim(max(0.0, lo - max(2.0, 0.5 * (hi - lo))), min(100.0, hi + max(1.0, 0.3 * (hi - lo))))
-        ax.set_ylabel(METRIC_LABELS.get(metric, metric) + (" (%)" if scale == 100 else ""))
-    ax.set_title(f"Claim {rec['id']}: {rec['title']}", fontsize=9)
-    ax.grid(alpha=0.3)
-    save_figure(fig, path)
-    return path
-
-
-# --- markdown --------------------------------------------------------------------------------------------
-def _fmt(s: Dict[str, Any], metric: str) -> str:
-    if not s or s.get("mean") is None:
-        return "-"
-    if metric in PERCENT:
-        txt = f"{100 * s['mean']:.2f}"
-        return txt + (f" ± {100 * s['std']:.2f}" if s.get("std") is not None else "")
-    if metric == SPEED:  # images per second: whole numbers
-        return f"{s['mean']:,.0f}" + (f" ± {s['std']:,.0f}" if s.get("std") is not None else "")
-    txt = f"{s['mean']:.3g}"
-    return txt + (f" ± {s['std']:.2g}" if s.get("std") is not None else "")
-
-
-def _num(v: Optional[float], metric: str) -> str:
-    if v is None:
-        return "-"
-    if metric == SPEED:
-        return f"{v:+,.1f}"
-    return f"{100 * v:+.2f} pt" if metric in PERCENT else f"{v:+.3g}"
-
-
-def markdown(report: Dict[str, Any], figures: Dict[int, str]) -> str:
-    lines = ["# vitkit reproduce: the paper's claims at laptop scale", "",
-             f"Command: `{report['command']}`  ", f"{report['machine'][:1].upper()}{report['machine'][1:]}  ",
-             f"Budget: **{report['budget']}**: {report['budget_note']}.  ",
-             _compute_line(report.get("compute")), "",
-             f"Data: {report['data']}. The validation split ({report['validation']}) chooses everything that is "
-             "chosen (claim 2's learning rate, raw or EMA weights) and is what the probes read (few-shot accuracy, "
-             "attention statistics); the test split is read once per final model, by the trainer, with the "
-             "exported weights. Accuracies are in %, as mean ± standard deviation over seeds.", "",
-             f"**Verdict rule.** {report['rule']}", "", "| claim | verdict |", "|---|---|"]
-    for c in report["claims"]:
-        lines.append(f"| {c['id']}. {c['title']} | {c['verdict']} |")
-    for c in report["claims"]:
-        lines += ["", f"## Claim {c['id']}: {c['title']}", "", f"**Paper.** {c['paper']}", "",
-                  f"**Our set-up.** {c['setup']}", ""]
-        if c["arms"]:
-            metrics = [m for m in SHOWN if any(r[m]["mean"] is not None for r in c["arms"])]
-            if c["metric"] not in metrics and any(r[c["metric"]]["mean"] is not None for r in c["arms"]):
-                metrics.append(c["metric"])
-            lines.append("| arm | run | params | MACs | " + " | ".join(METRIC_LABELS.get(m, m) for m in metrics)
-                         + " | seeds |")
-            lines.append("|---" * (5 + len(metrics)) + "|")
-            for r in c["arms"]:
-                n = max((r[m]["n"] for m in metrics if m != SPEED), default=0)  # speed: rounds, not seeds
-                lines.append(f"| {r['label']} | {r['run']} | {r.get('params', '-'):,} | "
-                             f"{(r.get('macs') or 0) / 1e6:.2f} M | "
-                             + " | ".join(_fmt(r[m], m) for m in metrics) + f" | {n} |"
-                             if r.get("params") else
-                             f"| {r['label']} | {r['run']} | - | - | " + " | ".join("-" for _ in metrics) + " | 0 |")
-        if c["id"] in figures:
-            lines += ["", f"![claim {c['id']}]({figures[c['id']]})"]
-        lines += ["", "| comparison | estimate | 2 SE | verdict |", "|---|---|---|---|"]
-        for t in c["tests"]:
-            if "rho" in t:
-                est = "-" if t["rho"] is None else f"rho = {t['rho']:.2f} (p = {t['p']:.3g}, {t['n']} models)"
-                lines.append(f"| {t['text']} | {est} | - | {t['verdict']} |")
-                continue
-            if "error" in t:
-                lines.append(f"| {t['text']} | {t['error']} | - | {t['verdict']} |")
-                continue
-            m = t["metric"]
-            resolved = " ".join(f"{'+' if w > 0 else '-'} {a}" for a, w in t["weights"])
-            two_se = None if t["se"] is None else 2 * t["se"]
-            ref = f" vs {t['ref']:g}" if t["ref"] else ""
-            lines.append(f"| {t['text']} ({METRIC_LABELS.get(m, m)}: {resolved}{ref}) | {_num(t['estimate'], m)} | "
-                         f"{'-' if two_se is None else _num(two_se, m).lstrip('+')} | {t['verdict']} |")
-        lines += ["", f"**Verdict: {c['verdict']}.**" + (f" At this scale: {c['limits']}" if c["limits"] else "")]
-    return "\n".join(lines) + "\n"
-
-
-def write(report: Dict[str, Any], out: PathLike, claims: Sequence[Claim]) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    report["curves_file"] = curves_figure(report, out / "curves.png") and "curves.png"
     figs: Dict[int, str] = {}
-    kinds = {c.id: c.figure for c in claims}
     for rec in report["claims"]:
-        rec["figure"] = kinds.get(rec["id"], "bars")
-        path = figure(rec, out / f"claim{rec['id']}.png")
+        path = figure(rec, report, out / f"claim{rec['id']}.png")
         if path is not None:
             figs[rec["id"]] = path.name
         rec["figure_file"] = figs.get(rec["id"])

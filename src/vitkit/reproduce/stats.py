@@ -1,147 +1,200 @@
-"""Statistics over seeds and the verdict rule.
+"""Statistics over seeds and the verdict rule (:data:`RULE`, printed in every report).
 
-Each comparison is a linear contrast C = sum_i w_i * mean_i of arm means (a difference ``a - b``, or a
-difference of differences). Its standard error pools the seeds' sample variances of the arms:
-SE = sqrt(sum_i w_i^2 * s_i^2 / n_i). With K = 2:
+Values are kept per seed: ``{arm: {seed: value}}``. A comparison is a linear contrast C = sum_i w_i * arm_i
+(a difference ``a - b``, or a difference of differences). When every arm of the contrast has the same seeds
+it is **paired by seed** (arms of one seed share the data order, the data subset and, for fine-tunes, the
+parent run): C is computed per seed and tested with a one-sample t-test over seeds (df = n - 1). Otherwise
+(the seed sets differ, which is only allowed when the caller says so) it is a **Welch** contrast of the arm
+means, with Welch-Satterthwaite degrees of freedom. Side-by-side speed timings are paired by round instead.
 
-* expected direction (``>``): **supports** when C - ref > K * SE, **contradicts** when C - ref < -K * SE,
-  otherwise **inconclusive**;
-* expected equality (``~``): **supports** when |C - ref| <= K * SE and K * SE <= margin (no difference, and
-  the seeds could have shown one as large as the margin), **contradicts** when |C - ref| > K * SE and
-  |C - ref| > margin, otherwise **inconclusive**;
-* fewer than 2 seeds in any arm: no standard error, **inconclusive**.
+Each comparison yields p-values for its hypotheses; Holm's step-down correction runs over all the p-values of
+one report at family-wise error 0.05; then:
 
-Speeds timed side by side (one value per round and arm, the arms alternated within each round) are paired:
-the contrast is taken per round and SE is the standard error of its mean over the rounds.
+* expected difference (``>``, a margin m of practical relevance): **reproduced** when C > ref significantly
+  (two-sided t-test), **contradicted** when C < ref significantly, **not reproduced (effect ruled out)** when
+  C < ref + m significantly (the paper's effect, at least m, is excluded), else **underpowered**;
+* expected equality (``~``, margin m): **reproduced** when the TOST equivalence test puts |C - ref| < m
+  significantly, **contradicted** when |C - ref| > m significantly, else **underpowered**;
+* a rank correlation (claim 10): **reproduced** / **contradicted** when rho > 0 / < 0 significantly
+  (the p-value of Spearman's test enters the Holm family), **underpowered** otherwise;
+* fewer than 2 seeds, or a zero standard error (every seed gave the same contrast, e.g. two collapsed
+  models): **underpowered**, and no p-value enters the family.
 
-A claim supports when every comparison supports, contradicts when any contradicts, and is inconclusive
-otherwise. Claim 10 is a Spearman rank correlation rho over models (the seed means): supports when rho > 0
-with p < 0.05, contradicts when rho < 0 with p < 0.05, otherwise inconclusive.
+A claim is **contradicted** when any of its comparisons is, else **not reproduced** when any is, else
+**reproduced** when all are, else **underpowered**.
 """
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-K = 2.0  # standard errors a difference must exceed to count
-MARGIN = 0.01  # for "~" on accuracies: one point; the paper's own spread in Table 8 is 0.3 points at ImageNet scale
-P_LEVEL = 0.05
-VERDICTS = ("supports", "contradicts", "inconclusive")
+from ..errors import ConfigError
 
-RULE = (f"A comparison is a contrast of arm means over seeds (a difference, or a difference of differences) with "
-        f"standard error SE = sqrt(sum w_i^2 s_i^2 / n_i) pooled from the seeds' sample variances. An expected "
-        f"difference counts (supports) when it exceeds {K:g} SE in the expected direction and contradicts when it "
-        f"exceeds {K:g} SE in the other; an expected equality supports when the difference is within {K:g} SE "
-        f"and {K:g} SE is at most {100 * MARGIN:g} point, and contradicts when the difference exceeds both {K:g} "
-        f"SE and {100 * MARGIN:g} point; anything else, or a single seed, is inconclusive. A claim supports when "
-        f"all its comparisons do, contradicts when any does, and is otherwise inconclusive. Claim 10: Spearman "
-        f"rho over the models, supports when rho > 0 with p < {P_LEVEL}, contradicts when rho < 0 with "
-        f"p < {P_LEVEL}. Speeds timed side by side are paired by round: their SE is that of the mean per-round "
-        f"contrast.")
+ALPHA = 0.05  # family-wise error rate of one report (Holm)
+CONFIDENCE = 0.95  # confidence intervals in the tables
+REPRODUCED, RULED_OUT, CONTRADICTED, UNDERPOWERED = ("reproduced", "not reproduced (effect ruled out)",
+                                                     "contradicted", "underpowered")
+VERDICTS = (REPRODUCED, RULED_OUT, CONTRADICTED, UNDERPOWERED)
+
+RULE = ("Values are kept per seed (report.json). A comparison is a contrast of arms (a difference, or a "
+        "difference of differences). When all its arms have the same seeds it is paired by seed (the contrast "
+        "is computed per seed, then a one-sample t-test, df = seeds - 1); otherwise a Welch t-test with "
+        "Welch-Satterthwaite df; side-by-side speeds are paired by timing round. Tables give means with 95% "
+        "t confidence intervals. Holm's correction runs over every p-value of the report at family-wise "
+        f"error {ALPHA:g}. An expected difference is reproduced when it is significantly above the reference, "
+        "contradicted when significantly below, not reproduced (effect ruled out) when it is significantly "
+        "below the reference plus the stated margin, and underpowered otherwise. An expected equality is "
+        "reproduced when a TOST equivalence test puts the difference within the stated margin, contradicted "
+        "when it is significantly beyond the margin, and underpowered otherwise. Claim 10's rank correlation "
+        "is reproduced or contradicted when Spearman's test is significant in either direction. Fewer than 2 "
+        "seeds or a zero standard error give no test (underpowered). A claim is "
+        "contradicted when any of its comparisons is, else not reproduced when any is, else reproduced when all "
+        "are, else underpowered.")
 
 
-def summary(values: Sequence[float]) -> Dict[str, Optional[float]]:
-    """mean, sample standard deviation (None for one value), n, and the standard error of the mean."""
+class SeedMismatch(ConfigError):
+    """Arms of a contrast lack seeds the others have: said, never silently dropped."""
+
+
+def _t():
+    from scipy.stats import t  # the reproduce extra
+
+    return t
+
+
+def t_quantile(df: float, q: float = 0.5 + CONFIDENCE / 2) -> float:
+    return float(_t().ppf(q, df))
+
+
+def _sf(x: float, df: float) -> float:
+    """P(T > x) for Student's t with ``df``."""
+    return float(_t().sf(x, df))
+
+
+def summary(values: Sequence[Optional[float]]) -> Dict[str, Optional[float]]:
+    """mean, sample standard deviation, n, standard error and the 95% t interval of the mean."""
     vals = [float(v) for v in values if v is not None]
     n = len(vals)
     if not n:
-        return {"mean": None, "std": None, "n": 0, "se": None}
+        return {"mean": None, "std": None, "n": 0, "se": None, "ci": None}
     mean = sum(vals) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else None
-    return {"mean": mean, "std": std, "n": n, "se": std / math.sqrt(n) if std is not None else None}
+    if n == 1:
+        return {"mean": mean, "std": None, "n": 1, "se": None, "ci": None}
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
+    se = std / math.sqrt(n)
+    h = t_quantile(n - 1) * se
+    return {"mean": mean, "std": std, "n": n, "se": se, "ci": [mean - h, mean + h]}
 
 
-def contrast(weights: Sequence[Tuple[str, float]], values: Dict[str, Sequence[float]], *, paired: bool = False
-             ) -> Dict[str, Optional[float]]:
-    """Estimate and pooled standard error of sum_i w_i * mean(values[arm_i]). ``paired``: the j-th values of
-    the arms were measured together (one round of side-by-side timing), so the standard error is that of the
-    mean of the per-round contrasts sum_i w_i * values[arm_i][j], from which what drifts between rounds
-    (the machine's load, its clock) cancels."""
-    if paired:
-        cols = [list(values.get(arm, [])) for arm, _ in weights]
-        if not all(cols):  # an arm not timed: nothing to compare, as below
-            return {"estimate": None, "se": None, "n_min": 0}
-        if len({len(c) for c in cols}) != 1 or any(v is None for c in cols for v in c):
-            raise ValueError("paired values need one value per round for every arm")
-        s = summary([sum(w * v for (_, w), v in zip(weights, rnd)) for rnd in zip(*cols)])
-        return {"estimate": s["mean"], "se": s["se"], "n_min": s["n"]}
-    est, var, n_min = 0.0, 0.0, None
-    for arm, w in weights:
-        s = summary(values.get(arm, []))
-        if s["mean"] is None:
-            return {"estimate": None, "se": None, "n_min": 0}
+def contrast(weights: Sequence[Tuple[str, float]], values: Mapping[str, Mapping[int, float]], *,
+             allow_missing: bool = False) -> Dict[str, object]:
+    """Estimate, standard error, degrees of freedom and 95% interval of sum_i w_i * arm_i.
+
+    ``values``: per arm, {seed (or timing round): value}. Paired when every arm has the same keys; when the
+    key sets differ, :class:`SeedMismatch` unless ``allow_missing`` (then Welch over what there is, and the
+    result says which seeds were missing)."""
+    cols = [{int(k): float(v) for k, v in (values.get(arm) or {}).items() if v is not None} for arm, _ in weights]
+    empty = {"estimate": None, "se": None, "df": None, "n": 0, "ci": None, "design": None}
+    if not all(cols):
+        return {**empty, "missing": [arm for (arm, _), c in zip(weights, cols) if not c]}
+    keys = [set(c) for c in cols]
+    if all(k == keys[0] for k in keys):
+        seeds = sorted(keys[0])
+        per = [sum(w * c[s] for (_, w), c in zip(weights, cols)) for s in seeds]
+        s = summary(per)
+        df = s["n"] - 1 if s["se"] is not None else None
+        return {"estimate": s["mean"], "se": s["se"], "df": df, "n": s["n"], "ci": s["ci"], "design": "paired",
+                "per_seed": dict(zip(seeds, per))}
+    union = set().union(*keys)
+    missing = {arm: sorted(union - k) for (arm, _), k in zip(weights, keys) if union - k}
+    if not allow_missing:
+        raise SeedMismatch("missing seeds " + "; ".join(f"{a}: {m}" for a, m in missing.items())
+                           + ": train them, or pass --allow-missing-seeds to compare unpaired")
+    est, var, terms = 0.0, 0.0, []
+    for (_, w), c in zip(weights, cols):
+        s = summary(list(c.values()))
         est += w * s["mean"]
-        n_min = s["n"] if n_min is None else min(n_min, s["n"])
-        var = None if var is None or s["std"] is None else var + w * w * s["std"] ** 2 / s["n"]
-    return {"estimate": est, "se": math.sqrt(var) if var is not None else None, "n_min": n_min}
+        if s["std"] is None:
+            return {**empty, "estimate": est, "design": "welch", "missing_seeds": missing}
+        term = w * w * s["std"] ** 2 / s["n"]
+        var += term
+        terms.append((term, s["n"]))
+    se = math.sqrt(var)
+    denom = sum(t * t / (n - 1) for t, n in terms)
+    df = var * var / denom if denom > 0 else float(min(n for _, n in terms) - 1)
+    h = t_quantile(df) * se
+    return {"estimate": est, "se": se, "df": df, "n": min(n for _, n in terms), "ci": [est - h, est + h],
+            "design": "welch", "missing_seeds": missing}
 
 
-def verdict(estimate: Optional[float], se: Optional[float], expect: str = ">", ref: float = 0.0,
-            margin: float = MARGIN) -> str:
-    """One comparison's verdict by the rule above."""
+def p_values(c: Mapping[str, object], expect: str, ref: float, margin: Optional[float]) -> Dict[str, float]:
+    """The p-values of one comparison's hypotheses (before Holm). ``>``: ``effect`` (two-sided, C = ref) and,
+    with a margin, ``ruled_out`` (one-sided, C >= ref + margin); ``~``: ``equivalent`` (TOST, |C - ref| >=
+    margin) and ``beyond`` (one-sided, |C - ref| <= margin). Empty without a standard error."""
     if expect not in (">", "~"):
-        raise ValueError(f"expect must be '>' or '~', got {expect!r}")
-    if estimate is None or se is None:
-        return "inconclusive"
-    d = estimate - ref
+        raise ConfigError(f"expect must be '>' or '~', got {expect!r}")
+    est, se, df = c.get("estimate"), c.get("se"), c.get("df")
+    if est is None or se is None or df is None or df <= 0 or not se > 0:  # a zero SE (identical seeds) tests nothing
+        return {}
+    d = float(est) - ref
+
+    def z(x: float) -> float:  # the t statistic of x
+        return x / se
+
     if expect == ">":
-        if d > K * se:
-            return "supports"
-        if d < -K * se:
-            return "contradicts"
-        return "inconclusive"
-    if abs(d) <= K * se and K * se <= margin:
-        return "supports"
-    if abs(d) > K * se and abs(d) > margin:
-        return "contradicts"
-    return "inconclusive"
+        out = {"effect": min(1.0, 2 * _sf(abs(z(d)), df))}
+        if margin is not None:
+            out["ruled_out"] = _sf(-z(d - margin), df)
+        return out
+    if margin is None:
+        raise ConfigError("an expected equality needs a margin")
+    return {"equivalent": max(_sf(z(d + margin), df), _sf(-z(d - margin), df)),
+            "beyond": _sf(z(abs(d) - margin), df)}
+
+
+def holm(pvals: Sequence[float]) -> List[float]:
+    """Holm's step-down adjusted p-values (monotone, capped at 1), in the input order."""
+    m = len(pvals)
+    order = sorted(range(m), key=lambda i: pvals[i])
+    adj, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvals[i]))
+        adj[i] = running
+    return adj
+
+
+def decide(expect: str, estimate: Optional[float], ref: float, adjusted: Mapping[str, float],
+           alpha: float = ALPHA) -> str:
+    """A comparison's verdict from its Holm-adjusted p-values (the rule above)."""
+    sig = {k for k, p in adjusted.items() if p < alpha}
+    if expect == "~":
+        return REPRODUCED if "equivalent" in sig else CONTRADICTED if "beyond" in sig else UNDERPOWERED
+    if "effect" in sig:
+        return REPRODUCED if estimate > ref else CONTRADICTED
+    return RULED_OUT if "ruled_out" in sig else UNDERPOWERED
 
 
 def combine(verdicts: Sequence[str]) -> str:
     """A claim's verdict from its comparisons'."""
-    if not verdicts:
-        return "inconclusive"
-    if any(v == "contradicts" for v in verdicts):
-        return "contradicts"
-    if all(v == "supports" for v in verdicts):
-        return "supports"
-    return "inconclusive"
+    for v in (CONTRADICTED, RULED_OUT):
+        if v in verdicts:
+            return v
+    return REPRODUCED if verdicts and all(v == REPRODUCED for v in verdicts) else UNDERPOWERED
 
 
-def rank_correlation(x: Sequence[float], y: Sequence[float]) -> Dict[str, Optional[float]]:
-    """Spearman rho and its two-sided p-value, with the verdict of claim 10."""
+def rank_correlation(x: Sequence[Optional[float]], y: Sequence[Optional[float]]) -> Dict[str, Optional[float]]:
+    """Spearman rho and its two-sided p-value over the pairs where both are known."""
     pairs = [(a, b) for a, b in zip(x, y) if a is not None and b is not None]
     if len(pairs) < 3:
-        return {"rho": None, "p": None, "n": len(pairs), "verdict": "inconclusive"}
+        return {"rho": None, "p": None, "n": len(pairs)}
     from scipy.stats import spearmanr
 
     res = spearmanr([a for a, _ in pairs], [b for _, b in pairs])
     rho, p = float(res.statistic), float(res.pvalue)
-    if math.isnan(rho):
-        v = "inconclusive"
-    else:
-        v = "supports" if rho > 0 and p < P_LEVEL else "contradicts" if rho < 0 and p < P_LEVEL else "inconclusive"
-    return {"rho": None if math.isnan(rho) else rho, "p": None if math.isnan(p) else p, "n": len(pairs),
-            "verdict": v}
+    return {"rho": None if math.isnan(rho) else rho, "p": None if math.isnan(p) else p, "n": len(pairs)}
 
 
-def resolve(name: str, groups: Dict[str, List[Tuple[float, str]]], val: Dict[str, Sequence[float]]) -> str:
-    """An arm name, or a selector resolved on validation accuracy: ``best:GROUP`` (the group's arm with the
-    best mean validation accuracy), ``GROUP@best:OTHER`` (the arm of GROUP at the x of best:OTHER)."""
-    if name.startswith("best:"):
-        members = groups.get(name[5:])
-        if not members:
-            raise ValueError(f"selector {name!r}: no arms in group {name[5:]!r}")
-        scored = [(summary(val.get(arm, []))["mean"], arm) for _, arm in members]
-        scored = [(s, a) for s, a in scored if s is not None]
-        if not scored:
-            raise ValueError(f"selector {name!r}: no validation results yet")
-        return max(scored)[1]
-    if "@best:" in name:
-        group, _, other = name.partition("@")
-        x = dict((arm, xv) for xv, arm in groups[other.split(":", 1)[1]])[resolve(other, groups, val)]
-        for xv, arm in groups.get(group, []):
-            if xv == x:
-                return arm
-        raise ValueError(f"selector {name!r}: group {group!r} has no arm at x={x}")
-    return name
+def decide_correlation(rho: Optional[float], adjusted_p: Optional[float], alpha: float = ALPHA) -> str:
+    if rho is None or adjusted_p is None or adjusted_p >= alpha:
+        return UNDERPOWERED
+    return REPRODUCED if rho > 0 else CONTRADICTED

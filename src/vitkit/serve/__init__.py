@@ -6,20 +6,23 @@ beyond the standard library.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import MissingDependency
 from .client import Client, ServeClientError
+
+if TYPE_CHECKING:  # the server side imports FastAPI: loaded on first use (__getattr__ below)
+    from .app import ServeOptions, Service, create_app
+    from .server import run
 
 __all__ = ["Client", "ServeClientError", "ServeOptions", "Service", "create_app", "run"]
 
 
 def __getattr__(name: str) -> Any:  # the server side imports FastAPI: only when asked for
     if name in ("ServeOptions", "Service", "create_app", "build_app"):
-        try:
-            from . import app
-        except ImportError as err:
-            raise MissingDependency(f"vitkit.serve.{name} needs the serve extra ({err})", extra="serve") from None
+        from ..errors import require
+
+        require("serve", "fastapi", "uvicorn", "prometheus_client", what=f"vitkit.serve.{name}")
+        from . import app
         return getattr(app, name)
     if name == "run":
         from .server import run

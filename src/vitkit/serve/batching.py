@@ -4,10 +4,11 @@ A request's images, already decoded and checked, are queued as jobs. One collect
 loop takes the oldest job and waits until ``max_batch`` jobs are there or ``max_wait_ms`` have passed
 since that job arrived - but only while other requests are on their way (being read or decoded, see
 :meth:`Batcher.expect`): a lone request on an idle server runs at once. It then hands the batch to the one
-inference thread (which owns the cores: torch's intra-op threads, or the runtime's) and waits for it,
-while new jobs queue up for the next batch. Jobs whose request has gone (the client disconnected: their
-future is cancelled) are dropped before the batch runs. The queue is bounded: :meth:`Batcher.submit`
-raises :class:`QueueFull` rather than queue past ``max_queue`` images.
+inference thread (which owns the cores: torch's intra-op threads, or the runtime's) and waits for it, while
+new jobs queue up for the next batch. Jobs
+whose request has gone (the client disconnected: their future is cancelled) are dropped before the
+batch runs. The queue is bounded: :meth:`Batcher.submit` raises :class:`QueueFull` rather than queue
+past ``max_queue`` images.
 """
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence
-from ..errors import ConfigError
 
 log = logging.getLogger("vitkit.serve")
 
@@ -61,6 +61,7 @@ class Batcher:
                  max_wait_ms: float = 5.0, max_queue: int = 256,
                  on_batch: Optional[Callable[[BatchInfo], None]] = None):
         if max_batch < 1 or max_queue < 1 or max_wait_ms < 0:
+            from ..errors import ConfigError
             raise ConfigError("max_batch and max_queue must be at least 1, max_wait_ms at least 0")
         self.step = step
         self.max_batch, self.max_wait, self.max_queue = max_batch, max_wait_ms / 1000.0, max_queue

@@ -1,7 +1,6 @@
 """A client for ``vitkit serve`` (standard library only): ``Client(url, token=None).classify(paths)``."""
 from __future__ import annotations
 
-from ..errors import UsageError
 import json
 import mimetypes
 import urllib.error
@@ -11,16 +10,21 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from ..errors import UsageError, VitkitError
+
 PathLike = Union[str, Path]
 
 
-class ServeClientError(RuntimeError):
+class ServeClientError(VitkitError, RuntimeError):
     """The server refused a request (``status``, ``error``, ``detail`` from its JSON body) or could not be
     reached (``status`` 0)."""
 
     def __init__(self, status: int, error: str, detail: str):
         super().__init__(f"{detail} (HTTP {status} {error})" if status else detail)
         self.status, self.error, self.detail = status, error, detail
+
+    def __reduce__(self):
+        return (type(self), (self.status, self.error, self.detail))
 
 
 class Client:

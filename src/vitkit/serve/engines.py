@@ -14,7 +14,6 @@ for a bounded time, and keeps the fastest; the others are released.
 """
 from __future__ import annotations
 
-from ..errors import ConfigError, ExportError
 import gc
 import logging
 import os
@@ -25,6 +24,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ..errors import ConfigError, ExportError
+
 log = logging.getLogger("vitkit.serve")
 
 ENGINES = ("torch", "onnxruntime", "openvino")
@@ -34,11 +35,15 @@ TOLERANCE = {"fp32": 1e-3, "bf16": 6e-2, "int8": 1.5e-1}
 
 
 def kernel_choices(engine: "Engine") -> Dict[str, Any]:
-    """The kernel choices in use for ``engine`` (reported by /v1/model and the logs): vitkit's measured GEMM
-    choices for the torch engine (:func:`vitkit.models.inference.inference_summary`), the runtime's own
-    kernels for the others."""
+    """The kernel choices in use for ``engine`` (reported by /v1/model and the logs): for the torch engine,
+    :func:`vitkit.models.inference.inference_summary` (dtype, the declared backend and what its ``auto``
+    resolved to); for the others, the runtime's own kernels, and the declared backend of the vitkit model
+    that /v1/explain runs."""
+    from ..models import backend
+
     if engine.name != "torch":
-        return {"engine": engine.name, "kernels": f"{engine.name}'s own (vitkit's GEMM choices do not apply)"}
+        return {"engine": engine.name, "kernels": f"{engine.name}'s own (vitkit's backend does not apply)",
+                "explain": "the vitkit model (attention rollout)", "backend": backend.record()}
     from ..models.inference import inference_summary
 
     return inference_summary(engine.module)
@@ -55,7 +60,7 @@ def installed() -> Dict[str, Optional[str]]:
     return out
 
 
-class EngineUnavailable(RuntimeError):
+class EngineUnavailable(ConfigError):
     """This engine cannot run this model in this dtype here (not installed, or no such dtype)."""
 
 
@@ -197,9 +202,9 @@ BUILDERS: Dict[str, Callable[..., Engine]] = {"torch": TorchEngine, "onnxruntime
 
 def build_engine(name: str, model, dtype: str = "fp32") -> Engine:
     if name not in BUILDERS:
-        raise ConfigError(f"unknown engine {name!r}: use auto, {', '.join(ENGINES)}")
+        raise ConfigError(f"unknown engine {name!r}: use auto, {', '.join(ENGINES)}", key="engine")
     if dtype not in DTYPES:
-        raise ConfigError(f"unknown dtype {dtype!r}: use {', '.join(DTYPES)}")
+        raise ConfigError(f"unknown dtype {dtype!r}: use {', '.join(DTYPES)}", key="dtype")
     return BUILDERS[name](model, dtype)
 
 
@@ -241,6 +246,49 @@ def reference_batch(model, batch: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(batch, cfg.in_chans, *cfg.img_size, generator=g)
 
 
+def _build_candidate(name: str, model, dtype: str, auto: bool, device: torch.device,
+                     row: Dict[str, Any]) -> Optional[Engine]:
+    """Build engine ``name`` for :func:`choose_engine`; None (with ``row["skipped"]`` saying why) where ``auto``
+    leaves it out, an error where a named engine cannot be built."""
+    t0 = time.perf_counter()
+    try:
+        if name != "torch" and device.type != "cpu":
+            raise EngineUnavailable(f"{name} runs vitkit's export on the CPU; the model is on {device}")
+        eng = build_engine(name, model, dtype)
+    except EngineUnavailable as err:
+        if not auto:
+            raise ConfigError(f"--engine {name}: {err}") from None
+        row["skipped"] = str(err)
+        log.info("engine %s skipped: %s", name, err)
+        return None
+    except Exception as err:  # noqa: BLE001 - e.g. an export that fails on this model: auto goes on
+        if not auto or name == "torch":
+            raise
+        row["skipped"] = f"could not be built: {type(err).__name__}: {err}"
+        log.warning("engine %s skipped: %s", name, row["skipped"])
+        return None
+    row["version"] = eng.version
+    row["build_s"] = round(time.perf_counter() - t0, 3)
+    return eng
+
+
+def _check_candidate(name: str, eng: Engine, ref: np.ndarray, check: torch.Tensor, dtype: str, auto: bool,
+                     row: Dict[str, Any]) -> bool:
+    """Whether engine ``name``'s logits on ``check`` are within :data:`TOLERANCE` of the eager fp32 ``ref``; where
+    not, it is closed, and a named engine refused (``auto`` skips it)."""
+    row.update(compare(ref, eng.run(check)[0], dtype))
+    if row["ok"]:
+        return True
+    msg = (f"{name} ({dtype}) logits differ from eager fp32 by {row['rel_diff']:.3g} of the largest logit "
+           f"(> {row['tolerance']:g})")
+    eng.close()
+    if not auto:
+        raise ExportError(msg + ": not serving it")
+    row["skipped"] = msg
+    log.warning("engine %s skipped: %s", name, msg)
+    return False
+
+
 def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int = 16, budget_s: float = 2.0,
                   candidates: Sequence[str] = ENGINES) -> Tuple[Engine, Dict[str, Any]]:
     """(engine, report). ``engine="auto"``: every installed engine that runs ``dtype`` is built, checked
@@ -249,11 +297,13 @@ def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int =
     (an engine whose logits are off fails to start). The report names every candidate with its speed, its
     difference from eager and why any was left out."""
     model.eval().requires_grad_(False)
+    device = next(model.parameters()).device
     check = reference_batch(model, min(batch, 4), seed=1)
     with torch.inference_mode():
-        ref = model.float()(check).float().numpy()
+        ref = model.float()(check.to(device)).float().cpu().numpy()
     timing = reference_batch(model, batch)
-    names = list(candidates) if engine == "auto" else [engine]
+    auto = engine == "auto"
+    names = list(candidates) if auto else [engine]
     # torch last: its bf16 / int8 casts the model in place, which the exporters must not see
     names = sorted(names, key=lambda n: n == "torch")
     report: Dict[str, Any] = {"requested": engine, "dtype": dtype, "batch": batch, "candidates": []}
@@ -261,34 +311,13 @@ def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int =
     best_speed = -1.0
     for name in names:
         row: Dict[str, Any] = {"engine": name}
-        t0 = time.perf_counter()
-        try:
-            eng = build_engine(name, model, dtype)
-        except EngineUnavailable as err:
-            if engine != "auto":
-                raise ConfigError(f"--engine {name}: {err}") from None
-            row["skipped"] = str(err)
-            report["candidates"].append(row)
-            log.info("engine %s skipped: %s", name, err)
+        report["candidates"].append(row)
+        eng = _build_candidate(name, model, dtype, auto, device, row)
+        if eng is None or not _check_candidate(name, eng, ref, check, dtype, auto, row):
             continue
-        row["version"] = eng.version
-        row["build_s"] = round(time.perf_counter() - t0, 3)
-        row.update(compare(ref, eng.run(check)[0], dtype))
-        if not row["ok"]:
-            msg = (f"{name} ({dtype}) logits differ from eager fp32 by {row['rel_diff']:.3g} of the largest logit "
-                   f"(> {row['tolerance']:g})")
-            if engine != "auto":
-                eng.close()
-                raise ExportError(msg + ": not serving it")
-            row["skipped"] = msg
-            eng.close()
-            report["candidates"].append(row)
-            log.warning("engine %s skipped: %s", name, msg)
-            continue
-        if engine == "auto" or budget_s > 0:
+        if auto or budget_s > 0:
             row.update(time_engine(eng, timing, budget_s))
         speed = row.get("img_per_s", 0.0)
-        report["candidates"].append(row)
         log.info("engine %s (%s): %.1f img/s at batch %d, logits within %.2g of eager", name, dtype, speed, batch,
                  row["rel_diff"])
         if speed > best_speed:
@@ -299,12 +328,12 @@ def choose_engine(model, engine: str = "auto", dtype: str = "fp32", batch: int =
             eng.close()
         gc.collect()
     if best is None:
-        raise ExportError(f"no engine can serve this model in {dtype}: "
+        raise ConfigError(f"no engine can serve this model in {dtype}: "
                            + "; ".join(f"{r['engine']}: {r.get('skipped')}" for r in report["candidates"]))
     gc.collect()
     _release_freed_memory()
     report["chosen"] = best.name
-    if engine == "auto":
+    if auto:
         log.info("--engine auto chose %s (%s) among %s", best.name, dtype,
                  ", ".join(f"{r['engine']} {r['img_per_s']:.1f} img/s" if "img_per_s" in r else
                            f"{r['engine']} (skipped)" for r in report["candidates"]))

@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from ..data.preprocess import ImageError, ImageTooLarge, Preset, load_image
-from ..predict import geometry, model_input
+from ..predict import geometry
 
 # (signature test, PIL format name, media type)
 _SIGNATURES = (
@@ -60,16 +60,16 @@ class Decoded:
     """One upload ready to join a batch."""
 
     name: str
-    x: torch.Tensor  # the normalised model input [C, H, W]
-    crop: torch.Tensor  # the pixels that reached the model, [3, H, W] in 0..255
+    crop: torch.Tensor  # the pixels that reach the model, [3, H, W] in 0..255 (normalised with the batch)
     format: str
     width: int
     height: int
     geometry: str
 
 
-def decode(data: bytes, pre: Preset, *, name: str = "image", max_pixels: int, gray: bool = False) -> Decoded:
-    """Check, decode and preprocess one upload, or raise :class:`BadImage` naming what is wrong with it."""
+def decode(data: bytes, pre: Preset, *, name: str = "image", max_pixels: int) -> Decoded:
+    """Check, decode, resize and crop one upload (:meth:`Preset.crop`; the normalisation runs on the batch,
+    on the inference thread), or raise :class:`BadImage` naming what is wrong with it."""
     if not data:
         raise BadImage(400, "empty_image", f"{name}: the upload is empty (0 bytes)")
     kind = sniff(data)
@@ -84,10 +84,10 @@ def decode(data: bytes, pre: Preset, *, name: str = "image", max_pixels: int, gr
     except ImageError as err:
         raise BadImage(422, "undecodable_image", str(err)) from None
     try:
-        crop, x = model_input(pre, img, gray)
+        crop = pre.crop(img)
     except (ImageError, ValueError, RuntimeError) as err:  # e.g. an image too small to resize
         raise BadImage(422, "unusable_image", f"{name}: {err}") from None
-    return Decoded(name, x, crop, fmt, img.width, img.height, geometry(pre, img.width, img.height))
+    return Decoded(name, crop, fmt, img.width, img.height, geometry(pre, img.width, img.height))
 
 
 def overlay_png(crop: torch.Tensor, heat: torch.Tensor, alpha: float = 0.55) -> bytes:

@@ -20,9 +20,8 @@ import time
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional
 
-from ..errors import MissingDependency
-from .app import ServeOptions
 from .batching import BatchInfo, Done, QueueFull
+from .options import ServeOptions
 
 log = logging.getLogger("vitkit.serve")
 
@@ -38,7 +37,7 @@ def ray_serve_installed() -> bool:
 
 
 class RayBatcher:
-    """The :class:`~vitkit.serve.app.Service`'s batcher inside a Ray Serve replica: ``submit`` hands each image
+    """The :class:`~vitkit.serve.service.Service`'s batcher inside a Ray Serve replica: ``submit`` hands each image
     to the deployment's ``@serve.batch`` method, which coalesces them (same interface as :class:`Batcher`)."""
 
     def __init__(self, replica: Any, max_batch: int, max_queue: int, max_wait_ms: float):
@@ -52,6 +51,9 @@ class RayBatcher:
 
     def start(self) -> None:
         pass
+
+    def expect(self, n: int = 1) -> None:
+        """Requests on their way: serve.batch waits its own timeout whatever comes (nothing to do)."""
 
     async def call(self, fn):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
@@ -91,14 +93,15 @@ def make_deployment(max_batch: int = 16, max_wait_ms: float = 5.0, replicas: int
     @serve.ingress()
     class VitkitServe:
         def __init__(self, weights: Any, options: Dict[str, Any], img_size: Optional[int] = None):
-            from .app import Service, load_model
+            from .app import load_model
+            from .service import Service
 
             opts = ServeOptions(**options)
             opts.watch_disconnect = False  # Ray's proxy owns the client connection
             self.infer.set_max_batch_size(opts.max_batch)
             self.infer.set_batch_wait_timeout_s(opts.max_wait_ms / 1000.0)
             self.batcher = RayBatcher(self, opts.max_batch, opts.max_queue, opts.max_wait_ms)
-            self.service = Service(load_model(weights, img_size=img_size), opts,
+            self.service = Service(load_model(weights, img_size=img_size, device=opts.device), opts,
                                    batcher_factory=lambda service: self.batcher)
 
         def __serve_build_asgi_app__(self):
@@ -151,9 +154,14 @@ def deploy(weights: Any, *, host: str = "127.0.0.1", port: int = 8000, options: 
 
 def run_ray(weights: Any, *, host: str = "127.0.0.1", port: int = 8000, options: Optional[ServeOptions] = None,
             token_file: Optional[str] = None, insecure: bool = False, replicas: int = 1,
-            address: Optional[str] = None, img_size: Optional[int] = None, offline: Optional[bool] = None) -> int:
-    """``vitkit serve --ray``: deploy, then wait for SIGTERM / Ctrl+C and shut Ray Serve down (it drains)."""
+            address: Optional[str] = None, img_size: Optional[int] = None, offline: Optional[bool] = None,
+            replica_cpus: Optional[int] = None) -> int:
+    """``vitkit serve --ray``: deploy, then wait for SIGTERM / Ctrl+C and shut Ray Serve down (it drains).
+
+    ``replica_cpus``: the CPUs each replica reserves, which Ray also makes its intra-op thread count
+    (``OMP_NUM_THREADS``); default: this machine's cores shared among the replicas."""
     if not ray_serve_installed():
+        from ..errors import MissingDependency
         raise MissingDependency("vitkit serve --ray needs Ray Serve, which is not installed", extra="ray")
     from .server import check_exposure, read_token, setup_logging
 
@@ -164,7 +172,9 @@ def run_ray(weights: Any, *, host: str = "127.0.0.1", port: int = 8000, options:
     options.token = token
     if offline:
         os.environ["HF_HUB_OFFLINE"] = "1"
-    deploy(weights, host=host, port=port, options=options, replicas=replicas, address=address, img_size=img_size)
+    cpus = replica_cpus or max(1, (os.cpu_count() or 1) // replicas)
+    deploy(weights, host=host, port=port, options=options, replicas=replicas, address=address, img_size=img_size,
+           ray_actor_options={"num_cpus": cpus})
     log.info("serving %s on Ray Serve at http://%s:%d (%d replica(s))", weights, host, port, replicas)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -11,8 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import ConfigError, InputError
-from .app import ServeOptions, Service, build_app, load_model
+from ..errors import ConfigError
+from .app import build_app, load_model
+from .options import ServeOptions
+from .service import Service
 
 log = logging.getLogger("vitkit.serve")
 TOKEN_ENV = "VITKIT_SERVE_TOKEN"
@@ -34,14 +36,14 @@ def read_token(token_file: Optional[str] = None) -> Optional[str]:
         path = Path(token_file)
         text = path.read_text(encoding="utf-8").strip()
         if not text:
-            raise ConfigError(f"--token-file {path} is empty: put the token in it")
+            raise ConfigError("the token file is empty: put the token in it", path=path)
         if os.name == "posix" and path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             log.warning("--token-file %s can be read by other users (chmod 600 %s)", path, path)
         return text.splitlines()[0].strip()
     env = os.environ.get(TOKEN_ENV)
     if env is not None:
         if not env.strip():
-            raise ConfigError(f"${TOKEN_ENV} is set but empty")
+            raise ConfigError("is set but empty", key=f"${TOKEN_ENV}")
         return env.strip()
     return None
 
@@ -99,7 +101,7 @@ def run(weights, *, host: str = "127.0.0.1", port: int = 8000, options: Optional
     check_exposure(host, token, insecure)
     options.token = token
     options.check()
-    model = load_model(weights, img_size=img_size, offline=offline)
+    model = load_model(weights, img_size=img_size, offline=offline, device=options.device)
     service = Service(model, options)
     failure = {}
     server_box = {}
@@ -120,5 +122,5 @@ def run(weights, *, host: str = "127.0.0.1", port: int = 8000, options: Optional
              "required" if token else "not required")
     server.run()
     if failure:
-        raise InputError(f"the model could not be made ready: {failure['error']}")
+        raise ConfigError(f"the model could not be made ready: {failure['error']}")
     return 0

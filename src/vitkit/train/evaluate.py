@@ -38,7 +38,8 @@ def evaluate(model: nn.Module, data: Dataset, transform: EvalTransform, *, batch
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64)  # correct1, correct5, loss, n
     probs: List[torch.Tensor] = []
-    ac = torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else _null()
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    ac = torch.autocast(device.type, dtype=half) if half is not None else _null()
     from tqdm.auto import tqdm
     bar = tqdm(total=math.ceil(len(data) / dist.world), unit="img", desc="eval", leave=False,
                disable=not progress or dist.rank != 0)

@@ -22,8 +22,8 @@ each logger's ``write``):
 - ``mlflow``: an MLflow run in a file store, ``RUN/mlruns`` unless ``MLFLOW_TRACKING_URI`` names another
   store (MLflow 3 wants ``MLFLOW_ALLOW_FILE_STORE=true`` for file stores: set when it is not), experiment
   ``vitkit``; metrics ``PREFIX/KEY`` at the line's step, the recipe's fields as parameters. Its id is kept
-  in ``RUN/mlflow_run_id``; a resumed run continues it and logs the lines after its checkpoint again (MLflow
-  keeps each metric's whole history).
+  in ``RUN/mlflow_run_id``; a resumed run continues it and logs the lines after its checkpoint again
+  (MLflow keeps each metric's whole history).
 
 TensorBoard, W&B and MLflow are optional dependencies (``pip install 'vitkit[log]'``, ``'vitkit[wandb]'``,
 ``'vitkit[mlflow]'``); a recipe that asks for one without it installed fails at set-up.

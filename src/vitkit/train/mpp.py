@@ -51,7 +51,6 @@ class MPPTrainer(Trainer):
     is the bare ViT."""
 
     step_class = MPPStep
-    uses_labels = False
 
     def __init__(self, recipe: Recipe, out: PathLike, **kwargs: Any):
         check_mpp(recipe.mpp)

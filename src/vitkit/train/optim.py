@@ -71,6 +71,8 @@ def layer_id(name: str, depth: int) -> int:
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+    """The recipe's optimiser over :func:`param_groups` (weight decay by name, layer-wise lr decay), with
+    fused kernels where this torch has them."""
     groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
     def make(impl: str) -> torch.optim.Optimizer:
         kw = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
@@ -145,11 +147,13 @@ class EMA:
         self.shadow = {k: v.detach().clone().float() for k, v in _state(model).items()}
 
     def rate(self) -> float:
+        """This update's decay: ``decay``, or less early on with ``warmup``."""
         t = self.updates
         return min(self.decay, (1 + t) / (10 + t)) if self.warmup else self.decay
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
+        """Move the average one step towards the model's current weights."""
         d = self.rate()
         src = _state(model)
         keys = [k for k in self.shadow if src[k].is_floating_point()]
@@ -160,15 +164,18 @@ class EMA:
         self.updates += 1
 
     def state_dict(self) -> Dict:
+        """The average and its step count, for a checkpoint."""
         return {"decay": self.decay, "updates": self.updates, "shadow": self.shadow}
 
     def load_state_dict(self, d: Dict) -> None:
+        """Restore what :meth:`state_dict` gave (an exact resume)."""
         self.updates = int(d["updates"])
         for k, v in d["shadow"].items():
             self.shadow[k].copy_(v)
 
     @torch.no_grad()
     def copy_to(self, model: nn.Module) -> None:
+        """Write the averaged weights into ``model`` (in its dtypes)."""
         for k, v in _state(model).items():
             v.copy_(self.shadow[k].to(v.dtype))
 

@@ -94,7 +94,7 @@ class ScheduleConfig:
 @dataclass
 class TrainConfig:
     seed: int = 0
-    precision: str = "fp32"  # fp32 | bf16 (autocast)
+    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast with a gradient scaler; CUDA only)
     compile: bool = False  # torch.compile the model
     ema: float = 0.0  # Polyak / EMA decay of the weights (the paper: 0.9999); 0 = off
     ema_warmup: bool = True  # decay min(ema, (1 + t) / (10 + t)) early on, so short runs benefit too
@@ -184,6 +184,7 @@ class Recipe:
 
     # --- (de)serialisation ----------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
+        """Every section as plain values (what recipe.yaml holds)."""
         d = {"name": self.name, "description": self.description, "model": copy.deepcopy(self.model)}
         for key in SECTIONS:
             d[key] = _plain(dataclasses.asdict(getattr(self, key)))
@@ -219,9 +220,11 @@ class Recipe:
         return recipe
 
     def to_yaml(self) -> str:
+        """The recipe as YAML text."""
         return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None, width=110)
 
     def save(self, path: PathLike) -> Path:
+        """Write the recipe as YAML to ``path`` (atomically); returns the path."""
         path = Path(path)
         with atomic_path(path) as tmp:
             tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n" if path.suffix == ".json" else self.to_yaml())
@@ -229,6 +232,7 @@ class Recipe:
 
     # --- checks and derived values ------------------------------------------------------------
     def validate(self) -> None:
+        """ConfigError naming the key for any value out of range or inconsistent with another."""
         o, s, t = self.optim, self.schedule, self.train
         if o.name not in ("adamw", "adam", "sgd"):
             raise ConfigError(f"optim.name={o.name!r}: use adamw, adam or sgd")
@@ -248,8 +252,8 @@ class Recipe:
         if not 0 <= s.patch_drop_from < 1:
             raise ConfigError(f"schedule.patch_drop_from must be in [0, 1) (a fraction of the run), got "
                              f"{s.patch_drop_from}")
-        if t.precision not in ("fp32", "bf16"):
-            raise ConfigError(f"train.precision={t.precision!r}: use fp32 or bf16")
+        if t.precision not in ("fp32", "bf16", "fp16"):
+            raise ConfigError(f"train.precision={t.precision!r}: use fp32, bf16 or fp16 (CUDA)")
         if t.distributed not in ("ddp", "fsdp"):
             raise ConfigError(f"train.distributed={t.distributed!r}: use ddp or fsdp")
         if t.export not in ("auto", "ema", "raw"):

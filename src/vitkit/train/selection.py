@@ -22,10 +22,10 @@ from ..errors import ConfigError
 WEIGHT_KINDS = ("raw", "ema")
 
 
-def hold_out(data: Dataset, val_size: Optional[int], val_fraction: float, seed: int, stratify: bool = True
+def hold_out(data: Dataset, val_size: Optional[int], val_fraction: float, seed: int
              ) -> Tuple[Dataset, Optional[Dataset]]:
     """(training part, validation part or None) of a training split: a seeded hold-out of ``val_size``
-    images (or ``val_fraction`` of them), class-stratified when ``stratify``; the same images whatever the
+    images (or ``val_fraction`` of them), class-stratified; the same images whatever the
     training seed is. The one definition of the validation split (the trainer's, and ``vitkit reproduce``'s
     probes)."""
     from ..data.loader import split_indices
@@ -37,7 +37,7 @@ def hold_out(data: Dataset, val_size: Optional[int], val_fraction: float, seed: 
     fraction = val_size / n if val_size else val_fraction
     if not fraction > 0:
         return data, None
-    tr, va = split_indices(n, fraction, seed, data.labels if stratify else None)
+    tr, va = split_indices(n, fraction, seed, data.labels)
     return data.subset(tr, "train"), data.subset(va, "val")
 
 

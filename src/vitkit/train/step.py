@@ -22,6 +22,9 @@ def classification_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoot
 
 
 class TrainStep:
+    """One optimiser step of a classifier: forward (autocast for bf16) and backward over ``accum_steps``
+    micro-batches, global-norm clipping, the optimiser's step."""
+
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, precision: str = "fp32",
                  clip_grad: Optional[float] = 1.0, accum_steps: int = 1, label_smoothing: float = 0.0,
                  device: Optional[torch.device] = None):
@@ -30,10 +33,16 @@ class TrainStep:
         self.device = device or next(model.parameters()).device
         self.precision = precision
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # fp16 (CUDA): the loss scaled so small gradients stay representable, unscaled before clipping; a step
+        # whose gradients overflowed is skipped and the scale lowered (torch's GradScaler)
+        self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
 
     def autocast(self):
-        if self.precision == "bf16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        """The context the forward pass runs in: bf16 / fp16 autocast for ``precision='bf16'`` / ``'fp16'``,
+        else nothing."""
+        if self.precision in ("bf16", "fp16"):
+            dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+            return torch.autocast(device_type=self.device.type, dtype=dtype)
         return contextlib.nullcontext()
 
     def __call__(self, images: torch.Tensor, targets: torch.Tensor, **forward_kw) -> Dict[str, torch.Tensor]:
@@ -49,9 +58,12 @@ class TrainStep:
             sync = _no_sync(self.model) if i < n - 1 else contextlib.nullcontext()
             with sync:
                 loss, right = self.loss(x, t, **forward_kw)
-                (loss * (x.shape[0] / images.shape[0])).backward()
+                part = loss * (x.shape[0] / images.shape[0])
+                (self.scaler.scale(part) if self.scaler is not None else part).backward()
             total_loss += loss.detach() * (x.shape[0] / images.shape[0])
             correct += right
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # clipping and the logged norm see the true gradients
         if self.clip_grad:
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad)
         else:
@@ -59,7 +71,11 @@ class TrainStep:
                 if hasattr(torch.nn.utils, "get_total_norm") else torch.zeros((), device=self.device)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
-        self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)  # skipped when the gradients overflowed
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {"loss": total_loss, "acc": correct / images.shape[0], "grad_norm": norm}
 

@@ -76,6 +76,9 @@ class Trainer:
         t.backend = self.backend.spec  # recipe.yaml records what the run computes with (resume reuses it)
         self.dist = D.setup(t.device)
         self.device = self.dist.device
+        if t.precision == "fp16" and self.device.type != "cuda":
+            raise ConfigError(f"train.precision=fp16 trains with a CUDA gradient scaler; this run is on {self.device}",
+                              key="train.precision", hint="use bf16 (or fp32) on a CPU")
         torch.manual_seed(t.seed)
         last = find_last(self.out)  # the run folder's state is checked first: it needs no data
         if resume and last is None:
@@ -131,8 +134,9 @@ class Trainer:
             train_full = train_full.to_memory()
             test = test.to_memory() if test is not None and not test.in_memory else test
         self.classes = list(train_full.classes)
-        self.train_data, self.val_data = hold_out(train_full, dc.val_size, dc.val_fraction, dc.val_seed,
-                                                  stratify=self.uses_labels)
+        # the same class-stratified hold-out for every objective (MPP too): a pre-training that never reads
+        # labels must still leave out exactly the validation images its fine-tunes are selected on
+        self.train_data, self.val_data = hold_out(train_full, dc.val_size, dc.val_fraction, dc.val_seed)
         if dc.train_subset:  # few labels: a seeded, class-stratified subset of the training images
             n = len(self.train_data)
             if not 0 < dc.train_subset <= n:
@@ -174,8 +178,6 @@ class Trainer:
         self.evaluator = Evaluator(self.eval_tf, self.device, self.dist, r.train.precision, dc.eval_batch_size,
                                    dc.workers)
 
-    uses_labels = True  # False for objectives that never read labels (the validation split is then not stratified)
-
     clock = staticmethod(time.perf_counter)  # the training-time clock (the budget's); tests replace it
 
     step_class = TrainStep  # the optimiser step; objectives other than classification subclass it
@@ -211,6 +213,8 @@ class Trainer:
                                                   self.config.img_size, **step_kw)
         else:
             self.step_fn = self.step_class(self.forward_model, self.optimizer, **step_kw)
+        if getattr(self.step_fn, "scaler", None) is not None and getattr(self, "_scaler_state", None):
+            self.step_fn.scaler.load_state_dict(self._scaler_state)
         ev = r.train.eval_every
         self.eval_interval = max(1, int(round(ev * self.steps_per_epoch))) if ev > 0 else 0
         if self.eval_interval and self.val_data is None and d.main:
@@ -240,9 +244,13 @@ class Trainer:
             ema = self.ema.state_dict()
             ema["shadow"] = {k: _full(v) for k, v in ema["shadow"].items()}
             st["ema"] = ema
+        if getattr(self.step_fn, "scaler", None) is not None:  # fp16: the loss scale, for an exact resume
+            st["grad_scaler"] = self.step_fn.scaler.state_dict()
         return st
 
     def save_checkpoint(self) -> Optional[Path]:
+        """Save the run's state (weights, optimiser, EMA, step, RNGs) as checkpoints/last.pt; returns its path
+        on the main process (None on the others)."""
         st = self._state()  # collective under FSDP: every rank takes part
         path = None
         if self.dist.main:
@@ -259,6 +267,7 @@ class Trainer:
             self.ema.load_state_dict(st["ema"])
         set_rng_state(st["rng"])
         self.step = int(st["step"])
+        self._scaler_state = st.get("grad_scaler")  # loaded once the step function exists
         self.trained_s = float(st.get("trained_s", 0.0))
         self.resume_rows = st.get("metrics_rows")
 
@@ -270,6 +279,7 @@ class Trainer:
         return max(self.step, int(self.trained_s / self.budget_s * self.total_steps))
 
     def done(self) -> bool:
+        """Whether the run has reached its last step or used up its time budget."""
         return self.step >= self.total_steps or (self.budget_s is not None and self.trained_s >= self.budget_s)
 
     def patch_drop_at(self, step: int) -> float:
@@ -428,6 +438,8 @@ class Trainer:
         return self.model
 
     def preprocessing(self) -> Dict[str, Any]:
+        """The evaluation preprocessing of the trained model (the recipe's normalisation at its size), as a
+        preset dict."""
         dc, cfg = self.recipe.data, self.config
         mean, std = list(dc.mean), list(dc.std)
         if len(mean) == 1:

@@ -52,9 +52,14 @@ def tower(tensors: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def signature_hits(keys) -> int:
+    """How many keys the table takes (format detection); 0 without the tower's own class embedding or
+    residual blocks (a ResNet's ``conv1`` alone is not OpenCLIP's)."""
     from ..keymap import signature_hits as hits
     visual = [k for k in keys if k.startswith("visual.")]
-    return hits([k[len("visual."):] for k in visual] if visual else list(keys), RULES)
+    keys = [k[len("visual."):] for k in visual] if visual else list(keys)
+    if "class_embedding" not in keys and not any(k.startswith("transformer.resblocks.") for k in keys):
+        return 0
+    return hits(keys, RULES)
 
 
 def read(tensors: Dict[str, Any], *, num_heads: Optional[int] = None, source: str = "") -> Checkpoint:

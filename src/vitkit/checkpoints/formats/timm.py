@@ -10,20 +10,21 @@ fc_norm=False`` (final norm, then the mean of the patch tokens). DeiT's distille
 descendants' parts: LayerScale (``ls1/ls2.gamma``), register tokens (``reg_token``), CLIP's
 ``norm_pre`` and bias-less patch projection, ``fc_norm`` and the MAP head (``attn_pool``). What the keys
 cannot say (QuickGELU, CLIP's eps 1e-5 beside its ``norm_pre``) comes from a model name
-(``vitkit.create_model(NAME, weights=FILE)``). QK norm, SwiGLU and other extensions are reported as
-unrecognised.
+(``vitkit.create_model(NAME, weights=FILE)``). The DINOv2 repository's torch.hub files
+(``register_tokens``, a ``mask_token`` that is dropped) are read too. QK norm, SwiGLU and other
+extensions are reported as unrecognised.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from ...errors import CheckpointError
+from ...models.adapt import fold_class_slots
 from ..base import Checkpoint, add_class_slot, drop_class_slot, heads_note, infer_config, layout_for, warn_numerics
 from ..files import write_safetensors, write_torch
-from ...models.adapt import fold_class_slots
 from ..keymap import Context, Rule, check_mapped, count_blocks, from_vitkit, linear, rule, to_vitkit
 from . import hybrid, timm_folder
-from ...errors import CheckpointError
 
 NAME = "timm"
 B = "blocks.{i}."
@@ -32,7 +33,8 @@ RULES: List[Rule] = [
     rule("patch_embed.proj.bias", "patch_embed.proj.bias", optional=True),  # OpenAI CLIP has none
     rule("cls_token", "cls_token", optional=True),
     rule("dist_token", "dist_token", optional=True),  # VisionTransformerDistilled (DeiT)
-    rule("reg_token", "reg_token", optional=True),  # register tokens (DINOv2 with registers)
+    # register tokens: timm's name, and the DINOv2 repository's (its torch.hub files are timm's layout otherwise)
+    rule("reg_token", "reg_token", aliases=["register_tokens"], optional=True),
     rule("pos_embed", "pos_embed", optional=True),
     *linear("norm_pre", "norm_pre", optional=True),  # CLIP's ln_pre
     *linear("blocks.{i}.norm1", B + "norm1"),
@@ -62,12 +64,15 @@ def rules(layout: Optional[Dict[str, Any]] = None) -> List[Rule]:
 
 def read(tensors: Dict[str, Any], *, num_heads: Optional[int] = None, source: str = "", img_size=None) -> Checkpoint:
     depth = count_blocks(tensors, DEPTH_KEY)
+    notes = []
+    if "mask_token" in tensors and "blocks.0.ls1.gamma" in tensors:  # the DINOv2 repository's own files
+        tensors = {k: v for k, v in tensors.items() if k != "mask_token"}
+        notes.append("DINOv2's mask token (used only in masked pre-training) dropped")
     extra, numerics = hybrid.read_rules(tensors, NAME)  # a hybrid's ResNet, if any
     mapped = to_vitkit(tensors, RULES + extra, depth, Context(1, 1))
     check_mapped(mapped, source, NAME)
     state = mapped.state
     slot_added = add_class_slot(state)
-    notes = []
     eps = 1e-6
     if "norm_pre.weight" in state:  # timm's towers with a LayerNorm before the blocks are CLIP's: eps 1e-5
         eps = 1e-5

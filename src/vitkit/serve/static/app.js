@@ -15,7 +15,7 @@
 
   async function loadModel() {
     let r;
-    try { r = await fetch("/v1/model", { headers: headers() }); }
+    try { r = await fetch("v1/model", { headers: headers() }); }
     catch (e) { $("model").textContent = "The server cannot be reached."; return; }
     if (r.status === 401) { $("token-box").hidden = false; $("model").textContent = "A token is needed."; $("token").focus(); return; }
     const body = await r.json();
@@ -71,7 +71,7 @@
     const form = new FormData();
     form.append("file", file, file.name);
     try {
-      const r = await fetch("/v1/explain?topk=5", { method: "POST", body: form, headers: headers() });
+      const r = await fetch("v1/explain?topk=5", { method: "POST", body: form, headers: headers() });
       const body = await r.json();
       if (!r.ok) { node.querySelector(".timing").textContent = body.detail || ("HTTP " + r.status); node.querySelector(".timing").classList.add("error"); return false; }
       show(node, body.results[0], body.timing_ms, body.engine);

@@ -1,0 +1,33 @@
+"""Claim-specific analyses, declared with their claim (:attr:`vitkit.reproduce.claims.Claim.analysis`).
+
+An analysis takes the claim and the per-seed values of every arm (``{arm: {metric: {seed: value}}}``) and
+returns the claim's extra records: ``points`` for its figure and ``tests`` (each with a ``p`` that joins the
+report's Holm family and a ``kind`` the report knows how to decide).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping
+
+from . import stats
+
+
+def _mean(per_seed: Mapping[int, float]):
+    return stats.summary(list(per_seed.values()))["mean"] if per_seed else None
+
+
+def transfer_correlation(claim, values: Mapping[str, Mapping[str, Mapping[int, float]]]) -> Dict[str, Any]:
+    """Claim 10: per model, the 5-shot linear accuracy of its frozen features on the held-out classes (arm
+    ``xfer-M``, pre-trained on the other classes) against the test accuracy after fine-tuning on them (arm
+    ``xfer-ft-M``); Spearman's rank correlation over the models' seed means."""
+    points = []
+    for name in claim.arms:
+        if not name.startswith("xfer-") or name.startswith("xfer-ft-"):
+            continue
+        model = name[len("xfer-"):]
+        few = _mean((values.get(name) or {}).get("fewshot_5") or {})
+        ft = _mean((values.get(f"xfer-ft-{model}") or {}).get("test_top1") or {})
+        points.append({"arm": model, "label": model, "fewshot_5": few, "test_top1": ft})
+    rc = stats.rank_correlation([p["fewshot_5"] for p in points], [p["test_top1"] for p in points])
+    return {"points": points,
+            "tests": [{"text": "Spearman rank correlation over models: 5-shot linear on unseen classes vs "
+                               "fine-tuned test accuracy on them", "kind": "correlation", **rc}]}

@@ -1,0 +1,139 @@
+"""report.md from report.json (every number in it comes from the JSON)."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from . import stats
+from .claims import METRIC_LABELS, SPEED
+from .report import PERCENT
+
+SHOWN = ("test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain", SPEED)
+
+
+def _num(v: Optional[float], metric: str, sign: bool = False) -> str:
+    if v is None:
+        return "-"
+    s = "+" if sign else ""
+    if metric in PERCENT:
+        return f"{100 * v:{s}.2f}"
+    return f"{v:{s},.0f}" if metric == SPEED else f"{v:{s}.3g}"
+
+
+def _ci(s: Dict[str, Any], metric: str, sign: bool = False) -> str:
+    if s.get("mean") is None and s.get("estimate") is None:
+        return "-"
+    mid = s["mean"] if "mean" in s else s["estimate"]
+    ci = s.get("ci")
+    rng = f" [{_num(ci[0], metric, sign)}, {_num(ci[1], metric, sign)}]" if ci else ""
+    return _num(mid, metric, sign) + rng
+
+
+def compute_line(c: Optional[Dict[str, Any]]) -> str:
+    if not c:
+        return ""
+    did = c["this_invocation"]
+    what = ", ".join(f"{n} {k}" for k, n in did.items()) if did else "report only, nothing trained"
+    wall = (f"this command took {c['wall_s'] / 60:.1f} min wall for all of it" if c["complete"] else
+            f"this invocation took {c['wall_s'] / 60:.1f} min wall ({what})")
+    if c.get("jobs", 1) > 1:
+        wall += f", {c['jobs']} runs at a time"
+    line = f"Compute: {c['runs']} runs, {c['train_s_total'] / 60:.1f} min of training in all; {wall}."
+    machines = c.get("machines") or {}
+    known = [f"{m} ({n} run{'s' if n > 1 else ''})" for m, n in machines.items() if m]
+    if known:
+        line += " Trained on: " + "; ".join(known) + "."
+    if machines.get(""):
+        line += f" Not recorded for {machines['']} run{'s' if machines[''] > 1 else ''}."
+    codes = c.get("code_versions") or {}
+    if codes:
+        line += " Code: " + "; ".join(f"{k} ({n} runs)" for k, n in codes.items()) + "."
+    if c.get("backends"):
+        line += " Kernels: " + "; ".join(f"{k} ({n} runs)" for k, n in c["backends"].items()) + "."
+    return line
+
+
+def _head(report: Dict[str, Any]) -> List[str]:
+    m = report["margins"]
+    lines = ["# vitkit reproduce: the paper's claims at laptop scale", "",
+             f"Command: `{report['command']}`  ", f"{report['machine'][:1].upper()}{report['machine'][1:]}  ",
+             f"Budget: **{report['budget']}**: {report['budget_note']}.  ", compute_line(report.get("compute")), "",
+             f"Data: {report['data']}. The validation split ({report['validation']}) chooses everything that is "
+             "chosen (learning rates, claim 2's read-out rates, raw or EMA weights) and is what the probes read; "
+             "the test split is read once per final model, by the trainer, with the exported weights. "
+             "'Validation gain in the last quarter' (where shown) is the validation accuracy at the end of a run "
+             "minus the best before its last quarter: clearly above zero, the arm was still improving when its "
+             "schedule ended." + (f" Every curve: [{report['curves_file']}]({report['curves_file']})."
+                                  if report.get("curves_file") else ""), "",
+             f"**Verdict rule.** {report['rule']} Margins (the smallest difference that matters): accuracies "
+             f"{100 * m['test_top1']:g} point; attention-distance ratios {m['l0_min_rel']:g}; distances "
+             f"{m['dist_growth']:g} px; position-embedding similarity {m['posemb_rowcol']:g}; speed: none. "
+             f"{report['tests_in_family']} p-values in the Holm family."]
+    if report.get("missing_seeds"):
+        lines += ["", "**Missing seeds** (compared unpaired only with --allow-missing-seeds): " + "; ".join(
+            f"{a}: {s}" for a, s in report["missing_seeds"].items())]
+    if report.get("sweeps"):
+        lines += ["", "**Learning rates chosen on validation** (validation top-1 % at the sweep seeds):", "",
+                  "| family | chosen | " + " | ".join(f"lr {float(k):.0e}".replace("e-0", "e-")
+                                                   for k in next(iter(report["sweeps"].values()))["val_top1"]) + " |",
+                  "|---" * (2 + len(next(iter(report["sweeps"].values()))["val_top1"])) + "|"]
+        for f, s in report["sweeps"].items():
+            lines.append(f"| {f} | {s['lr']:.0e} | ".replace("e-0", "e-") + " | ".join(
+                "/".join(f"{100 * v:.2f}" for v in vals) for vals in s["val_top1"].values()) + " |")
+    lines += ["", "| claim | verdict |", "|---|---|"] + [f"| {c['id']}. {c['title']} | {c['verdict']} |"
+                                                        for c in report["claims"]]
+    return lines
+
+
+def _arms(c: Dict[str, Any], report: Dict[str, Any]) -> List[str]:
+    vals = report["values"]
+    shown = SHOWN if any(t.get("metric") == SPEED for t in c["tests"]) else tuple(m for m in SHOWN if m != SPEED)
+    summ = {r["arm"]: {m: stats.summary(list((vals.get(r["arm"]) or {}).get(m, {}).values())) for m in shown + (c["metric"],)}
+            for r in c["arms"]}
+    metrics = [m for m in dict.fromkeys(shown + (c["metric"],)) if any(s[m]["mean"] is not None for s in summ.values())]
+    lines = ["| arm | run | params | MACs | " + " | ".join(METRIC_LABELS.get(m, m) for m in metrics) + " | seeds |",
+             "|---" * (5 + len(metrics)) + "|"]
+    for r in c["arms"]:
+        n = max((summ[r["arm"]][m]["n"] for m in metrics if m != SPEED), default=0)
+        params = f"{r['params']:,}" if r.get("params") else "-"
+        macs = f"{r['macs'] / 1e6:.2f} M" if r.get("macs") else "-"
+        lines.append(f"| {r['label']} | {r['run']} | {params} | {macs} | "
+                     + " | ".join(_ci(summ[r["arm"]][m], m) for m in metrics) + f" | {n} |")
+    return lines
+
+
+def _tests(c: Dict[str, Any]) -> List[str]:
+    lines = ["| comparison | estimate [95% CI] | test | p (Holm) | verdict |", "|---|---|---|---|---|"]
+    for t in c["tests"]:
+        p = ", ".join(f"{k} {v:.3g}" for k, v in (t.get("p_adjusted") or {}).items()) or "-"
+        if t.get("kind") == "correlation":
+            est = "-" if t.get("rho") is None else f"rho = {t['rho']:.2f} ({t['n']} models)"
+            lines.append(f"| {t['text']} | {est} | Spearman | {p} | {t['verdict']} |")
+            continue
+        if "error" in t:
+            lines.append(f"| {t['text']} | {t['error']} | - | - | {t['verdict']} |")
+            continue
+        m = t["metric"]
+        resolved = " ".join(f"{'+' if w > 0 else '-'} {a}" for a, w in t["weights"])
+        ref = f" vs {t['ref']:g}" if t["ref"] else ""
+        unit = " pt" if m in PERCENT else ""
+        df = t.get("df")
+        design = "-" if df is None else f"{t['design']}, df {df:.0f}" if float(df).is_integer() else f"{t['design']}, df {df:.1f}"
+        note = f" ({t['note']})" if t.get("note") else f" (same contrast as '{t['duplicate_of']}')" if t.get("duplicate_of") else ""
+        margin = f", margin {_num(t['margin'], m)}{unit}" if t.get("margin") is not None else ""
+        lines.append(f"| {t['text']} ({METRIC_LABELS.get(m, m)}: {resolved}{ref}{margin}) | {_ci(t, m, True)}{unit} | "
+                     f"{'TOST' if t['expect'] == '~' else 't'}, {design} | {p} | {t['verdict']}{note} |")
+    return lines
+
+
+def markdown(report: Dict[str, Any], figures: Dict[int, str]) -> str:
+    lines = _head(report)
+    for c in report["claims"]:
+        lines += ["", f"## Claim {c['id']}: {c['title']}", "", f"**Paper.** {c['paper']}", "",
+                  f"**Our set-up.** {c['setup']}", ""]
+        if c["arms"]:
+            lines += _arms(c, report)
+        if c["id"] in figures:
+            lines += ["", f"![claim {c['id']}]({figures[c['id']]})"]
+        lines += [""] + _tests(c)
+        lines += ["", f"**Verdict: {c['verdict']}.** This scale can test {c['can']} It cannot test {c['cannot']}"]
+    return "\n".join(lines) + "\n"
