@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The CPU campaign of docs/performance.md (issue 19), one benchmark after another, each with a hard time limit:
+# The CPU campaign of docs/performance.md, one benchmark after another, each with a hard time limit:
 #   bash benchmarks/cpu.sh            # JSON + log (with start and end times) in benchmarks/results/<machine kind>/
 # Needs a python where vitkit and the peers import (make peers: .venv-peers has torch, torchvision, timm,
-# transformers, onnxruntime); PYTHON=... chooses another. Ends with the verdict against issue 19's targets.
+# transformers, onnxruntime); PYTHON=... chooses another. Ends with the verdict against the performance targets.
 set -u
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-shot GPU check (issue 19), for a session that has a CUDA device: about 8 minutes on an H100/H200.
+# One-shot GPU check, for a session that has a CUDA device (gpu.log records how long it took).
 #   bash benchmarks/gpu.sh            # tests, then benchmarks; JSON under benchmarks/results/gpu-*/, log gpu.log
 # 1. the CUDA tests (tests/test_cuda.py: inference path = training path in fp32/bf16, a training step,
 #    compile), 2. B/16 inference eager fp32/bf16 with MFU against the datasheet peak, 3. compiled, 4. CUDA-graph

@@ -4,7 +4,7 @@ vitkit is ``prepare_inference(model, dtype)``, i.e. ``model.eval()`` in that dty
 ``torch.inference_mode()`` (the model's own inference branch); the peers get the same weights, input and
 threads, bf16 as bf16 weights, ONNX Runtime runs vitkit's model exported to ONNX (fp32). Throughput at each
 library's best batch size, the GEMM roofline of the model's own shapes (MKL and oneDNN, same run), and the
-verdict against issue 19's targets. Results under benchmarks/results/<machine kind>/::
+verdict against the performance targets (benchmarks/verdict.py). Results under benchmarks/results/<machine kind>/::
 
     .venv-peers/bin/python benchmarks/inference.py --dtype fp32 bf16 --batch 16 32
     .venv-peers/bin/python benchmarks/inference.py --dtype fp32 --batch 16 --compile on   # inductor, freezing

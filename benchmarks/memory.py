@@ -1,7 +1,7 @@
 """Peak memory of one inference call at batch 64: ViT-B/16 at 224 px, vitkit vs timm / HF / torchvision / ORT.
 
 Each contender runs in a fresh process; the peak is the resident-set high-water mark during the call minus
-the process's size before the model was built (weights + input + activations). Target of issue 19: vitkit's
+the process's size before the model was built (weights + input + activations). Target (benchmarks/verdict.py): vitkit's
 peak no higher than the best library peer's (ONNX Runtime, fp32 only, shown for reference)::
 
     .venv-peers/bin/python benchmarks/memory.py

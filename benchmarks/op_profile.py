@@ -1,6 +1,6 @@
 """Where a forward pass spends its time: GEMMs against everything else, beside the GEMM roofline.
 
-The roofline target of issue 19 (>= 90% of the fastest GEMM rate torch reaches at the model's shapes) can
+The roofline target (benchmarks/verdict.py: >= 90% of the fastest GEMM rate torch reaches at the model's shapes) can
 only be met if the work that is not a matrix product (LayerNorm, GELU, softmax, residual adds, copies)
 costs less than about a tenth of the GEMMs. This script profiles ``prepare_inference(model, dtype)`` of
 one model (torch.profiler, self time per operator), sorts the operators into GEMMs and the rest, and
@@ -24,9 +24,9 @@ import torch
 from _common import kind_folder, main_guard
 from vitkit.bench.machine import machine_info, machine_line
 from vitkit.bench.models import build_model, example_batch, model_config
-from vitkit.bench.roofline import DTYPES, roofline
+from vitkit.bench.roofline import roofline
 from vitkit.models.cost import cost
-from vitkit.models.inference import prepare_inference
+from vitkit.models.inference import prepare_inference, resolve_dtype
 
 # operators whose self time is a matrix product (ATen, MKL, oneDNN entry points torch records)
 GEMM_OPS = ("aten::addmm", "aten::addmm_", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation",
@@ -64,7 +64,7 @@ def softmax_seconds(cfg, batch: int, dtype: str, repeats: int) -> float:
     benchmark's dtype (torch computes a bf16 softmax in fp32 inside, as the fused kernel does)."""
     t = cost(cfg).tokens
     g = torch.Generator().manual_seed(0)
-    scores = torch.randn(batch, cfg.num_heads, t, t, generator=g).to(DTYPES[dtype])
+    scores = torch.randn(batch, cfg.num_heads, t, t, generator=g).to(resolve_dtype(dtype))
     with torch.inference_mode():
         scores.softmax(-1)
         times = []

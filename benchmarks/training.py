@@ -4,7 +4,7 @@ vitkit's step is the training engine's ``vitkit.train.TrainStep`` (AdamW, no-dec
 clipping at 1, bf16 = autocast); timm's is its ``VisionTransformer`` of the same configuration in a plain
 PyTorch loop with the *same* optimiser implementation (``torch.optim.AdamW(fused=True)`` where torch has
 the fused kernel, else ``foreach``; the same decay / no-decay split), clipping at 1 and the same autocast,
-so the ratio measures the model code. Verdict against issue 19 (>= 1.10x timm)::
+so the ratio measures the model code. Verdict against the target (>= 1.10x timm, benchmarks/verdict.py)::
 
     .venv-peers/bin/python benchmarks/training.py
 """
@@ -22,7 +22,7 @@ def main() -> None:
                    help="batch sizes (default: 16 for S/16, 256 for the Fashion-MNIST model)")
     p.add_argument("--dtype", nargs="+", default=["fp32", "bf16"])
     p.add_argument("--compile", choices=("off", "on", "both"), default="off")
-    p.set_defaults(peers=["timm"])  # training steps are compared with timm (issue 19's reference)
+    p.set_defaults(peers=["timm"])  # training steps are compared with timm (the target's reference)
     args = p.parse_args()
     if args.quick:
         args.repeats = min(args.repeats, 3)

@@ -3,7 +3,7 @@
 Every case asserts the documented ending (README, "Errors and exit codes"): an expected failure is one
 line ``vitkit CMD: error: ...`` naming the file or key (exit code 1; 2 for usage errors), never a
 traceback, and leaves no partial output; a many-file command reports each bad file, goes on with the
-rest and exits 3 when some failed. The corpus covers the kinds of issue 22: output paths that cannot
+rest and exits 3 when some failed. The corpus covers these kinds of bad input: output paths that cannot
 be created, damaged or hostile data and checkpoints, mistyped overrides, wrong-shaped and non-finite
 weights, odd images (decompression bombs, broken EXIF, non-UTF-8 names, symlink loops, empty folders),
 read-only run folders and a full disk (a file-size limit).

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from _synthetic import write_npz, write_recipe
-from vitkit.errors import ConfigError
+from vitkit.errors import ConfigError, MissingDependency
 from vitkit.train import Trainer, load_recipe
 from vitkit.train.runlog import read_metrics
 
@@ -120,7 +120,7 @@ def test_unknown_logger_is_refused_naming_the_key(recipe_file):
 
 def test_missing_tensorboard_fails_at_set_up_with_the_install_line(recipe_file, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as if not installed
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(MissingDependency) as err:
         Trainer(load_recipe(recipe_file, LOGGED), tmp_path / "run", progress=False)
     msg = str(err.value)
     assert "train.log" in msg and "pip install 'vitkit[log]'" in msg and "\n" not in msg
@@ -242,5 +242,5 @@ def test_trackers_continue_their_run_on_resume(recipe_file, tmp_path, trackers):
 
 def test_missing_tracker_fails_at_set_up_with_the_install_line(recipe_file, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)
-    with pytest.raises(ConfigError, match=r"mlflow is not installed.*pip install 'vitkit\[mlflow\]'"):
+    with pytest.raises(MissingDependency, match=r"mlflow is not installed.*pip install 'vitkit\[mlflow\]'"):
         Trainer(load_recipe(recipe_file, {**LOGGED, "train.log": ["mlflow"]}), tmp_path / "run", progress=False)

@@ -190,7 +190,7 @@ def test_flip_tta_scores_the_mean_probability_of_an_image_and_its_mirror(task, f
     model, _, pre = load_for_eval(out / "model")
     model.eval()
     ds = open_dataset(f"tensors:{data}", "test")
-    tf = transform_for(pre, model.config.img_size, True)
+    tf = transform_for(pre, model.config, ds)
     (images, y), = list(eval_batches(ds, 1000, 0, 1, 0))
     x = tf(images)
     with torch.no_grad():

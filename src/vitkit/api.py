@@ -1,6 +1,6 @@
 """The one-line entry points: a model by name with or without its published weights, and classification.
 
-``create_model(name)`` builds a randomly initialised model (``vitkit.models.create_model``);
+``create_model(name)`` builds a randomly initialised model (the one ``create_model``: ``vitkit.models`` has none);
 ``create_model(name, pretrained=True)`` loads the weights published for that name and
 ``create_model(name, weights=...)`` any weights :func:`vitkit.load_weights` reads (path, known name,
 Hugging Face Hub id, URL), fetched into the standard caches on first use.
@@ -14,7 +14,6 @@ from .checkpoints import load_weights
 from .checkpoints.registry import KNOWN, KnownCheckpoint, get_known
 from .config import ConfigError, ViTConfig, config_from_name
 from .models import VisionTransformer
-from .models import create_model as _build
 from .utils import PathLike
 
 # which publisher a naming style points to when a name has several published checkpoints
@@ -36,8 +35,9 @@ def create_model(name: Union[str, ViTConfig] = "B/16", pretrained: bool = False,
     """
     if weights is None and pretrained:
         weights = default_weights(name)
-    if weights is None:
-        return _build(name, **overrides)
+    if weights is None:  # random initialisation
+        cfg = name.replace(**overrides) if isinstance(name, ViTConfig) else config_from_name(name, **overrides)
+        return VisionTransformer(cfg)
     return load_weights(weights, model_name=name if _is_model_name(name) else None, **overrides)
 
 

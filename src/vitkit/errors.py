@@ -105,12 +105,14 @@ class TrainingDiverged(VitkitError, RuntimeError):
 
 
 class MissingDependency(VitkitError, ImportError):
-    """An optional package is not installed; ``extra`` names the vitkit extra that installs it."""
+    """An optional package is not installed; ``extra`` names the vitkit extra that installs it (None for a
+    package no extra holds: the hint then says what to install)."""
 
-    def __init__(self, message: str, *, extra: str, path: Any = None, key: Optional[str] = None,
+    def __init__(self, message: str, *, extra: Optional[str], path: Any = None, key: Optional[str] = None,
                  hint: Optional[str] = None):
         self.extra = extra
-        super().__init__(message, path=path, key=key, hint=hint or f"pip install 'vitkit[{extra}]'")
+        super().__init__(message, path=path, key=key,
+                         hint=hint or (f"pip install 'vitkit[{extra}]'" if extra else None))
 
     def __reduce__(self):
         return (_rebuild_missing, (self.message, self.extra, self.path, self.key, self.hint))

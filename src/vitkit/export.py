@@ -52,7 +52,7 @@ def _compare(ref: torch.Tensor, out: torch.Tensor, atol: float, what: str) -> Di
     rel = diff / max(ref.abs().max().item(), 1e-12)
     if not diff <= atol:
         raise ExportError(f"{what} logits differ from eager PyTorch by {diff:.3g} (> {atol:g}): the export is "
-                           f"not faithful")
+                          f"not faithful")
     return {"max_abs_diff": diff, "max_rel_diff": rel}
 
 

@@ -1,7 +1,6 @@
 """Results as people read them: tables, a JSON file, and a Figure-12-style plot."""
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -78,10 +77,6 @@ def write_json(path, machine: Dict[str, Any], options: Dict[str, Any], rows: Lis
            "rows": rows, **(extra or {})}
     write_json_atomic(path, obj)
     return Path(path)
-
-
-def load_json(path) -> Dict[str, Any]:
-    return json.loads(Path(path).read_text())
 
 
 def plot_figure12(rows: List[dict], path, title: Optional[str] = None) -> Optional[Path]:

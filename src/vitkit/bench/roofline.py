@@ -25,10 +25,9 @@ import torch.nn.functional as F
 
 from ..config import ViTConfig
 from ..models.cost import cost
+from ..models.inference import resolve_dtype
 from ..models.kernels import onednn_ok
 from .timing import alternate, synchronizer
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,7 @@ def gemm_rate(g: Gemm, dtype: str = "fp32", device: str = "cpu", repeats: int = 
     Candidates are first compared on at most ``probe_rows`` rows (a slow fallback kernel would otherwise take
     minutes), then the winner is timed at the full shape. The rate is that of the *fastest* repeat: other
     processes can only slow a repeat down, and a bound should not be lowered by them."""
-    dt = DTYPES[dtype]
+    dt = resolve_dtype(dtype)
     sync = synchronizer(device)
     one = Gemm(g.name, g.m, g.k, g.n, g.groups, 1)
     probe_m = min(g.m, probe_rows)

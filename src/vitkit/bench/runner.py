@@ -249,7 +249,7 @@ def training_contenders(model, dtype: str, compiled: bool, opts: BenchOptions
         except PeerUnavailable as err:
             notes.append(f"timm skipped: {err}")
     if [p for p in opts.peers if p != "timm"]:
-        notes.append("training steps are compared with timm only (the issue's reference)")
+        notes.append("training steps are compared with timm only (the training target's reference)")
     return out, notes
 
 

@@ -110,6 +110,3 @@ def rotations(names: Sequence[str], repeats: int) -> List[List[str]]:
     names = list(names)
     return [names[r % len(names):] + names[:r % len(names)] for r in range(repeats)]
 
-
-def stats_from_dict(d: dict) -> Stats:
-    return Stats(list(d["times_s"]), d.get("first_call_s"))

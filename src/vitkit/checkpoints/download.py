@@ -65,7 +65,7 @@ def check_sha256(path: PathLike, expected: str, what: str) -> None:
     digest = sha256_of(path)
     if not digest.startswith(expected.lower()):
         raise CheckpointError(f"{what}: SHA-256 {digest[:16]}... does not match the published {expected[:16]}...: "
-                         f"the file is corrupt or a different one")
+                              f"the file is corrupt or a different one")
 
 
 def download_url(url: str, dst: PathLike, *, sha256: Optional[str] = None, progress: bool = True,

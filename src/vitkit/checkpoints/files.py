@@ -70,7 +70,7 @@ def read_safetensors(path: PathLike) -> Tuple[Dict[str, Tensor], Dict[str, str]]
         return out, meta
     except Exception as err:  # safetensors raises its own error types for bad headers / short files
         raise CheckpointError(f"{p} could not be read as safetensors ({err}): the file is truncated or corrupt, "
-                         f"download it again") from None
+                              f"download it again") from None
 
 
 def read_npz(path: PathLike) -> Dict[str, np.ndarray]:
@@ -85,7 +85,7 @@ def read_npz(path: PathLike) -> Dict[str, np.ndarray]:
         raise CheckpointError(f"{p} could not be read as .npz ({err}): the file is truncated or corrupt") from None
     except (zipfile.BadZipFile, EOFError, OSError, KeyError) as err:
         raise CheckpointError(f"{p} could not be read as .npz ({err or type(err).__name__}): the file is truncated "
-                         f"or corrupt, download it again") from None
+                              f"or corrupt, download it again") from None
 
 
 def read_torch(path: PathLike, mmap: bool = False) -> Any:
@@ -155,7 +155,7 @@ def unwrap_state(obj: Any, source: str) -> Dict[str, Tensor]:
         what = type(obj).__name__
         keys = f" with keys {sorted(map(str, obj))[:10]}" if isinstance(obj, dict) else ""
         raise CheckpointError(f"{source} holds a {what}{keys}, not a state dict of tensors: save "
-                         f"model.state_dict() instead of the whole model or trainer")
+                              f"model.state_dict() instead of the whole model or trainer")
     state = {str(k): v for k, v in obj.items() if isinstance(v, Tensor)}
     for prefix in ("module.", "_orig_mod."):
         if state and all(k.startswith(prefix) for k in state):
@@ -183,9 +183,9 @@ def read_tensors(path: PathLike) -> Tuple[str, Dict[str, Any], Dict[str, str]]:
         return kind, unwrap_state(read_torch(p, mmap=kind == TORCH_ZIP), str(p)), {}
     if kind == JSON:
         raise CheckpointError(f"{p} is a JSON file, not weights: pass the folder that holds it and the weights "
-                         f"(a Hugging Face or vitkit checkpoint folder)")
+                              f"(a Hugging Face or vitkit checkpoint folder)")
     raise CheckpointError(f"{p} is not a weights file vitkit knows (safetensors, .npz, PyTorch .pth/.bin): "
-                     f"its first bytes are {open(p, 'rb').read(8)!r}")
+                          f"its first bytes are {open(p, 'rb').read(8)!r}")
 
 
 def write_safetensors(state: Dict[str, Tensor], path: PathLike, metadata: Dict[str, str] = None) -> Path:

@@ -75,7 +75,7 @@ def _read_folder(p: Path, num_heads: Optional[int]) -> Checkpoint:
         return ckpt
     files = sorted(x.name for x in p.iterdir())[:12]
     raise CheckpointError(f"{p} is a folder but neither a vitkit checkpoint ({native.META}) nor a Hugging Face or timm "
-                     f"one (config.json + model.safetensors); it holds {files}: pass the weights file itself")
+                          f"one (config.json + model.safetensors); it holds {files}: pass the weights file itself")
 
 
 def _read_hf_weights(p: Path) -> Dict[str, Any]:

@@ -101,7 +101,7 @@ def load_split(spec: str, split: str, channels: int = 3, load_size: int = 256,
     from ..data.datasets import open_dataset
 
     ds = open_dataset(spec, split, load_size=load_size, channels=channels, classes=classes)
-    if not getattr(ds, "in_memory", False):
+    if not ds.in_memory:
         ds = ds.to_memory()
     return ds.images, ds.labels.numpy(), list(ds.classes)
 

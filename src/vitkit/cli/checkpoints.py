@@ -85,7 +85,8 @@ def register(sub) -> None:
     p.add_argument("--num-heads", type=positive_int, help="heads, for torchvision/timm files of non-standard sizes")
     p.set_defaults(func=_push)
 
-    p = sub.add_parser("inspect", help="recognise a checkpoint's format and show its config (reads nothing else)")
+    p = sub.add_parser("inspect", help="recognise a checkpoint's format and show its config, layout and notes "
+                       "(a name is resolved and downloaded as for predict; every tensor is read and checked)")
     p.add_argument("weights")
     p.add_argument("--json", action="store_true")
     p.add_argument("--offline", action="store_true", default=None, help="use only files already on this machine")
@@ -128,7 +129,7 @@ def _load(args, **kw):
 def _predict(args) -> int:
     import torch
 
-    from ..predict import create_transform, format_json, format_table, iter_classify, write_csv
+    from ..predict import create_transform, iter_classify
 
     if bool(args.weights) == bool(args.url):
         raise UsageError("give --weights (classify here) or --url (send the images to a vitkit serve server)")
@@ -149,9 +150,18 @@ def _predict(args) -> int:
         where = f", from {model.meta.source}" if model.meta.source != args.weights else ""
         print(f"{args.weights} ({model.meta.format}{where}): input {pre.size[1]}x{pre.size[0]}; "
               f"preprocessing: {pre.description or pre.name}")
+    return _report_predictions(args, iter_classify(model, files, topk=args.topk, batch_size=args.batch_size,
+                                                   preset=pre, save_crop=args.save_crop,
+                                                   progress=not args.no_progress), many)
+
+
+def _report_predictions(args, predictions, many) -> int:
+    """Print each prediction as it comes (a table row or a JSON line), count it or report its image as
+    skipped, write the CSV if asked; the exit code says whether some images failed."""
+    from ..predict import format_json, format_table, write_csv
+
     preds = []
-    for pred in iter_classify(model, files, topk=args.topk, batch_size=args.batch_size, preset=pre,
-                              save_crop=args.save_crop, progress=not args.no_progress):
+    for pred in predictions:
         preds.append(pred)
         if pred.ok:
             many.ok += 1
@@ -168,7 +178,7 @@ def _predict_remote(args, files, many) -> int:
     skipped, as a file that cannot be read is here."""
     import os
 
-    from ..predict import Prediction, format_json, format_table, write_csv
+    from ..predict import Prediction
     from ..serve.client import Client, ServeClientError
 
     client = Client(args.url, token=os.environ.get("VITKIT_SERVE_TOKEN") or None)
@@ -176,25 +186,20 @@ def _predict_remote(args, files, many) -> int:
     if not args.json:
         print(f"{args.url}: {info.get('id')} on {(info.get('engine') or {}).get('name')} "
               f"({info.get('dtype')}); preprocessing: {(info.get('preprocessing') or {}).get('name')}")
-    preds = []
-    for path in files:
-        pred = Prediction(str(path))
-        try:
-            row = client.classify([path], topk=args.topk)[0]
-            pred.top, pred.geometry = row["top"], row.get("geometry")
-        except ServeClientError as err:
-            if err.status in (0, 401, 409, 503):  # the server, not this image: stop here
-                raise
-            pred.error = err.detail
-        preds.append(pred)
-        if pred.ok:
-            many.ok += 1
-        else:
-            many.skip(pred.source, pred.error)
-        print(format_json(pred) if args.json else format_table(pred), flush=True)
-    if args.csv:
-        write_csv(preds, args.csv)
-    return many.exit_code("images", "classified")
+
+    def remote():
+        for path in files:
+            pred = Prediction(str(path))
+            try:
+                row = client.classify([path], topk=args.topk)[0]
+                pred.top, pred.geometry = row["top"], row.get("geometry")
+            except ServeClientError as err:
+                if err.status in (0, 401, 409, 503):  # the server, not this image: stop here
+                    raise
+                pred.error = err.detail
+            yield pred
+
+    return _report_predictions(args, remote(), many)
 
 
 def _export(args) -> int:

@@ -300,7 +300,7 @@ class AugmentConfig:
             ra = tuple(self.randaugment)
             if len(ra) != 2 or ra[0] < 0 or not 0 <= ra[1] <= 10:
                 raise ConfigError(f"augment.randaugment={self.randaugment!r}: give [num_ops, magnitude 0..10], "
-                                 f"e.g. [2, 10], or null")
+                                  f"e.g. [2, 10], or null")
             self.randaugment = (int(ra[0]), float(ra[1]))
         for k in ("mix_prob", "switch_prob", "erasing"):
             if not 0 <= getattr(self, k) <= 1:
@@ -353,7 +353,7 @@ class Normalize:
                 mean, std = mean * c, std * c
             if len(mean) != c:
                 raise ConfigError(f"normalisation has {len(self.mean)} means for {c}-channel images: give one "
-                                 f"value or one per channel")
+                                  f"value or one per channel")
             self._cache[key] = (torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, c, 1, 1),
                                 1.0 / torch.tensor(std, dtype=x.dtype, device=x.device).view(1, c, 1, 1))
         return self._cache[key]

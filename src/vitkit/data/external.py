@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError
-from .datasets import fit_square
+from .images import fit_square
 
 
 class ExternalImages:
@@ -64,7 +64,7 @@ class ExternalImages:
 
     def to_memory(self):
         """Decode everything once (``data.cache``)."""
-        from .datasets import TensorImages
+        from .images import TensorImages
         images = torch.stack([self[i][0] for i in range(len(self))]) if len(self) else \
             torch.zeros(0, self.channels, self.load_size, self.load_size, dtype=torch.uint8)
         return TensorImages(images, self.labels.clone(), self.classes, self.name)

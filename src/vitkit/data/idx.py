@@ -39,7 +39,7 @@ def read_idx(path: PathLike) -> np.ndarray:
     need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if len(raw) - header != need:
         raise DataError(f"{path}: IDX header promises {shape} ({need} bytes) but the file holds "
-                         f"{len(raw) - header} bytes: truncated or corrupt")
+                        f"{len(raw) - header} bytes: truncated or corrupt")
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
 
 

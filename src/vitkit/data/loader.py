@@ -110,7 +110,7 @@ class Loader:
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         """(images, labels) batches of ``epoch`` from batch ``start``: gathered in memory, or decoded by the
         worker processes."""
-        if getattr(self.data, "in_memory", False) or self.workers <= 0:
+        if self.data.in_memory or self.workers <= 0:
             for idx in self.sampler.batches(epoch, start):
                 yield self.data.gather(idx)
             return

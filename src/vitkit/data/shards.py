@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from ..utils import atomic_path
-from .datasets import IMAGE_SUFFIXES, FileImages, TensorImages
+from .images import FileImages, TensorImages
+from .preprocess import IMAGE_EXTENSIONS
 from ..errors import DataError, InputError, NotFoundError
 
 CLASSES_FILE = "classes.txt"
@@ -90,7 +91,7 @@ def index_shard(path: str) -> List[Tuple[Member, int]]:
                 key, _, ext = base.partition(".")
                 key = os.path.join(os.path.dirname(info.name), key)
                 ext = "." + ext.lower()
-                if ext in IMAGE_SUFFIXES:
+                if ext in IMAGE_EXTENSIONS:
                     images[key] = Member(path, info.offset_data, info.size)
                 elif ext == ".cls":
                     f = tar.extractfile(info)

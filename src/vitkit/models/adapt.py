@@ -156,5 +156,5 @@ def check_state_dict(state: Dict[str, torch.Tensor], expected: Dict[str, torch.T
         parts = [f"{name} ({len(keys)}): {', '.join(keys[:12])}{' ...' if len(keys) > 12 else ''}"
                  for name, keys in report.items() if keys and (strict or name == "mismatched")]
         raise CheckpointError(f"{source} does not fit the model: " + "; ".join(parts) +
-                         ". Build the model with the checkpoint's config, or pass strict=False to load what fits")
+                              ". Build the model with the checkpoint's config, or pass strict=False to load what fits")
     return report

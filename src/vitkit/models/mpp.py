@@ -76,7 +76,7 @@ def mpp_targets(images: torch.Tensor, patch: Tuple[int, int], target: str = "mea
     if target == "color4x4":
         if ph % 4 or pw % 4:
             raise ConfigError(f"the color4x4 target needs pixel patches divisible by 4, got {ph}x{pw}: "
-                             f"use target='mean_color' or 'pixels'")
+                              f"use target='mean_color' or 'pixels'")
         cells = F.avg_pool2d(p.reshape(b * n, c, ph, pw), (ph // 4, pw // 4))  # [B*N, C, 4, 4]
         return color_classes(cells.reshape(b, n, c, 16).transpose(-1, -2), bits)
     if target == "pixels":
@@ -92,7 +92,7 @@ def corrupt(tokens: torch.Tensor, mask_embedding: torch.Tensor, ratio: float = 0
     ``return_source`` also the flat batch index (b * N + n) of each RANDOM patch's replacement (-1 elsewhere)."""
     if not 0.0 < ratio <= 1.0 or p_mask < 0 or p_random < 0 or p_mask + p_random > 1.0:
         raise ConfigError(f"need 0 < ratio <= 1 and p_mask + p_random <= 1, got ratio={ratio}, "
-                         f"p_mask={p_mask}, p_random={p_random}")
+                          f"p_mask={p_mask}, p_random={p_random}")
     b, n, d = tokens.shape
     dev = tokens.device
     k = max(1, round(ratio * n))

@@ -18,6 +18,7 @@ with the mean of the two heads, as DeiT's distilled models do.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -25,7 +26,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.augment import Normalize, resize
+from ..data.datasets import Dataset
+from .evaluate import transform_for
 from .optim import unwrap
+from .selection import Evaluator
 from .step import TrainStep, classification_loss
 from ..errors import ConfigError
 
@@ -114,10 +118,43 @@ def load_teacher(path: str, classes: List[str], *, num_heads: Optional[int] = No
     k = model.config.num_classes
     if k != len(classes):
         raise ConfigError(f"distill.teacher {path} predicts {k} classes but the training data has {len(classes)}: "
-                         f"the teacher must be trained on the same classes")
+                          f"the teacher must be trained on the same classes")
     labels = model.meta.labels
     if labels and [str(v) for v in labels] != [str(v) for v in classes]:
         diff = next(i for i, (a, b) in enumerate(zip(labels, classes)) if str(a) != str(b))
         raise ConfigError(f"distill.teacher {path} has other classes or another order than the training data "
-                         f"(class {diff}: teacher {labels[diff]!r}, data {classes[diff]!r})")
+                          f"(class {diff}: teacher {labels[diff]!r}, data {classes[diff]!r})")
     return model.eval().requires_grad_(False), dict(model.meta.preprocessing or {})
+
+
+class Distillation:
+    """The teacher of a classification run (the recipe's ``distill`` section), as one strategy the trainer is
+    given: it loads and freezes the teacher, makes the training step that mixes its predictions into the
+    loss, and adds the teacher's own test accuracy to the run's results. Without a teacher the trainer has
+    none of this."""
+
+    def __init__(self, source: str, classes: List[str], device: torch.device, *, kind: str = "hard",
+                 alpha: float = 0.5, tau: float = 1.0, num_heads: Optional[int] = None):
+        model, pre = load_teacher(source, classes, num_heads=num_heads)
+        self.source, self.kind, self.alpha, self.tau = str(source), kind, alpha, tau
+        self.model = model.to(device)
+        self.preprocessing = pre
+        cfg = model.config
+        self.normalize = Normalize(pre.get("mean", [0.5]), pre.get("std", [0.5]), channels=cfg.in_chans)
+        self.size = tuple(pre.get("size") or cfg.img_size)
+
+    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, student: Normalize,
+             student_size: Sequence[int], **step_kw: Any) -> DistillStep:
+        """The optimiser step: the student's batch goes to the teacher in the teacher's preprocessing."""
+        feed = TeacherInput(student, student_size, self.normalize, self.size)
+        return DistillStep(model, optimizer, teacher=self.model, teacher_input=feed, kind=self.kind,
+                           alpha=self.alpha, tau=self.tau, **step_kw)
+
+    def report(self, test_data: Optional[Dataset], evaluator: Evaluator) -> Dict[str, Any]:
+        """results.json's teacher entries: its source and, with a test split, its accuracy on the same images
+        in its own preprocessing (the pipeline of ``vitkit eval``)."""
+        out: Dict[str, Any] = {"teacher": self.source}
+        if test_data is not None:
+            tf = transform_for(self.preprocessing, self.model.config, test_data)
+            out["teacher_test_top1"] = dataclasses.replace(evaluator, transform=tf)(self.model, test_data)["top1"]
+        return out

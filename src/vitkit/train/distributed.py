@@ -6,7 +6,6 @@ GPUs and gloo on CPUs. Only rank 0 writes files.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -106,16 +105,6 @@ def all_reduce_max(t: torch.Tensor, d: Dist) -> torch.Tensor:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         t = t.cpu()
     return t
-
-
-@contextlib.contextmanager
-def main_first(d: Dist):
-    """Rank 0 runs the body first (e.g. to create folders), then the others."""
-    if not d.main:
-        barrier(d)
-    yield
-    if d.main:
-        barrier(d)
 
 
 def full_state(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None):

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import ViTConfig
 from ..data.augment import EvalTransform, Normalize
 from ..data.datasets import Dataset, open_dataset
 from ..data.loader import eval_batches
@@ -95,12 +96,15 @@ def _why_unreadable(data: Dataset, i: int) -> Dict[str, str]:
     return {"path": str(src), "error": "could not be read during evaluation"}
 
 
-def transform_for(preprocessing: Optional[Dict[str, Any]], img_size: Sequence[int], in_memory: bool) -> EvalTransform:
-    """The evaluation transform a checkpoint's ``preprocessing`` record describes (mean/std, size)."""
+def transform_for(preprocessing: Optional[Dict[str, Any]], config: ViTConfig, data: Dataset) -> EvalTransform:
+    """The evaluation view of ``data`` for a model of ``config`` whose ``preprocessing`` record (a checkpoint's,
+    or the one a training run writes) gives mean/std and size: the one evaluation pipeline of ``vitkit eval``,
+    the trainer and a distillation teacher. Files decoded larger than the model are centre-cropped; a dataset
+    held in memory (``data.in_memory``) is resized whole."""
     pre = preprocessing or {}
     mean, std = pre.get("mean", [0.5]), pre.get("std", [0.5])
-    size = tuple(pre.get("size") or img_size)
-    return EvalTransform(size, Normalize(mean, std), center_crop_files=not in_memory)
+    size = tuple(pre.get("size") or config.img_size)
+    return EvalTransform(size, Normalize(mean, std, channels=config.in_chans), center_crop_files=not data.in_memory)
 
 
 def evaluate_checkpoint(path: PathLike, dataset: str, split: str = "test", *, root: Optional[PathLike] = None,
@@ -129,10 +133,10 @@ def evaluate_checkpoint(path: PathLike, dataset: str, split: str = "test", *, ro
         raise DataError(f"{dataset} has {data.channels}-channel images but the model takes {cfg.in_chans}")
     if cfg.num_classes and len(data.classes) > cfg.num_classes:
         raise DataError(f"{dataset} has {len(data.classes)} classes but the model predicts {cfg.num_classes}: "
-                         f"fine-tune it first (vitkit finetune)")
+                        f"fine-tune it first (vitkit finetune)")
     if hasattr(data, "skip_unreadable"):  # a folder: unreadable images are left out and reported
         data.skip_unreadable = True
-    tf = transform_for(pre, cfg.img_size, getattr(data, "in_memory", False))
+    tf = transform_for(pre, cfg, data)
     res = evaluate(model, data, tf, batch_size=batch_size, device=dev, workers=workers, tta=tta, progress=progress)
     if "unreadable" in res:  # (index -> why), decoded again here to name the reason
         res["unreadable"] = [_why_unreadable(data, i) for i in res["unreadable"]]

@@ -39,7 +39,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from ..errors import ConfigError
+from ..errors import ConfigError, MissingDependency
 from ..utils import atomic_path
 
 LOGGERS = ("tensorboard", "csv", "wandb", "mlflow")  # the names train.log accepts
@@ -50,7 +50,8 @@ _NOT_SCALARS = ("step", "epoch", "time", "train_time")  # where and when a line 
 
 
 def check_loggers(names: Iterable[str]) -> None:
-    """ConfigError naming ``train.log`` for an unknown name, or for ``tensorboard`` when it is not installed."""
+    """ConfigError naming ``train.log`` for an unknown name; MissingDependency naming the extra for an
+    optional logger that is not installed."""
     for name in names:
         if name not in LOGGERS:
             raise ConfigError(f"unknown logger {name!r}", key="train.log", hint=f"use {' and/or '.join(LOGGERS)}")
@@ -62,8 +63,8 @@ def check_loggers(names: Iterable[str]) -> None:
         try:
             importlib.import_module(module)
         except ImportError:
-            raise ConfigError(f"{name} is not installed", key="train.log",
-                              hint=f"pip install 'vitkit[{extra}]' (or drop {name} from train.log)") from None
+            raise MissingDependency(f"{name} is not installed", extra=extra, key="train.log",
+                                    hint=f"pip install 'vitkit[{extra}]' (or drop {name} from train.log)") from None
 
 
 def open_loggers(names: Sequence[str], run_dir: Path, rows: List[Dict[str, Any]],

@@ -56,10 +56,10 @@ class MPPTrainer(Trainer):
         check_mpp(recipe.mpp)
         if recipe.model.get("patch_drop"):
             raise ConfigError("masked patch prediction must see every patch (the corrupted ones are its targets): "
-                             "set model.patch_drop=0 for MPP")
+                              "set model.patch_drop=0 for MPP")
         if recipe.augment.mixes:
             raise ConfigError("Mixup/CutMix blend images, so the patch targets would be blends too: turn "
-                             "augment.mixup and augment.cutmix off for MPP")
+                              "augment.mixup and augment.cutmix off for MPP")
         recipe = copy.deepcopy(recipe)
         recipe.model["num_classes"] = 0  # no classification head: labels are never used
         super().__init__(recipe, out, **kwargs)

@@ -64,7 +64,7 @@ class OptimConfig:
     weight_decay: float = 0.1
     momentum: float = 0.9  # sgd
     nesterov: bool = False
-    clip_grad: Optional[float] = 1.0  # global-norm clipping (the paper clips at 1)
+    clip_grad: Optional[float] = 1.0  # global-norm clipping (the paper clips at 1); null or 0: none
     implementation: str = "auto"  # auto (fused where torch has it, else foreach) | fused | foreach | loop
     # layer-wise lr decay (BEiT; the usual fine-tuning of DINOv2, CLIP, SigLIP, DeiT III): block i of L gets
     # lr * layer_decay ** (L - i), the embeddings lr * layer_decay ** (L + 1), the head and final norms lr;
@@ -152,10 +152,11 @@ class DistillConfig:
 _RULES = {">0": (lambda v: v > 0, "a positive number"), ">=0": (lambda v: v >= 0, "a number >= 0"),
           "[0,1)": (lambda v: 0 <= v < 1, "a number in [0, 1)")}
 RANGES = {
-    **{k: ">0" for k in ("data.load_size", "data.train_subset", "data.eval_batch_size", "data.std", "optim.lr",
-                         "optim.batch_size", "optim.accum_steps", "optim.eps", "optim.clip_grad", "schedule.epochs",
-                         "schedule.steps", "schedule.minutes", "train.log_every", "train.threads", "init.num_heads",
-                         "distill.num_heads", "distill.tau", "mpp.bits")},
+    **{k: ">0" for k in ("data.load_size", "data.eval_batch_size", "data.std", "optim.lr", "optim.batch_size",
+                         "optim.accum_steps", "optim.eps", "schedule.epochs", "schedule.steps", "schedule.minutes",
+                         "train.log_every", "init.num_heads", "distill.num_heads", "distill.tau", "mpp.bits")},
+    # 0 means "off" or "the default" for these
+    **{k: ">=0" for k in ("data.train_subset", "optim.clip_grad", "train.threads")},
     **{k: ">=0" for k in ("data.val_size", "data.val_seed", "data.workers", "optim.weight_decay", "optim.momentum",
                           "schedule.warmup_steps", "schedule.warmup_epochs", "schedule.min_lr", "train.seed",
                           "train.eval_every", "train.ckpt_every", "train.predictions", "mpp.eval_images",
@@ -268,7 +269,7 @@ class Recipe:
             raise ConfigError(f"distill.kind={dd.kind!r}: use hard or soft")
         if not 0 < dd.alpha <= 1 or not dd.tau > 0:
             raise ConfigError(f"distill.alpha must be in (0, 1] and distill.tau positive, got alpha={dd.alpha}, "
-                             f"tau={dd.tau}")
+                              f"tau={dd.tau}")
         check_mpp(self.mpp)
         if "arch" in self.model and self.model["arch"] is not None:
             config_from_name(str(self.model["arch"]))  # fails early on unknown names
@@ -316,7 +317,7 @@ def check_mpp(m: MPPConfig) -> None:
         raise ConfigError(f"mpp.target={m.target!r}: use one of {', '.join(MPP_TARGETS)}")
     if not 0 < m.ratio <= 1 or m.p_mask < 0 or m.p_random < 0 or m.p_mask + m.p_random > 1:
         raise ConfigError(f"mpp: need 0 < ratio <= 1, p_mask, p_random >= 0 and p_mask + p_random <= 1 (got ratio "
-                         f"{m.ratio}, p_mask {m.p_mask}, p_random {m.p_random})")
+                          f"{m.ratio}, p_mask {m.p_mask}, p_random {m.p_random})")
     if not 1 <= m.bits <= 8:
         raise ConfigError(f"mpp.bits must be 1..8, got {m.bits}")
 
@@ -382,7 +383,7 @@ def raw_recipe(name_or_path: Union[str, PathLike], seen: Tuple[str, ...] = ()) -
             hint = difflib.get_close_matches(key, names, n=1)
             extra = f" Did you mean {hint[0]!r}?" if hint else ""
             raise ConfigError(f"unknown recipe {key!r}.{extra} Built-in recipes: {', '.join(names)}; or give a "
-                             f".yaml/.json file")
+                              f".yaml/.json file")
         d = yaml.safe_load(res.read_text())
         d.setdefault("name", key)
     base = d.get("base")
@@ -432,7 +433,7 @@ def apply_overrides(d: Dict[str, Any], overrides: Dict[str, Any]) -> Dict[str, A
                 raise ConfigError(f"unknown recipe key {key!r}{extra}: use SECTION.KEY (e.g. optim.lr=3e-4)")
             if len(owners) > 1:
                 raise ConfigError(f"{key!r} is in several sections ({', '.join(owners)}): write "
-                                 f"{owners[0]}.{key}=... ")
+                                  f"{owners[0]}.{key}=... ")
             sec, leaf = owners[0], key
         if sec != "model" and sec not in SECTIONS:
             raise ConfigError(f"unknown recipe section {sec!r} in {key!r}: use one of model, {', '.join(SECTIONS)}")

@@ -9,12 +9,11 @@
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict
+from typing import Any, Dict
 
 import torch
 
 from ..checkpoints import save_model
-from ..data.augment import EvalTransform
 from ..models.backend import record as backend_record
 from ..utils import write_json_atomic
 from . import distributed as D
@@ -22,14 +21,12 @@ from .optim import unwrap
 from .runlog import plot_curves, plot_predictions
 from .selection import choose_weights, eval_record
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .trainer import Trainer
-
 _SCORES = ("top1", "top5", "loss")
 
 
-def finish_classification(tr: "Trainer", wall: float) -> Dict[str, Any]:
-    """Steps 1-3 above for the trainer ``tr`` after its last step; returns results.json's dict."""
+def finish_classification(tr: Any, wall: float) -> Dict[str, Any]:
+    """Steps 1-3 above for the trainer ``tr`` (a :class:`~vitkit.train.trainer.Trainer`, which calls this and
+    is not imported here) after its last step; returns results.json's dict."""
     r, d = tr.recipe, tr.dist
     epochs = round(tr.step / tr.steps_per_epoch, 3)
     results: Dict[str, Any] = {"recipe": r.name, "steps": tr.step, "planned_steps": tr.total_steps,
@@ -57,15 +54,8 @@ def finish_classification(tr: "Trainer", wall: float) -> Dict[str, Any]:
         results.update({f"test_{k}": res[k] for k in _SCORES})
         tr.log.write({"kind": "test", "split": "test", "step": tr.step, "epoch": epochs, "weights": kind,
                       **{k: res[k] for k in _SCORES}, "train_time": round(tr.trained_s, 2)})
-        if tr.teacher is not None:  # how the student compares with its teacher, on the same images
-            tf = EvalTransform(tr.teacher_size, tr.teacher_norm,
-                               center_crop_files=not getattr(tr.test_data, "in_memory", True))
-            from .evaluate import evaluate
-            t_res = evaluate(tr.teacher, tr.test_data, tf, batch_size=r.data.eval_batch_size, device=tr.device,
-                             dist=d, precision=r.train.precision, workers=r.data.workers)
-            results["teacher_test_top1"] = t_res["top1"]
-    if tr.teacher is not None:
-        results["teacher"] = str(r.distill.teacher)
+    if tr.distillation is not None:  # how the student compares with its teacher, on the same images
+        results.update(tr.distillation.report(tr.test_data, tr.evaluator))
     exported = chosen if kind == "ema" else tr.export_model(kind)  # collective under FSDP
     if d.main:
         extra = {"recipe": r.name, "steps": tr.step, "weights": kind, "selected_by": why}

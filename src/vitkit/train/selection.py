@@ -33,7 +33,7 @@ def hold_out(data: Dataset, val_size: Optional[int], val_fraction: float, seed: 
     n = len(data)
     if val_size and not 0 < val_size < n:
         raise ConfigError(f"data.val_size={val_size} but the training split has {n} images: hold out fewer "
-                         f"(e.g. --set data.val_size={max(1, n // 12)})")
+                          f"(e.g. --set data.val_size={max(1, n // 12)})")
     fraction = val_size / n if val_size else val_fraction
     if not fraction > 0:
         return data, None

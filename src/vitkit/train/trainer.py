@@ -34,7 +34,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from ..data.augment import BatchAugment, EvalTransform, Normalize
+from ..data.augment import BatchAugment, Normalize
 from ..data.datasets import Dataset, open_dataset
 from ..data.loader import EpochSampler, Loader, split_indices
 from ..models import VisionTransformer
@@ -43,8 +43,11 @@ from ..models.backend import current as current_backend
 from ..utils import PathLike, remove_stale_temps
 from . import distributed as D
 from .checkpoint import find_last, load_state, rng_state, save_state, set_rng_state
+from .distill import Distillation
+from .evaluate import transform_for
 from .optim import EMA, Schedule, build_optimizer, set_lr, unwrap
 from .recipe import Recipe
+from .report import finish_classification
 from .runlog import MetricsLog
 from .selection import Evaluator, eval_record, hold_out
 from .step import TrainStep
@@ -87,16 +90,16 @@ class Trainer:
         self.step = 0
         self.trained_s = 0.0  # training time so far (evaluations and checkpoints excluded), kept on resume
         self.log = None
-        self.resume_rows = None  # metrics.jsonl lines the resumed checkpoint had seen (issue 22)
+        self.resume_rows = None  # metrics.jsonl lines the resumed checkpoint had seen
         if self.dist.main:
             self.out.mkdir(parents=True, exist_ok=True)
         if resume:
             self._restore(load_state(last))
             if self.dist.main:
-                remove_stale_temps(self.out)  # temp files of writes a kill interrupted (issue 22)
+                remove_stale_temps(self.out)  # temp files of writes a kill interrupted
         elif last is not None:
             raise ConfigError(f"{self.out} already holds a run (checkpoints/last.pt): pass --resume to continue "
-                             f"it, or choose another --out")
+                              f"it, or choose another --out")
         if self.dist.main:
             recipe.save(self.out / "recipe.yaml")
         self.log = MetricsLog(self.out / "metrics.jsonl", self.dist.main,
@@ -171,8 +174,7 @@ class Trainer:
         norm = Normalize(dc.mean, dc.std, channels=self.config.in_chans)
         self.normalize = norm
         self.augment = BatchAugment(r.augment, self.config.img_size, len(self.classes), norm)
-        self.eval_tf = EvalTransform(self.config.img_size, norm,
-                                     center_crop_files=not getattr(self.train_data, "in_memory", True))
+        self.eval_tf = transform_for(self.preprocessing(), self.config, self.train_data)  # as `vitkit eval` reads it
         self.evaluator = Evaluator(self.eval_tf, self.device, self.dist, r.train.precision, dc.eval_batch_size,
                                    dc.workers)
 
@@ -201,13 +203,14 @@ class Trainer:
         self.patch_drop_start = float(self.vit.config.patch_drop)
         if s.patch_drop_end and not self.patch_drop_start:  # (an end of 0 without patch dropout: nothing to do)
             raise ConfigError(f"schedule.patch_drop_end={s.patch_drop_end} schedules patch dropout, but the model has "
-                             f"none: set model.patch_drop to the starting rate (e.g. --set model.patch_drop=0.5)")
+                              f"none: set model.patch_drop to the starting rate (e.g. --set model.patch_drop=0.5)")
         self.ema = EMA(self.model, r.train.ema, r.train.ema_warmup) if r.train.ema > 0 else None
         step_kw = dict(precision=r.train.precision, clip_grad=o.clip_grad, accum_steps=o.accum_steps,
                        label_smoothing=r.augment.label_smoothing, device=self.device)
-        self.teacher = None
-        if r.distill.teacher:
-            self.step_fn = self._distill_step(step_kw)
+        self.distillation = self._distillation()
+        if self.distillation is not None:
+            self.step_fn = self.distillation.step(self.forward_model, self.optimizer, self.normalize,
+                                                  self.config.img_size, **step_kw)
         else:
             self.step_fn = self.step_class(self.forward_model, self.optimizer, **step_kw)
         if getattr(self.step_fn, "scaler", None) is not None and getattr(self, "_scaler_state", None):
@@ -219,22 +222,15 @@ class Trainer:
                   f"evaluates only at the end: the test split is never used during training")
             self.eval_interval = 0
 
-    def _distill_step(self, step_kw: Dict[str, Any]):
-        """The step with a teacher (recipe section ``distill``): loaded here, frozen, fed the augmented batch
-        in its own preprocessing."""
-        from .distill import DistillStep, TeacherInput, load_teacher
-
+    def _distillation(self) -> Optional[Distillation]:
+        """The teacher strategy when the recipe names a teacher (section ``distill``), else None."""
         dd = self.recipe.distill
+        if not dd.teacher:
+            return None
         if self.step_class is not TrainStep:
             raise ConfigError(f"distill.teacher is for classification training, not for {type(self).__name__}")
-        teacher, pre = load_teacher(dd.teacher, self.classes, num_heads=dd.num_heads)
-        tcfg = teacher.config
-        self.teacher = teacher.to(self.device)
-        self.teacher_norm = Normalize(pre.get("mean", [0.5]), pre.get("std", [0.5]), channels=tcfg.in_chans)
-        self.teacher_size = tuple(pre.get("size") or tcfg.img_size)
-        feed = TeacherInput(self.normalize, self.config.img_size, self.teacher_norm, self.teacher_size)
-        return DistillStep(self.forward_model, self.optimizer, teacher=self.teacher, teacher_input=feed,
-                           kind=dd.kind, alpha=dd.alpha, tau=dd.tau, **step_kw)
+        return Distillation(dd.teacher, self.classes, self.device, kind=dd.kind, alpha=dd.alpha, tau=dd.tau,
+                            num_heads=dd.num_heads)
 
     # --- checkpoints ------------------------------------------------------------------------
     def _state(self) -> Dict[str, Any]:
@@ -265,7 +261,7 @@ class Trainer:
     def _restore(self, st: Dict[str, Any]) -> None:
         if st.get("total_steps") not in (None, self.total_steps):
             raise ConfigError(f"the checkpoint belongs to a {st['total_steps']}-step run but the recipe now has "
-                             f"{self.total_steps} steps: resume with the same recipe")
+                              f"{self.total_steps} steps: resume with the same recipe")
         D.load_full_state(self.wrapped, self.optimizer, st["model"], st["optimizer"])
         if self.ema is not None and "ema" in st:
             self.ema.load_state_dict(st["ema"])
@@ -348,16 +344,7 @@ class Trainer:
                 seen += x.shape[0] * d.world
                 acc_sum += torch.tensor([float(stats["loss"]), float(stats["acc"]), 1.0], dtype=torch.float64)
                 if self.step % r.train.log_every == 0 or self.done():
-                    m = D.all_reduce_mean(acc_sum.to(self.device), d).cpu() if d.enabled else acc_sum
-                    elapsed = self.trained_s - mark  # evaluations and checkpoints excluded
-                    rec = {"kind": "train", "step": self.step, "epoch": round(self.step / self.steps_per_epoch, 4),
-                           "loss": float(m[0] / m[2]), "acc": float(m[1] / m[2]), "lr": lr,
-                           "grad_norm": float(stats["grad_norm"]), "img_per_s": seen / max(elapsed, 1e-9),
-                           "time": round(time.perf_counter() - t0, 2)}
-                    self.log.write(rec)
-                    if bar is not None:
-                        bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{100 * rec['acc']:.1f}%",
-                                        lr=f"{lr:.2e}", img_s=f"{rec['img_per_s']:.0f}", refresh=False)
+                    self._log_train_line(acc_sum, seen, self.trained_s - mark, lr, stats, bar)
                     acc_sum.zero_()
                     seen, mark = 0, self.trained_s
                 if bar is not None:
@@ -385,6 +372,21 @@ class Trainer:
             return {"stopped_at": self.step}
         self.save_checkpoint()
         return self.finish(time.perf_counter() - t0)
+
+    def _log_train_line(self, acc_sum: torch.Tensor, seen: int, elapsed: float, lr: float,
+                        stats: Dict[str, torch.Tensor], bar: Any) -> None:
+        """One ``kind: train`` line of metrics.jsonl: loss and accuracy averaged since the last line (over
+        all processes), throughput over ``elapsed`` training seconds (evaluations and checkpoints excluded)."""
+        d = self.dist
+        m = D.all_reduce_mean(acc_sum.to(self.device), d).cpu() if d.enabled else acc_sum
+        rec = {"kind": "train", "step": self.step, "epoch": round(self.step / self.steps_per_epoch, 4),
+               "loss": float(m[0] / m[2]), "acc": float(m[1] / m[2]), "lr": lr,
+               "grad_norm": float(stats["grad_norm"]), "img_per_s": seen / max(elapsed, 1e-9),
+               "time": round(time.perf_counter() - self._t0, 2)}
+        self.log.write(rec)
+        if bar is not None:
+            bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{100 * rec['acc']:.1f}%", lr=f"{lr:.2e}",
+                            img_s=f"{rec['img_per_s']:.0f}", refresh=False)
 
     def _diverged(self, step: int, lr: float, stats: Dict[str, torch.Tensor], last_good: int) -> None:
         where = self.out / "checkpoints" / "last.pt"
@@ -442,8 +444,8 @@ class Trainer:
         mean, std = list(dc.mean), list(dc.std)
         if len(mean) == 1:
             mean, std = mean * 3, std * 3
-        in_mem = getattr(self.train_data, "in_memory", True)
-        return {"name": f"vitkit-train:{dc.dataset.split(':')[0]}", "size": list(cfg.img_size),
+        in_mem = self.train_data.in_memory
+        return {"name": f"vitkit-train:{(dc.dataset or 'data').split(':')[0]}", "size": list(cfg.img_size),
                 "resize": None if in_mem else self.load_size, "resize_mode": "squash" if in_mem else "shorter",
                 "interpolation": "bilinear", "backend": "tensor" if in_mem else "pil", "mean": mean, "std": std,
                 "description": "as trained by vitkit (" + ("resize to the model size" if in_mem else
@@ -452,8 +454,6 @@ class Trainer:
     def finish(self, wall: float) -> Dict[str, Any]:
         """Choose the weights on the validation split, test them once, export, report
         (:func:`vitkit.train.report.finish_classification`)."""
-        from .report import finish_classification
-
         return finish_classification(self, wall)
 
 

@@ -97,7 +97,7 @@ def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, nu
     if config:
         if config.get("model_type", "vit") not in ("vit", "deit"):
             raise CheckpointError(f"{source}: config.json is for model_type={config.get('model_type')!r}, "
-                             f"not 'vit' or 'deit'")
+                                  f"not 'vit' or 'deit'")
         act = config.get("hidden_act", "gelu")
         if act not in ACTS:
             raise CheckpointError(f"{source}: hidden_act={act!r} is not a GELU; vitkit's ViT supports {sorted(ACTS)}")
@@ -115,7 +115,7 @@ def read(tensors: Dict[str, Any], *, config: Optional[Dict[str, Any]] = None, nu
         notes.append(heads_note(cfg))
     if config and int(config.get("patch_size", cfg.patch_size[0])) != cfg.patch_size[0]:
         raise CheckpointError(f"{source}: config.json says patch_size={config['patch_size']} but the weights have "
-                         f"{cfg.patch_size[0]}: the folder mixes two models")
+                              f"{cfg.patch_size[0]}: the folder mixes two models")
     return Checkpoint(mapped.state, cfg, NAME, labels=labels, preprocessing=preprocessing(cfg),
                       layout={"flavour": "hf", "model_type": "deit" if deit else "vit",
                               "model_class": "classification" if "head.weight" in mapped.state else "model"},
@@ -159,7 +159,7 @@ def write(ckpt: Checkpoint, dst: Path, **_: Any) -> Path:
     problems = _problems(cfg)
     if problems:
         raise CheckpointError(f"Hugging Face's ViT needs {'; '.join(problems)}: this model cannot be written as an "
-                         f"HF folder")
+                              f"HF folder")
     deit, classify = cfg.distill_token, cfg.num_classes > 0
     arch = architecture(cfg)
     if deit:

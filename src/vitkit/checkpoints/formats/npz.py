@@ -127,7 +127,7 @@ def write(ckpt: Checkpoint, dst: Path, *, flavour: Optional[str] = None, prefix:
     cfg = ckpt.config
     if cfg.posemb not in ("learn", "none") or cfg.posemb_where != "input":
         raise CheckpointError(f"the .npz layouts hold a learned 1D position table at the input; this model has "
-                         f"posemb={cfg.posemb}, posemb_where={cfg.posemb_where}: use --to vitkit")
+                              f"posemb={cfg.posemb}, posemb_where={cfg.posemb_where}: use --to vitkit")
     if cfg.distill_token:
         raise CheckpointError("the .npz layouts have no distillation token (DeiT): write this model as vitkit, timm "
                               "or hf")

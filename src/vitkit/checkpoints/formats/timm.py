@@ -128,11 +128,11 @@ def write(ckpt: Checkpoint, dst: Path, *, safetensors: bool = False) -> Path:
         timm_folder.model_args(ckpt)  # refuses what timm's folders cannot describe, before anything is written
     if cfg.posemb not in ("learn", "none") or cfg.posemb_where != "input":
         raise CheckpointError(f"timm's VisionTransformer has learned 1D position embeddings at the input; this model "
-                         f"has posemb={cfg.posemb}, posemb_where={cfg.posemb_where}: use --to vitkit")
+                              f"has posemb={cfg.posemb}, posemb_where={cfg.posemb_where}: use --to vitkit")
     if cfg.distill_token and not cfg.distill_head and cfg.num_classes:
         raise CheckpointError("timm's distilled DeiT reads out both tokens (head and head_dist); this model reads out "
                          "the class token only (distill_head=False, e.g. from HF's DeiTForImageClassification): "
-                         "use --to vitkit or hf")
+                              "use --to vitkit or hf")
     warn_numerics(cfg, "timm", **numerics(cfg))
     state = ckpt.state
     if cfg.posemb_class_slot and layout_for(ckpt, NAME).get("posemb_class_slot") is False:

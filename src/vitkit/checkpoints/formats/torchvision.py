@@ -76,5 +76,5 @@ def _require(cfg) -> None:
     hard.extend(f"no {p}" if not p.startswith("no ") else "a patch-embedding bias" for p in descendant_parts(cfg))
     if hard:
         raise CheckpointError(f"torchvision's VisionTransformer needs {'; '.join(hard)}: this model cannot be "
-                         f"written in its layout (use --to vitkit, or hf / timm where they fit)")
+                              f"written in its layout (use --to vitkit, or hf / timm where they fit)")
     warn_numerics(cfg, "torchvision", ln_eps=1e-6, gelu="exact")
