@@ -48,7 +48,8 @@ def profile(model, x, repeats: int):
             t = time.perf_counter()
             model(x)
             walls.append(time.perf_counter() - t)
-        from torch.profiler import ProfilerActivity, profile as prof
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as prof
 
         with prof(activities=[ProfilerActivity.CPU]) as p:
             for _ in range(repeats):

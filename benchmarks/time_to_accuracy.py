@@ -25,11 +25,10 @@ import sys
 import time
 from pathlib import Path
 
-
 from vitkit.bench.machine import machine_info
+from vitkit.cli._util import parse_overrides
 from vitkit.train import load_recipe, train
 from vitkit.train.runlog import read_metrics
-from vitkit.cli._util import parse_overrides
 
 FIGURES = Path(__file__).resolve().parents[1] / "docs" / "figures" / "training"
 

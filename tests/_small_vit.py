@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vitkit import ViTConfig, VisionTransformer
+from vitkit import VisionTransformer, ViTConfig
 
 CONFIG = ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10, width=64, depth=4, num_heads=4,
                    mlp_dim=128, name="test-fmnist-vit")  # class token, learned 1D position embeddings

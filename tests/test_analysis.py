@@ -6,11 +6,23 @@ import numpy as np
 import pytest
 import torch
 
-from vitkit import ViTConfig, VisionTransformer
-from vitkit.analysis import (analyze, attention_distance, attention_rollout, cosine_similarity_grid,
-                             embedding_filters, fuse_heads, mean_attention_distance, near_far_similarity,
-                             patch_distances, posemb_similarity, readout_of, rollout_maps, rollout_to_grid,
-                             similarity_by_distance)
+from vitkit import VisionTransformer, ViTConfig
+from vitkit.analysis import (
+    analyze,
+    attention_distance,
+    attention_rollout,
+    cosine_similarity_grid,
+    embedding_filters,
+    fuse_heads,
+    mean_attention_distance,
+    near_far_similarity,
+    patch_distances,
+    posemb_similarity,
+    readout_of,
+    rollout_maps,
+    rollout_to_grid,
+    similarity_by_distance,
+)
 from vitkit.models.posemb import resize_pos_embed, sincos_2d
 
 

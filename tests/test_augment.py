@@ -5,8 +5,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitkit.data.augment import (AugmentConfig, BatchAugment, EvalTransform, Normalize, equalize, flip,
-                                 inception_crop, mix, one_hot, pad_crop, rand_augment, random_erasing)
+from vitkit.data.augment import (
+    AugmentConfig,
+    BatchAugment,
+    EvalTransform,
+    Normalize,
+    equalize,
+    flip,
+    inception_crop,
+    mix,
+    one_hot,
+    pad_crop,
+    rand_augment,
+    random_erasing,
+)
 from vitkit.data.loader import EpochSampler
 
 

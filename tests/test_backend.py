@@ -195,7 +195,6 @@ def test_cli_backend_command_and_flag(capsys, monkeypatch):
 def test_training_records_and_pins_the_backend(tmp_path, monkeypatch):
     """A run's recipe.yaml and results.json say which kernels it ran with; train.deterministic pins them."""
     from _synthetic import write_npz, write_recipe
-
     from vitkit.train import load_recipe, train
 
     monkeypatch.delenv(backend.ENV, raising=False)

@@ -8,7 +8,6 @@ import torch
 import vitkit
 from conftest import randomize_head
 from vitkit import VisionTransformer, cost, create_model
-from vitkit.config import config_from_name
 from vitkit.bench import BenchOptions, compare, comparison_table, format_result, machine_info, machine_line
 from vitkit.bench.machine import busy_warning
 from vitkit.bench.memory import measure
@@ -19,7 +18,9 @@ from vitkit.bench.roofline import Gemm, gemm_rate, model_gemms, roofline
 from vitkit.bench.runner import run_inference, run_training
 from vitkit.bench.timing import Stats, alternate, rotations
 from vitkit.cli import main
+from vitkit.config import config_from_name
 from vitkit.models import precision
+
 
 def rel_err(a, b):
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()

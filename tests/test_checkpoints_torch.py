@@ -369,6 +369,7 @@ def test_timm_folder_round_trip(tmp_path, kind):
     """--to timm with a folder name writes timm's Hub layout; reading it back gives the same tensors, the
     heads (from model_args, which the weights cannot show), the read-out, labels and preprocessing."""
     import json
+
     from vitkit.data.preprocess import get_preset
     kw = {"gap": dict(class_token=False, pool="gap"), "distilled": dict(distill_token=True)}.get(kind, {})
     model = tiny(**kw)
@@ -397,6 +398,7 @@ def test_timm_folder_config_variants_and_refusals(tmp_path):
     """Older single-dict config.json files; squash crops; timm extensions and pools that are not the
     paper's ViT are refused with the reason; hybrids and pre-logits layers cannot be written as folders."""
     import json
+
     from vitkit.data.preprocess import get_preset
     out = save_weights(tiny(), tmp_path / "f", "timm")
     cfg_file = out / "config.json"
@@ -440,6 +442,7 @@ def test_timm_folder_both_ways(tmp_path, case):
     timm = pytest.importorskip("timm")
     from timm.data import create_transform, resolve_data_config
     from timm.models import save_for_hf
+
     from vitkit.data.preprocess import get_preset
     name, kw, data = {
         "vit_tiny": ("vit_tiny_patch16_224", dict(num_classes=5), None),
@@ -478,6 +481,7 @@ def test_timm_folder_presets_are_what_timm_runs(tmp_path, preset):
     as crop_mode 'center', a squash as 'squash' with crop_pct 1)."""
     timm = pytest.importorskip("timm")
     from timm.data import create_transform, resolve_data_config
+
     from vitkit.data.preprocess import get_preset
     model = vitkit.create_model("Ti/16", depth=1, num_classes=3)
     model.meta.preprocessing = get_preset(preset, 224).to_dict()

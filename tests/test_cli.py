@@ -2,7 +2,6 @@ import json
 import subprocess
 import sys
 
-
 from vitkit.cli import main
 from vitkit.smoke import run_smoke
 

@@ -8,8 +8,17 @@ import pytest
 import torch
 from PIL import Image
 
-from vitkit.data import (EpochSampler, TensorImages, cifar, image_folder, open_dataset, split_indices, tar_shards,
-                         tensor_file, write_shards)
+from vitkit.data import (
+    EpochSampler,
+    TensorImages,
+    cifar,
+    image_folder,
+    open_dataset,
+    split_indices,
+    tar_shards,
+    tensor_file,
+    write_shards,
+)
 from vitkit.data.loader import Loader, eval_batches
 
 
@@ -245,6 +254,7 @@ def test_trainer_takes_a_torch_dataset_and_a_hugging_face_one(tmp_path):
     (test) computes exactly what it computes from the same images as tensors."""
     datasets = pytest.importorskip("datasets")
     from PIL import Image
+
     from _synthetic import quadrant_images, write_npz, write_recipe
     from vitkit.train import Trainer, load_recipe
     from vitkit.train.runlog import read_metrics

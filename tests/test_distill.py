@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitkit import ViTConfig, VisionTransformer
+from vitkit import VisionTransformer, ViTConfig
 from vitkit.checkpoints import save_model
 from vitkit.data.augment import EvalTransform, Normalize
 from vitkit.train.distill import DistillStep, TeacherInput, distillation_loss, load_teacher

@@ -5,9 +5,18 @@ import numpy as np
 import pytest
 import torch
 
-from vitkit import ViTConfig, VisionTransformer
-from vitkit.eval import (DEFAULT_L2_GRID, FeatureCache, RidgeSolver, cached_features, extract_features,
-                         fewshot_evaluate, linear_probe, prepare_images, sample_shots)
+from vitkit import VisionTransformer, ViTConfig
+from vitkit.eval import (
+    DEFAULT_L2_GRID,
+    FeatureCache,
+    RidgeSolver,
+    cached_features,
+    extract_features,
+    fewshot_evaluate,
+    linear_probe,
+    prepare_images,
+    sample_shots,
+)
 from vitkit.eval.fewshot import needed_indices
 
 L2S = [0.0, 2.0 ** -10, 1e-3, 0.1, 1.0, 7.5, 100.0, 2.0 ** 19]

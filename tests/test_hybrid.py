@@ -5,11 +5,10 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
+from conftest import randomize_head
 from vitkit import ConfigError, ViTConfig, create_model, parse_model_name
 from vitkit.models.cost import cost, param_count
 from vitkit.models.resnet import HybridEmbed, ResNet, StdConv2d, pad_same, same_padding
-
-from conftest import randomize_head
 
 
 @pytest.fixture
@@ -223,6 +222,7 @@ def test_hybrid_embed_rejects_indivisible_feature_maps():
 def released_hybrid_arrays(layers=(1, 2), width=32, dim=64, grid=2, classes=10, seed=0):
     """Arrays named and shaped as in the authors' hybrid files (R50+ViT-B_16.npz), scaled down."""
     import numpy as np
+
     from test_checkpoints_npz import released_arrays
 
     rng = np.random.default_rng(seed)
@@ -249,8 +249,8 @@ def released_hybrid_arrays(layers=(1, 2), width=32, dim=64, grid=2, classes=10, 
 
 def test_authors_hybrid_npz_reads_and_round_trips(tmp_path):
     import numpy as np
-    from test_checkpoints_npz import assert_byte_identical
 
+    from test_checkpoints_npz import assert_byte_identical
     from vitkit.checkpoints import convert, load_weights, read_checkpoint
 
     arrays = released_hybrid_arrays()
@@ -337,8 +337,9 @@ def test_r50_b16_logits_match_timm(tmp_path):
     with torch.no_grad():
         assert torch.equal(fresh(x), want)
     # our authors'-layout .npz, read by timm's own loader for the authors' files, gives the same weights
-    from timm.models.vision_transformer import _load_weights
     import warnings
+
+    from timm.models.vision_transformer import _load_weights
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # npz implies the authors' numerics; the tensors are what is compared
         save_weights(model, tmp_path / "R50+B_16.npz", "npz")
@@ -349,10 +350,9 @@ def test_r50_b16_logits_match_timm(tmp_path):
 
 
 def test_analysis_measures_hybrids_in_pixels(tiny_hybrid):
+    from vitkit.analysis import patch_distances
     from vitkit.analysis.distance import mean_attention_distance
     from vitkit.analysis.rollout import rollout_maps
-
-    from vitkit.analysis import patch_distances
 
     model = vitkit.VisionTransformer(tiny_hybrid).eval()
     d_model = tiny_hybrid.width
@@ -375,7 +375,6 @@ def test_analysis_measures_hybrids_in_pixels(tiny_hybrid):
 
 def test_hybrid_trains_with_the_engine_and_reloads_at_another_resolution(tmp_path):
     from _synthetic import write_npz
-
     from vitkit.checkpoints import load_weights
     from vitkit.train import load_recipe, train
 

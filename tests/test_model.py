@@ -3,9 +3,9 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
+from conftest import randomize_head
 from vitkit import VisionTransformer, create_model
 from vitkit.models.backend import use_backend
-from conftest import randomize_head
 
 POSEMB_VARIANTS = [
     dict(posemb="none"), dict(posemb="learn"), dict(posemb="learn2d"), dict(posemb="relative"),

@@ -6,8 +6,19 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
-from vitkit.models.mpp import (KEPT, MASKED, NONE, RANDOM, MaskedPatchPrediction, class_colors, color_classes,
-                               corrupt, mpp_loss, mpp_targets, quantize)
+from vitkit.models.mpp import (
+    KEPT,
+    MASKED,
+    NONE,
+    RANDOM,
+    MaskedPatchPrediction,
+    class_colors,
+    color_classes,
+    corrupt,
+    mpp_loss,
+    mpp_targets,
+    quantize,
+)
 
 
 @pytest.fixture

@@ -3,8 +3,7 @@ import pytest
 import torch
 from scipy import ndimage
 
-from vitkit.models.posemb import (RelativePositionBias, infer_square_grid, resize_grid, resize_pos_embed,
-                                  sincos_2d)
+from vitkit.models.posemb import RelativePositionBias, infer_square_grid, resize_grid, resize_pos_embed, sincos_2d
 
 
 @pytest.mark.parametrize("old,new", [((14, 14), (24, 24)), ((7, 5), (11, 13)), ((3, 4), (2, 2)),

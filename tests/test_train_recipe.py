@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import vitkit
-from vitkit import ViTConfig, VisionTransformer
+from vitkit import VisionTransformer, ViTConfig
 from vitkit.train import EMA, Schedule, list_recipes, load_recipe, param_groups
 from vitkit.train.optim import build_optimizer
 from vitkit.train.recipe import Recipe

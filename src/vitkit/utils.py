@@ -8,6 +8,7 @@ import re
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator, List, Union
+
 from .errors import BusyError
 
 PathLike = Union[str, os.PathLike]

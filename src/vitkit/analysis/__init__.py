@@ -13,8 +13,16 @@ from .distance import attention_distance, mean_attention_distance, patch_distanc
 from .filters import embedding_filters
 from .posemb_similarity import cosine_similarity_grid, near_far_similarity, posemb_similarity, similarity_by_distance
 from .report import analyze, load_images
-from .rollout import (HEAD_FUSIONS, READOUTS, attention_rollout, fuse_heads, normalize_maps, readout_of, rollout_maps,
-                      rollout_to_grid)
+from .rollout import (
+                      HEAD_FUSIONS,
+                      READOUTS,
+                      attention_rollout,
+                      fuse_heads,
+                      normalize_maps,
+                      readout_of,
+                      rollout_maps,
+                      rollout_to_grid,
+)
 
 __all__ = ["HEAD_FUSIONS", "analyze", "attention_distance", "attention_rollout", "cosine_similarity_grid",
            "embedding_filters", "fuse_heads", "load_images", "mean_attention_distance", "near_far_similarity",

@@ -12,6 +12,7 @@ from typing import Iterable, Sequence, Union
 
 import torch
 from tqdm.auto import tqdm
+
 from ..errors import InputError
 
 

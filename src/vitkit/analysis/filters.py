@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Tuple
 
 import torch
+
 from ..errors import InputError
 
 

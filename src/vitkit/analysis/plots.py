@@ -13,8 +13,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from ..utils import PathLike, atomic_path
 from ..errors import InputError, MissingDependency
+from ..utils import PathLike, atomic_path
 
 
 def matplotlib_figure():

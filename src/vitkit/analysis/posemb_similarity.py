@@ -6,8 +6,8 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
-from .distance import patch_distances
 from ..errors import InputError
+from .distance import patch_distances
 
 
 def cosine_similarity_grid(table: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:

@@ -8,13 +8,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ..errors import InputError
 from ..eval.features import prepare_images
 from ..utils import PathLike, write_json_atomic
 from .distance import mean_attention_distance, patch_distances
 from .filters import embedding_filters
 from .posemb_similarity import near_far_similarity, posemb_similarity, similarity_by_distance
 from .rollout import normalize_maps, rollout_maps
-from ..errors import InputError
 
 
 def load_images(sources: Sequence[Union[PathLike, Any]], model: torch.nn.Module

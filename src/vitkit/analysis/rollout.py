@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+
 from ..errors import ConfigError, InputError
 
 HEAD_FUSIONS = ("mean", "max", "min")

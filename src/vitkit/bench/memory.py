@@ -54,7 +54,7 @@ def _build(lib: str, model: str, overrides, dt, device: str, spec: Dict[str, Any
 
     from ..models.inference import prepare_inference
     from .models import build_model, model_config
-    from .peers import forward_fn, build_peer
+    from .peers import build_peer, forward_fn
 
     label, cfg = model_config(model, img_size, overrides)
     base = build_model(cfg, 0)

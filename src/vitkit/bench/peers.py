@@ -24,8 +24,8 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch import nn
 
-from ..models import VisionTransformer
 from ..errors import ConfigError
+from ..models import VisionTransformer
 
 PEERS = ("timm", "hf", "torchvision", "onnxruntime", "openvino")
 _MODULE = {"timm": "timm", "hf": "transformers", "torchvision": "torchvision", "onnxruntime": "onnxruntime",
@@ -279,7 +279,6 @@ def build_peer(library: str, model: VisionTransformer, *, copy_weights: bool = T
             weights += _agreement(model, forward, cfg)
         return Peer(library, version, module, forward, weights)
     if library == "hf":
-        import transformers
 
         module = None if copy_weights else _hf_class(cfg)(_hf_config(cfg))
     else:

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from ..errors import ConfigError
 from ..models.cost import cost
 from ..models.inference import inference_summary, prepare_inference, resolve_dtype
 from .gpu import peak_flops
@@ -23,7 +24,6 @@ from .models import build_model, clone, example_batch, model_config
 from .peers import PEERS, PeerUnavailable, build_peer
 from .roofline import roofline
 from .timing import alternate, synchronizer
-from ..errors import ConfigError
 
 
 @dataclass

@@ -13,8 +13,17 @@
 """
 from .base import Checkpoint
 from .download import WeightsUnavailable, download_url
-from .load import (TARGETS, build, checkpoint_of, convert, load_model, load_weights, read_checkpoint, read_weights,
-                   save_weights)
+from .load import (
+                   TARGETS,
+                   build,
+                   checkpoint_of,
+                   convert,
+                   load_model,
+                   load_weights,
+                   read_checkpoint,
+                   read_weights,
+                   save_weights,
+)
 from .native import save_model
 from .push import push_to_hub
 from .registry import KNOWN, KnownCheckpoint, get_known, list_known

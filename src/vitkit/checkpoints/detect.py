@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from .keymap import show_keys, signature_hits
 from ..errors import CheckpointError
+from .keymap import show_keys, signature_hits
 
 
 def _candidates(keys: List[str]) -> Dict[str, int]:

@@ -17,13 +17,12 @@ from typing import Any, Dict, Tuple
 
 import numpy as np
 import torch
-from torch import Tensor
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch import Tensor
 
 from ..errors import CheckpointError, NotFoundError, UnsafeCheckpointError
 from ..utils import PathLike, atomic_path
-
 
 # kinds of file, from their first bytes
 SAFETENSORS, NPZ, TORCH_ZIP, TORCH_LEGACY, JSON, UNKNOWN = (

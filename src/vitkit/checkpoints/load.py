@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from ..config import ViTConfig
+from ..errors import CheckpointError, InputError, NotFoundError
 from ..models import VisionTransformer
 from ..models.adapt import adapt_state_dict, check_state_dict
 from ..models.meta import ModelMeta
@@ -21,12 +22,11 @@ from ..utils import PathLike
 from . import native
 from .base import Checkpoint
 from .detect import detect_layout
+from .download import check_sha256
 from .files import NPZ, read_json, read_tensors
 from .formats import FORMATS, timm_folder
-from .download import check_sha256
 from .sources import resolve_weights
 from .validate import validate_checkpoint
-from ..errors import CheckpointError, InputError, NotFoundError
 
 TARGETS = ("vitkit", "npz", "torchvision", "timm", "hf", "open_clip")
 _KEEP = object()

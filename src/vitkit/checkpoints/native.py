@@ -14,9 +14,9 @@ from safetensors.torch import save_file
 
 from ..config import ViTConfig
 from ..errors import CheckpointError, ConfigError, InputError, NotFoundError
-from .files import read_safetensors
 from ..models import VisionTransformer
 from ..utils import PathLike, atomic_path, write_json_atomic
+from .files import read_safetensors
 
 FORMAT = "vitkit"
 VERSION = 1

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from ..errors import InputError
 from ..utils import PathLike
 from .download import WeightsUnavailable, download_url, is_offline
 from .registry import DEFAULT_CACHE, JAX, KNOWN, KnownCheckpoint, get_known
-from ..errors import InputError
 
 HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 HUB_OPTIONAL = ("preprocessor_config.json",)
@@ -155,7 +155,7 @@ def as_repo(text: str) -> Optional[Tuple[str, Optional[str]]]:
     s, _, rev = s.partition("@")
     if s.startswith(_OWN_PREFIXES):  # vitkit's own namespaces of known names: a typo, not a Hub id
         return None
-    if _REPO.match(s) and not s.rsplit(".", 1)[-1].lower() in _FILE_SUFFIXES:
+    if _REPO.match(s) and s.rsplit(".", 1)[-1].lower() not in _FILE_SUFFIXES:
         return s, rev or None
     if _TIMM_TAGGED.match(s) and s.rsplit(".", 1)[-1] not in _FILE_SUFFIXES:
         return "timm/" + s, rev or None

@@ -19,9 +19,9 @@ import traceback
 import warnings
 from typing import List, Optional, Tuple
 
-from ..version import __version__
 from ..errors import EXIT_BUG, EXIT_ERROR, VitkitError, VitkitWarning, describe_os_error
 from ..models.backend import use_backend
+from ..version import __version__
 
 COMMAND_MODULES = ["model", "checkpoints", "analysis", "train", "mpp", "bench", "reproduce", "serve", "backend"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 
 from ..config import PAPER_MODELS, config_from_name, list_models
-from ..models.cost import cost, format_cost, variant_fields
 from ..errors import UsageError
+from ..models.cost import cost, format_cost, variant_fields
 from ._util import parse_overrides, positive_int
 
 

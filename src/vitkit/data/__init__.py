@@ -4,8 +4,8 @@ preprocessing presets."""
 from .augment import AugmentConfig, BatchAugment, EvalTransform, Normalize
 from .datasets import cifar, fashion_mnist, image_folder, mnist, open_dataset, tensor_file
 from .external import ExternalImages, from_dataset
-from .images import FileImages, TensorImages
 from .idx import FASHION_MNIST_CLASSES, find_idx_dataset, load_fashion_mnist, load_idx_split, read_idx
+from .images import FileImages, TensorImages
 from .loader import EpochSampler, Loader, split_indices
 from .shards import tar_shards, write_shards
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence, Tuple
 
 import torch
-from torch import Tensor
 import torch.nn.functional as F
-from ..errors import ConfigError
+from torch import Tensor
 
+from ..errors import ConfigError
 
 
 def _uniform(g: torch.Generator, n: int, lo: float = 0.0, hi: float = 1.0, device=None) -> Tensor:

@@ -7,8 +7,8 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..utils import PathLike
 from ..errors import DataError, InputError
+from ..utils import PathLike
 
 _DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 

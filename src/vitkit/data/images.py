@@ -18,6 +18,7 @@ import torch
 
 from ..errors import DataError
 
+
 @dataclass
 class TensorImages:
     """A labelled split held in memory: ``images`` uint8 [N, C, H, W], ``labels`` int64 [N]."""

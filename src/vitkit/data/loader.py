@@ -7,13 +7,12 @@ takes every N-th sample of the global batch).
 from __future__ import annotations
 
 import os
-
 from typing import Iterator, Optional, Tuple
 
 import torch
 
-from .datasets import Dataset
 from ..errors import ConfigError
+from .datasets import Dataset
 
 
 def split_indices(n: int, fraction: float, seed: int = 0, labels: Optional[torch.Tensor] = None

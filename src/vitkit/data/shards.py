@@ -23,10 +23,10 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ..errors import DataError, InputError, NotFoundError
 from ..utils import atomic_path
 from .images import FileImages, TensorImages
 from .preprocess import IMAGE_EXTENSIONS
-from ..errors import DataError, InputError, NotFoundError
 
 CLASSES_FILE = "classes.txt"
 

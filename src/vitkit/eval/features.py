@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..utils import PathLike, atomic_path, write_json_atomic
 from ..errors import ConfigError, InputError
+from ..utils import PathLike, atomic_path, write_json_atomic
 
 REPRESENTATIONS = ("pre_logits", "token", "gap", "pixels")
 ArrayLike = Union[np.ndarray, torch.Tensor]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+
 from ..errors import ConfigError, InputError
 
 DEFAULT_SHOTS = (1, 5, 10, 25)

@@ -7,7 +7,6 @@ from .layers import Attention, Block, Mlp, PatchEmbed
 from .posemb import RelativePositionBias, resize_pos_embed, sincos_2d
 from .vit import VisionTransformer
 
-
 __all__ = [
     "Attention", "Block", "Mlp", "PatchEmbed", "RelativePositionBias", "ViTConfig", "VisionTransformer",
     "adapt_state_dict", "list_models", "register_model", "resize_pos_embed", "sincos_2d",

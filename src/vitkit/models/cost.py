@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 from typing import Dict, Optional, Sequence, Union
 
 from ..config import ViTConfig, grid_for
-from .resnet import resnet_cost
 from ..errors import InputError
+from .resnet import resnet_cost
 
 
 @dataclass(frozen=True)

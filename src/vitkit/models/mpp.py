@@ -21,6 +21,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from ..errors import ConfigError, InputError
 
 MPP_TARGETS = ("mean_color", "color4x4", "pixels")

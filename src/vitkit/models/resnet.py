@@ -26,6 +26,7 @@ from typing import Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from ..errors import ConfigError, InputError
 
 GN_GROUPS = 32

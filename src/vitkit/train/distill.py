@@ -27,11 +27,11 @@ from torch import nn
 
 from ..data.augment import Normalize, resize
 from ..data.datasets import Dataset
+from ..errors import ConfigError
 from .evaluate import transform_for
 from .optim import unwrap
 from .selection import Evaluator
 from .step import TrainStep, classification_loss
-from ..errors import ConfigError
 
 KINDS = ("hard", "soft")
 

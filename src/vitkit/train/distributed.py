@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 from torch import nn
+
 from ..errors import ConfigError
 
 
@@ -109,7 +110,7 @@ def all_reduce_max(t: torch.Tensor, d: Dist) -> torch.Tensor:
 
 def full_state(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None):
     """Full (unsharded, CPU) model and optimiser state dicts, for DDP, FSDP or a plain module."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     if optimizer is None:

@@ -12,9 +12,9 @@ from ..config import ViTConfig
 from ..data.augment import EvalTransform, Normalize
 from ..data.datasets import Dataset, open_dataset
 from ..data.loader import eval_batches
+from ..errors import ConfigError, DataError
 from ..utils import PathLike
 from .distributed import Dist, all_reduce_sum
-from ..errors import ConfigError, DataError
 
 TTA_MODES = ("none", "flip")
 

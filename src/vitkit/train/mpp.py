@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..checkpoints import save_model
+from ..errors import ConfigError, InputError
 from ..models import VisionTransformer
 from ..models.mpp import KEPT, MASKED, NONE, RANDOM, MaskedPatchPrediction, patchify
 from ..utils import PathLike, atomic_path, write_json_atomic
@@ -29,7 +30,6 @@ from .optim import unwrap
 from .recipe import Recipe, check_mpp
 from .step import TrainStep
 from .trainer import Trainer
-from ..errors import ConfigError, InputError
 
 
 class MPPStep(TrainStep):

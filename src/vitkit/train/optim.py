@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 from torch import nn
 
-from .recipe import OptimConfig, ScheduleConfig
 from ..errors import ConfigError
+from .recipe import OptimConfig, ScheduleConfig
 
 
 def param_groups(model: nn.Module, weight_decay: float, layer_decay: Optional[float] = None) -> List[Dict]:

@@ -22,8 +22,8 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import yaml
 
 from ..config import ViTConfig, check_fields, coerce_field, config_from_name
-from ..errors import ConfigError, NotFoundError
 from ..data.augment import AugmentConfig
+from ..errors import ConfigError, NotFoundError
 from ..models.mpp import MPP_TARGETS
 from ..utils import PathLike, atomic_path
 from .loggers import LOGGERS

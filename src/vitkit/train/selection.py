@@ -15,9 +15,9 @@ from torch import nn
 
 from ..data.augment import EvalTransform
 from ..data.datasets import Dataset
+from ..errors import ConfigError
 from .distributed import Dist
 from .evaluate import evaluate
-from ..errors import ConfigError
 
 WEIGHT_KINDS = ("raw", "ema")
 

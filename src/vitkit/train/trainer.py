@@ -37,6 +37,7 @@ import torch
 from ..data.augment import BatchAugment, Normalize
 from ..data.datasets import Dataset, open_dataset
 from ..data.loader import EpochSampler, Loader, split_indices
+from ..errors import ConfigError, TrainingDiverged
 from ..models import VisionTransformer
 from ..models.backend import Backend, use_backend
 from ..models.backend import current as current_backend
@@ -51,7 +52,6 @@ from .report import finish_classification
 from .runlog import MetricsLog
 from .selection import Evaluator, eval_record, hold_out
 from .step import TrainStep
-from ..errors import ConfigError, TrainingDiverged
 
 
 def _seed_for(seed: int, step: int, rank: int, salt: int = 0) -> int:

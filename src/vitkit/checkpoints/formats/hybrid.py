@@ -28,8 +28,8 @@ import re
 import warnings
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from ..keymap import CONV_HWIO, COPY, Rule, rule
 from ...errors import CheckpointError
+from ..keymap import CONV_HWIO, COPY, Rule, rule
 
 BACKBONE = "patch_embed.backbone."
 NUMERICS = {

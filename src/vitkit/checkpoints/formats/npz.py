@@ -23,13 +23,33 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from ..base import (Checkpoint, add_class_slot, descendant_parts, drop_class_slot, infer_config, layout_for,
-                    with_class_slots)
-from ..files import write_npz
-from ..keymap import (ATTN_OUT, CONV_HWIO, DENSE, QKV_HEADS, QKV_HEADS_BIAS, Context, Mapped, Rule, check_mapped,
-                      count_blocks, from_vitkit, rule, to_vitkit)
-from . import hybrid
 from ...errors import CheckpointError, ConfigError
+from ..base import (
+    Checkpoint,
+    add_class_slot,
+    descendant_parts,
+    drop_class_slot,
+    infer_config,
+    layout_for,
+    with_class_slots,
+)
+from ..files import write_npz
+from ..keymap import (
+    ATTN_OUT,
+    CONV_HWIO,
+    DENSE,
+    QKV_HEADS,
+    QKV_HEADS_BIAS,
+    Context,
+    Mapped,
+    Rule,
+    check_mapped,
+    count_blocks,
+    from_vitkit,
+    rule,
+    to_vitkit,
+)
+from . import hybrid
 
 NAME = "npz"
 FLAVOURS = {

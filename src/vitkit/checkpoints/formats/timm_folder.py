@@ -21,10 +21,10 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...errors import CheckpointError
 from ...utils import write_json_atomic
 from ..base import Checkpoint, layout_for
 from ..files import write_safetensors
-from ...errors import CheckpointError
 
 WEIGHTS = "model.safetensors"
 FILE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".safetensors")

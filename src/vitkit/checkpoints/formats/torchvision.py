@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from ...errors import CheckpointError
 from ..base import Checkpoint, descendant_parts, heads_note, infer_config, warn_numerics, with_class_slots
 from ..files import write_safetensors, write_torch
 from ..keymap import Context, Rule, check_mapped, count_blocks, from_vitkit, linear, rule, to_vitkit
-from ...errors import CheckpointError
 
 NAME = "torchvision"
 L = "encoder.layers.encoder_layer_{i}."
