@@ -22,11 +22,6 @@ BANNED = {"ValueError", "RuntimeError", "TypeError"}
 ALLOWED = {
     ("smoke.py", "*"): "a failed self-check is a bug in vitkit or torch, not the user's input: the traceback is "
                        "what the report needs",
-    ("models/kernels.py", "*"): "the lead's file while the backend declaration (issue 31) is rewritten: migrate "
-                                "its one option check when that lands",
-    ("models/layers.py", "*"): "the lead's file (issue 31): migrate its option check when that lands",
-    ("models/inference.py", "*"): "the lead's file (issue 31): migrate prepare_inference's option checks when "
-                                  "that lands",
 }
 
 

@@ -19,8 +19,6 @@ PACKAGE = SRC / "vitkit"
 
 # "file: imported name" -> why it is allowed
 ALLOWED = {
-    "src/vitkit/models/precision.py: vitkit.models.kernels._paired_rounds":
-        "the kernel files being reworked for the declared backend: the one timing loop, to be made public there",
     "benchmarks/time_to_accuracy.py: vitkit.cli._util.parse_overrides":
         "the benchmark takes --set KEY=VALUE exactly as the training commands do",
     "tests/test_train_logging.py: vitkit.cli._util.parse_overrides": "the test of the CLI's --set parser itself",
@@ -177,8 +175,6 @@ def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
 
 # loops known when this test was written, each with the reason it is still there
 ALLOWED_CYCLES = {
-    ("vitkit.models.backend", "vitkit.models.kernels", "vitkit.models.precision"):
-        "the kernel files being reworked for the declared backend: cut the loop there",
     ("vitkit.reproduce.figures", "vitkit.reproduce.markdown", "vitkit.reproduce.report"):
         "report renders the figures and the markdown, which read report's PERCENT: move it to a shared module",
 }

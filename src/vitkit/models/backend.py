@@ -279,13 +279,36 @@ def decisions() -> Dict[str, dict]:
     return {k: dict(v) for k, v in sorted(_DECISIONS.items())}
 
 
+_FORGET_HOOKS: list = []
+
+
+def on_forget(fn) -> None:
+    """Register a module's own memo of its choices, cleared by :func:`forget` (kernels, attention)."""
+    _FORGET_HOOKS.append(fn)
+
+
 def forget() -> None:
     """Drop this process's choices (the next call decides again, from the cache or a measurement)."""
     _DECISIONS.clear()
-    from . import kernels, precision  # their per-process memos hang off the same decisions
+    for fn in _FORGET_HOOKS:
+        fn()
 
-    kernels.forget()
-    precision.forget()
+
+def paired_rounds(fns: Dict[str, "object"], rounds: int, autograd: bool = False) -> Dict[str, list]:
+    """Seconds per call of each function, one call each per round, the order reversed every other round
+    (after one untimed call each), under ``inference_mode`` (with autograd on where ``autograd``): the
+    measurement behind every ``auto`` choice."""
+    names = list(fns)
+    times: Dict[str, list] = {n: [] for n in names}
+    with torch.enable_grad() if autograd else torch.inference_mode():
+        for n in names:
+            fns[n]()
+        for r in range(rounds):
+            for n in (names if r % 2 == 0 else names[::-1]):
+                t0 = time.perf_counter()
+                fns[n]()
+                times[n].append(time.perf_counter() - t0)
+    return times
 
 
 def record() -> dict:
@@ -303,5 +326,6 @@ def describe(back: Optional[Backend] = None) -> str:
 
 
 __all__ = ["AUTO", "Backend", "CHOICES", "ENV", "PLAIN", "cache_path", "cpu_has_native_bf16", "current",
-           "decisions", "describe", "forget", "from_environment", "graph_capture", "record", "set_backend",
+           "decisions", "describe", "forget", "from_environment", "graph_capture", "on_forget", "paired_rounds",
+           "record", "set_backend",
            "set_cache_file", "use_backend"]

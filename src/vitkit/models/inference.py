@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 from torch import nn
 
+from ..errors import ConfigError
 from . import backend
 from .backend import cpu_has_native_bf16
 from .kernels import summary as kernel_summary
@@ -42,7 +43,7 @@ def resolve_dtype(dtype: Union[str, torch.dtype]) -> torch.dtype:
     try:
         return DTYPES[str(dtype).lower()]
     except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}: use one of fp32, bf16, fp16") from None
+        raise ConfigError(f"unknown dtype {dtype!r}: use one of fp32, bf16, fp16") from None
 
 
 def native_low_precision_matmul(dtype: torch.dtype, device: Union[str, torch.device] = "cpu") -> bool:
@@ -104,9 +105,9 @@ def prepare_inference(model: VisionTransformer, dtype: Union[str, torch.dtype] =
     """``model`` in eval mode, cast to ``dtype`` (in place), optionally int8-quantised or compiled; the
     returned module maps images (any float dtype) to logits under ``torch.inference_mode``."""
     if not isinstance(model, VisionTransformer):
-        raise ValueError(f"prepare_inference takes a vitkit VisionTransformer, got {type(model).__name__}")
+        raise ConfigError(f"prepare_inference takes a vitkit VisionTransformer, got {type(model).__name__}")
     if model.config.attention != "global":
-        raise ValueError(f"prepare_inference streamlines global attention; an attention={model.config.attention!r} "
+        raise ConfigError(f"prepare_inference streamlines global attention; an attention={model.config.attention!r} "
                          f"model runs its own forward: model.eval()(x) under torch.inference_mode()")
     dt = resolve_dtype(dtype)
     model = model.eval().requires_grad_(False)
@@ -115,13 +116,13 @@ def prepare_inference(model: VisionTransformer, dtype: Union[str, torch.dtype] =
     dev = next(model.parameters()).device
     if quantize is not None:
         if quantize != "int8":
-            raise ValueError(f"unknown quantize={quantize!r}: use None or 'int8'")
+            raise ConfigError(f"unknown quantize={quantize!r}: use None or 'int8'")
         if dev.type != "cpu":
-            raise ValueError("int8 dynamic quantisation runs on the CPU: pass device='cpu'")
+            raise ConfigError("int8 dynamic quantisation runs on the CPU: pass device='cpu'")
         if dt != torch.float32:
-            raise ValueError("int8 quantisation takes fp32 activations: use dtype='fp32' with quantize='int8'")
+            raise ConfigError("int8 quantisation takes fp32 activations: use dtype='fp32' with quantize='int8'")
         if compile:
-            raise ValueError("int8 quantisation runs eagerly: drop compile=True")
+            raise ConfigError("int8 quantisation runs eagerly: drop compile=True")
     model = model.to(dt)
     if quantize:
         quantize_int8_(model)

@@ -28,12 +28,12 @@ Weights are used as they are stored (no pre-packed copies), so nothing needs inv
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
+from ..errors import ConfigError
 from . import backend
 
 KERNELS = ("aten", "onednn")
@@ -45,7 +45,11 @@ _CHOICE: Dict[tuple, object] = {}
 
 
 def forget() -> None:
+    """Drop this process's GEMM and int8 choices (:func:`vitkit.models.backend.forget` calls it)."""
     _CHOICE.clear()
+
+
+backend.on_forget(forget)
 
 
 def onednn_ok(dtype: torch.dtype) -> bool:
@@ -67,7 +71,7 @@ def measure(dtype: torch.dtype, op: str = "linear", rounds: int = 7, shape=SHAPE
     median seconds and the median paired ratio aten / onednn (> 1: oneDNN faster)."""
     training = _training_products(op)
     if op not in OPS and training is None:
-        raise ValueError(f"unknown GEMM operation {op!r}: use one of {', '.join(OPS)}")
+        raise ConfigError(f"unknown GEMM operation {op!r}: use one of {', '.join(OPS)}")
     m, k, n = shape
     g = torch.Generator().manual_seed(0)
     x = torch.randn(m, k, generator=g).to(dtype)
@@ -83,26 +87,10 @@ def measure(dtype: torch.dtype, op: str = "linear", rounds: int = 7, shape=SHAPE
     else:  # a dense layer's forward + backward: F.linear's autograd ("aten") vs the chosen products ("onednn")
         fns = {kern: (lambda kern=kern: layer_step(None if kern == "aten" else training, x, w, b, grad))
                for kern in KERNELS}
-    times = _paired_rounds(fns, rounds, autograd=training is not None)
+    times = backend.paired_rounds(fns, rounds, autograd=training is not None)
     ratios = [a / o for a, o in zip(times["aten"], times["onednn"])]
     return {"aten_s": statistics.median(times["aten"]), "onednn_s": statistics.median(times["onednn"]),
             "ratio": statistics.median(ratios), "rounds": rounds, "shape": list(shape)}
-
-
-def _paired_rounds(fns: dict, rounds: int, autograd: bool = False) -> Dict[str, list]:
-    """Seconds per call of each function, one call each per round, the order reversed every other round
-    (after one untimed call each), under ``inference_mode`` (with autograd on where ``autograd``)."""
-    names = list(fns)
-    times: Dict[str, list] = {n: [] for n in names}
-    with torch.enable_grad() if autograd else torch.inference_mode():
-        for n in names:
-            fns[n]()
-        for r in range(rounds):
-            for n in (names if r % 2 == 0 else names[::-1]):
-                t0 = time.perf_counter()
-                fns[n]()
-                times[n].append(time.perf_counter() - t0)
-    return times
 
 
 def calibrate(dtype: torch.dtype, op: str = "linear", rounds: int = 7) -> str:
@@ -216,7 +204,7 @@ def measure_int8(rounds: int = 7, shape=SHAPE) -> dict:
         for e in engines:
             layers[e] = pack_int8(lambda: quantize_dynamic(nn.Sequential(copy.deepcopy(lin)), {nn.Linear},
                                                            dtype=torch.qint8), e)
-    times = _paired_rounds({e: (lambda e=e: layers[e](x)) for e in engines}, rounds)
+    times = backend.paired_rounds({e: (lambda e=e: layers[e](x)) for e in engines}, rounds)
     med = {e: statistics.median(v) for e, v in times.items()}
     return {"seconds": med, "default": default, "rounds": rounds, "shape": list(shape),
             "ratio": {e: statistics.median([a / b for a, b in zip(times[default], times[e])])
@@ -246,8 +234,6 @@ def int8_engine() -> str:
     declared = backend.current().int8
     if declared != "auto":
         if declared not in int8_candidates():
-            from ..errors import ConfigError
-
             raise ConfigError(f"backend int8={declared}: this torch build has the quantised engines "
                               f"{', '.join(int8_candidates())}")
         return declared

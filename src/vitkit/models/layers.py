@@ -3,8 +3,8 @@
 Each module has one forward pass, used in training and in inference alike, so forward hooks, attention maps
 and intermediates see the computation that produced the logits. Only the kernels differ: in evaluation mode
 without autograd (``model.eval()`` under ``torch.no_grad()`` / ``torch.inference_mode()``) the dense layers
-call :func:`precision.dense` (the declared GEMM library, no autograd bookkeeping) and GELU runs in place; the model runs large batches through the encoder in chunks of
-whole images (:func:`chunk_images`).
+call :func:`precision.dense` (the declared GEMM library, no autograd bookkeeping) and GELU runs in place;
+the model runs large batches through the encoder in chunks of whole images (:func:`chunk_images`).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError
 from .backend import graph_capture
 from .precision import attention, dense, explicit_attention, linear, merge_heads, split_heads
 
@@ -48,9 +49,8 @@ class PatchEmbed(nn.Module):
 
     Returns the patch grid [B, D, rows, cols]; flattening it row-major gives
     the token sequence. ``pad=True`` pads right/bottom to a multiple of P.
-    The projection runs as one GEMM over the flattened patches: on a CPU it is 1.1-4x faster than oneDNN's
-    convolution for short patch vectors in training and within the noise at 3 x 16 x 16 (inference and
-    training, benchmarks/cpu_kernels.py), so there is one path.
+    The projection runs as one GEMM over the flattened patches, the same sums as the convolution, on every
+    path (benchmarks/cpu_kernels.py times it against the convolution: the "patches" rows).
     """
 
     def __init__(self, patch_size: Tuple[int, int], in_chans: int, width: int, pad: bool = False, bias: bool = True):
@@ -263,7 +263,7 @@ class AxialBlock(nn.Module):
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None, need_weights: bool = False, *,
                 grid: Tuple[int, int]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         if need_weights or bias is not None:
-            raise ValueError("an axial block attends within rows and columns: it has no [tokens, tokens] attention "
+            raise ConfigError("an axial block attends within rows and columns: it has no [tokens, tokens] attention "
                              "map (attention distance and rollout need attention='global') and no relative bias")
         b, n, d = x.shape
         gh, gw = grid

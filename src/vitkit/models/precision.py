@@ -119,7 +119,11 @@ _ATTENTION: Dict[str, str] = {}
 
 
 def forget() -> None:
+    """Drop this process's attention choices (:func:`vitkit.models.backend.forget` calls it)."""
     _ATTENTION.clear()
+
+
+backend.on_forget(forget)
 
 
 def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor] = None,
@@ -185,8 +189,6 @@ def measure_attention(heads: int, q_tokens: int, k_tokens: int, head_dim: int, d
     """Time the fused and explicit paths on q/k/v laid out as the model makes them (strided views of one
     projection), forward (+ backward where ``grad``), alternating rounds; ``ratio`` = fused / explicit
     median paired time (> 1: the explicit path is faster)."""
-    from .kernels import _paired_rounds
-
     g = torch.Generator().manual_seed(0)
     t = max(q_tokens, k_tokens)
     qkv = torch.randn(images * t, 3 * heads * head_dim, generator=g).to(dtype).requires_grad_(grad)
@@ -199,7 +201,7 @@ def measure_attention(heads: int, q_tokens: int, k_tokens: int, head_dim: int, d
             out.backward(out_grad)
 
     with backend.use_backend(attention="fused"):  # no nested decision while timing
-        times = _paired_rounds({p: (lambda p=p: run(p)) for p in ("fused", "explicit")}, rounds, autograd=grad)
+        times = backend.paired_rounds({p: (lambda p=p: run(p)) for p in ("fused", "explicit")}, rounds, autograd=grad)
     ratios = [f / e for f, e in zip(times["fused"], times["explicit"])]
     return {"fused_s": statistics.median(times["fused"]), "explicit_s": statistics.median(times["explicit"]),
             "ratio": statistics.median(ratios), "rounds": rounds, "images": images}
