@@ -266,12 +266,14 @@ def test_compare_picks_best_batch_and_best_peer():
         return {"kind": kind, "model": "B/16", "img_size": 224, "dtype": "fp32", "compile": False, "library": lib,
                 "batch": batch, "images_per_s": ips, "ms_per_batch": 1e3 * batch / ips, "spread": 0.0}
     rows = [row("vitkit", 8, 3.0), row("vitkit", 16, 3.3), row("timm", 8, 2.9), row("HF", 16, 3.0),
-            row("vitkit-module", 8, 9.0)]
+            row("vitkit-module", 8, 9.0), row("ORT", 16, 3.0), row("OpenVINO", 16, 6.6)]
     mem = [{"kind": "memory", "model": "B/16", "img_size": 224, "dtype": "fp32", "compile": False, "library": lib,
             "batch": 64, "peak_mib": m} for lib, m in (("vitkit", 400.0), ("timm", 800.0), ("HF", 500.0))]
     comps = {c["kind"]: c for c in compare(rows + mem)}
     inf = comps["inference"]
     assert inf["best_peer"] == "HF" and inf["ratio"] == pytest.approx(1.1)  # vitkit-module is not a peer
+    # the engines running vitkit's own export are compared apart, never as the best library
+    assert inf["ratio_ort"] == pytest.approx(1.1) and inf["ratio_openvino"] == pytest.approx(0.5)
     assert inf["libraries"]["vitkit"]["batch"] == 16
     assert comps["memory"]["best_peer"] == "HF" and comps["memory"]["ratio"] == pytest.approx(0.8)
     text = comparison_table(list(comps.values()))

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 
 from ..utils import atomic_path, write_json_atomic
 
-LIB_ORDER = ("vitkit", "vitkit-module", "timm", "HF", "torchvision", "ORT")
+LIB_ORDER = ("vitkit", "vitkit-module", "timm", "HF", "torchvision", "ORT", "OpenVINO")
 
 
 def _lib_key(lib: str) -> int:

@@ -118,6 +118,9 @@ def inference_contenders(model, dtype: str, compiled: bool, opts: BenchOptions) 
     return out, notes
 
 
+ENGINES = {"ORT": "ratio_ort", "OpenVINO": "ratio_openvino"}  # runtimes of vitkit's export: compared apart
+
+
 def _row(kind: str, label: str, cfg, img: int, batch: int, dtype: str, compiled: bool, library: str,
          stats, info: Dict[str, Any]) -> Dict[str, Any]:
     c = cost(cfg)
@@ -313,12 +316,13 @@ def compare(rows: List[dict]) -> List[dict]:
     out = []
     for (kind, model, img, dtype, compiled), libs in groups.items():
         mine = libs.get("vitkit")
-        # the best *library* peer (timm / HF / torchvision); ONNX Runtime, an engine, gets its own ratio
-        peers = {k: v for k, v in libs.items() if k not in ("vitkit", "vitkit-module", "ORT")}
+        # the best *library* peer (timm / HF / torchvision); the engines (ONNX Runtime, OpenVINO) get their own
+        peers = {k: v for k, v in libs.items() if k not in ("vitkit", "vitkit-module", *ENGINES)}
         entry = {"kind": kind, "model": model, "img_size": img, "dtype": dtype, "compile": compiled,
                  "libraries": {k: _headline(v) for k, v in libs.items()}}
-        if mine and "ORT" in libs and kind != "memory":
-            entry["ratio_ort"] = mine["images_per_s"] / libs["ORT"]["images_per_s"]
+        for engine, key in ENGINES.items():
+            if mine and engine in libs and kind != "memory":
+                entry[key] = mine["images_per_s"] / libs[engine]["images_per_s"]
         if mine and peers:
             if kind == "memory":
                 best_peer = min(peers.values(), key=lambda v: v["peak_mib"])
