@@ -14,9 +14,9 @@ one already running), and every loop is bounded in count and time. The steps, in
 5. the verdicts against the targets of docs/serving.md, written to
    ``benchmarks/results/<kind>/serve/<name>.json`` with the machine line.
 
-The ViT-B/16 measurement of docs/serving.md (the machine is shared: run it under the CPU lock)::
+The ViT-B/16 measurement of docs/serving.md (on a quiet machine)::
 
-    flock /work/cpu.lock .venv/bin/python benchmarks/serve_load.py --model B/16 --clients 32 --requests 63 \\
+    .venv/bin/python benchmarks/serve_load.py --model B/16 --clients 32 --requests 63 \\
         --engine auto --max-batch 16 --max-wait-ms 5
 
 A quick check (a few seconds)::

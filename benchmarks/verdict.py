@@ -53,18 +53,33 @@ TARGETS = [
 ]
 
 
-def _rows(results: List[dict]) -> List[dict]:
-    return [r for res in results for r in res.get("rows", [])]
+def _matches(r: dict, t: Dict) -> bool:
+    return (r["kind"] == t["kind"] and r["model"] == t["model"] and r["dtype"] == t["dtype"]
+            and (t["kind"] != "inference" or r.get("img_size") == 224))
+
+
+def _is_peer(r: dict, t: Dict) -> bool:
+    return r["library"] in t.get("vs", ()) or (t["kind"] == "memory" and r["library"] == "onnxruntime"
+                                                and "ORT" in t.get("vs", ()))
+
+
+def _same_run(results: List[dict], t: Dict) -> List[dict]:
+    """The rows of the latest run (by its machine line's date) that measured vitkit and, for a comparison, one
+    of the target's peers: a ratio is always taken within one run, never across runs of different days."""
+    runs = []
+    for res in results:
+        rows = [r for r in res.get("rows", []) if _matches(r, t)]
+        if any(r["library"] == "vitkit" for r in rows) and ("vs" not in t or any(_is_peer(r, t) for r in rows)):
+            runs.append(((res.get("machine") or {}).get("date", ""), rows))
+    return max(runs, key=lambda run: run[0])[1] if runs else []
 
 
 def check(results: List[dict], targets: List[Dict] = TARGETS) -> List[str]:
-    """One line per target from the rows of ``results`` (the best batch of each library, eager or compiled;
-    vitkit's best against the best peer of the same kind, model and dtype)."""
-    rows = _rows(results)
+    """One line per target from the latest run that measured it (the best batch of each library, eager or
+    compiled; vitkit's best against the best peer of the same kind, model and dtype in the same run)."""
     lines = []
     for t in targets:
-        group = [r for r in rows if r["kind"] == t["kind"] and r["model"] == t["model"] and r["dtype"] == t["dtype"]
-                 and (t["kind"] != "inference" or r.get("img_size") == 224)]
+        group = _same_run(results, t)
         mine = [r for r in group if r["library"] == "vitkit"]
         if not mine:
             lines.append(f"{t['label']}: not measured")
@@ -79,8 +94,7 @@ def check(results: List[dict], targets: List[Dict] = TARGETS) -> List[str]:
                          f"{best['roofline_images_per_s']:.2f} img/s (batch {best['batch']}, target "
                          f"{t['need']:.0%}) -> {'met' if v >= t['need'] else 'NOT met'}")
             continue
-        peers = [r for r in group if r["library"] in t["vs"] or (t["kind"] == "memory" and r["library"] in
-                                                                   {"onnxruntime"} and "ORT" in t["vs"])]
+        peers = [r for r in group if _is_peer(r, t)]
         if not peers:
             lines.append(f"{t['label']}: no peer measured")
             continue

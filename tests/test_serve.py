@@ -544,13 +544,13 @@ def test_sigterm_drains_in_flight_requests(ckpt):
     proc = subprocess.Popen([sys.executable, "-m", "vitkit", "serve", str(ckpt), "--port", str(port), "--engine",
                              "torch", "--max-wait-ms", "1"], stderr=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        deadline, ready = time.monotonic() + 180, False  # a loaded CI machine starts the server slowly
+        while time.monotonic() < deadline and not ready and proc.poll() is None:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
+                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
             except httpx.HTTPError:
                 time.sleep(0.1)
+        assert ready, f"the server never became ready (exit code {proc.poll()})"
         body = image_bytes(seed=3)
         head = (f"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n").encode()
