@@ -3,7 +3,7 @@
 Run the scripts from the repository root with the environment that has the peers installed, under the
 CPU lock when others share the machine, e.g.::
 
-    flock /work/cpu.lock /work/peers/bin/python benchmarks/inference.py
+    /work/peers/bin/python benchmarks/inference.py
 """
 from __future__ import annotations
 

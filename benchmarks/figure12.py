@@ -4,7 +4,7 @@ The paper's Figure 12 (left) plots images/s per core against input size for ViTs
 sweeps vitkit and its peers over the same sizes and draws the same plot (log-log), with peak memory per
 resolution beside it when ``--memory`` is given::
 
-    flock /work/cpu.lock /work/peers/bin/python benchmarks/figure12.py
+    /work/peers/bin/python benchmarks/figure12.py
 """
 from _common import main_guard, options, out_folder, parser, run
 

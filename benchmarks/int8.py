@@ -7,7 +7,7 @@ in fp32 and int8 on ViT-B/16 at 224 px, alternated. ONNX Runtime (when installed
 exported to ONNX, in fp32 and dynamically quantised to int8 by its own tool (int8 weights per tensor,
 activations quantised per call: the same semantics), as the peer a user would pick for int8 on a CPU::
 
-    flock /work/cpu.lock .venv/bin/python benchmarks/int8.py
+    .venv/bin/python benchmarks/int8.py
 """
 import shlex
 import sys
