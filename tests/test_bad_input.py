@@ -101,7 +101,7 @@ def corpus(tmp_path_factory):
     ns.empty_file = d / "empty.pth"
     ns.empty_file.write_bytes(b"")
     ns.random = d / "random.bin"
-    ns.random.write_bytes(os.urandom(4096))
+    ns.random.write_bytes(b"{\xff\xfe" + os.urandom(4093))  # binary, though it starts like JSON
     ns.a_file = d / "a_file.txt"
     ns.a_file.write_text("a regular file\n")
 

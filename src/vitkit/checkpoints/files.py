@@ -53,9 +53,19 @@ def sniff(path: PathLike) -> str:
         (n,) = struct.unpack("<Q", head[:8])
         if head[8:9] == b"{" and 0 < n < 100_000_000:
             return SAFETENSORS
-    if head.lstrip()[:1] in (b"{", b"["):
+    if head.lstrip()[:1] in (b"{", b"[") and _text(head):
         return JSON
     return UNKNOWN
+
+
+def _text(head: bytes) -> bool:
+    """Whether the first bytes read as UTF-8 text (a character may be cut at the end of the window): random
+    or binary bytes that happen to start with ``{`` are not JSON."""
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return err.start >= len(head) - 3
+    return True
 
 
 def read_safetensors(path: PathLike) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
