@@ -9,21 +9,10 @@ import torch
 from safetensors.torch import load_file
 
 import vitkit
+from test_checkpoints_torch import randomize, rel_err  # the same helpers as the paper-ViT peer tests
 from vitkit import load_weights, save_weights
 
 pytestmark = pytest.mark.peers
-
-
-def rel_err(a, b):
-    return ((a - b).abs().max() / b.abs().max()).item()
-
-
-def randomize(module, std=0.05):
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.normal_(std=std)
-    return module.eval()
 
 
 # name, timm keyword arguments (fewer blocks, a smaller image where 518 px is not the point)
