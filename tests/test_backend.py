@@ -96,6 +96,34 @@ def test_every_fixed_backend_computes_the_same_function(tiny_cfg, dtype, trainin
                 assert ((g - r).norm() / r.norm()).item() < (1e-4 if dtype == torch.float32 else 5e-2), spec
 
 
+@pytest.mark.parametrize("gelu", ["exact", "tanh"])
+def test_the_mlp_first_layer_and_its_gelu_are_one_call_on_the_declared_kernel(gelu, monkeypatch):
+    """In inference fc1 and its GELU run as one ``linear_gelu`` call: ATen's addmm then GELU in place, or oneDNN's
+    linear with the GELU fused; both equal the module-by-module MLP, and the declared kernel is the one used."""
+    import torch.nn.functional as F
+
+    from vitkit.models.layers import Mlp
+
+    if not kernels.onednn_ok(torch.float32):
+        pytest.skip("oneDNN's linear primitive is not available in this torch build")
+    torch.manual_seed(0)
+    mlp = Mlp(16, 64, gelu).eval()
+    x = torch.randn(2, 5, 16)
+    approx = "tanh" if gelu == "tanh" else "none"
+    ref = F.linear(F.gelu(F.linear(x, mlp.fc1.weight, mlp.fc1.bias), approximate=approx), mlp.fc2.weight,
+                   mlp.fc2.bias).detach()
+    used = []
+    real = kernels._gemm_gelu
+    monkeypatch.setattr(kernels, "_gemm_gelu", lambda kern, *a: used.append((kern, a[-1])) or real(kern, *a))
+    for gemm in ("aten", "onednn"):
+        with use_backend(gemm=gemm), torch.inference_mode():
+            out = mlp(x)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    assert used == [("aten", approx), ("onednn", approx)]
+    timed = kernels.measure(torch.float32, "linear_gelu", rounds=1, shape=(8, 16, 32))  # what auto measures
+    assert timed["aten_s"] > 0 and timed["onednn_s"] > 0 and timed["ratio"] > 0
+
+
 @pytest.mark.parametrize("spec", FIXED)
 def test_graph_consumers_get_the_plain_path_whatever_is_declared(tiny_cfg, spec, tmp_path):
     """ONNX export, torch.export, torch.compile (a full graph), TorchScript tracing and the FLOP counter work

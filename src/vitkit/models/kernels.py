@@ -7,6 +7,8 @@ the declared backend's ``gemm`` field (:mod:`vitkit.models.backend`) is ``aten``
 ``auto`` vitkit measures, separately for the operations the model uses:
 
 - ``linear``: y = x W^T + b (qkv, fc1, the patch embedding; in training every dense layer's forward);
+- ``linear_gelu``: y = GELU(x W^T + b), the MLP's first layer in inference: ATen's ``addmm`` and then GELU in
+  place (two passes over the output), or oneDNN's linear with GELU fused as a post-op (one pass);
 and for the two products of a training step's backward pass (:func:`vitkit.models.precision.linear`):
 
 - ``grad_input``: dx = g W (the gradient flowing to the layer's input);
@@ -37,7 +39,7 @@ from ..errors import ConfigError
 from . import backend
 
 KERNELS = ("aten", "onednn")
-OPS = ("linear", "grad_input", "grad_weight")
+OPS = ("linear", "linear_gelu", "grad_input", "grad_weight")
 TRAINING_OPS = ("linear", "grad_input", "grad_weight")  # forward, dx, dW of a dense layer in training
 MIN_GAIN = 1.10  # oneDNN must be >= 10% faster in the median paired round to be chosen
 SHAPE = (2048, 768, 3072)  # rows, in, out: the MLP of ViT-B/16, one inference chunk
@@ -80,6 +82,8 @@ def measure(dtype: torch.dtype, op: str = "linear", rounds: int = 7, shape=SHAPE
     grad = torch.randn(m, n, generator=g).to(dtype)
     if op == "linear":
         fns = {kern: (lambda kern=kern: _gemm(kern, x, w, b)) for kern in KERNELS}
+    elif op == "linear_gelu":
+        fns = {kern: (lambda kern=kern: _gemm_gelu(kern, x, w, b, "none")) for kern in KERNELS}
     elif op == "grad_input":
         fns = {kern: (lambda kern=kern: _grad_input(kern, grad, w)) for kern in KERNELS}
     elif op == "grad_weight":
@@ -263,6 +267,14 @@ def _gemm(kernel: str, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tenso
     return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())
 
 
+def _gemm_gelu(kernel: str, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
+               approximate: str) -> torch.Tensor:
+    """GELU(x W^T + b); ``approximate``: "none" (erf) or "tanh", as in ``F.gelu``."""
+    if kernel == "onednn":
+        return torch.ops.mkldnn._linear_pointwise(x, w, b, "gelu", [], approximate)
+    return torch.ops.aten.gelu_(_gemm("aten", x, w, b), approximate=approximate)
+
+
 def _grad_input(kernel: str, g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """dx = g W for g [M, N], W [N, K] (oneDNN's linear takes W^T as its weight, a view)."""
     if kernel == "onednn":
@@ -317,3 +329,9 @@ class ChosenLinear(torch.autograd.Function):
 def gemm(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x W^T + b on rows [M, K] (no autograd) with the kernel chosen for ``linear``."""
     return _gemm(gemm_kernel(x.dtype, x.device, "linear"), x, w, b)
+
+
+def gemm_gelu(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None,
+              approximate: str = "none") -> torch.Tensor:
+    """GELU(x W^T + b) on rows [M, K] (no autograd) with the kernel chosen for ``linear_gelu``."""
+    return _gemm_gelu(gemm_kernel(x.dtype, x.device, "linear_gelu"), x, w, b, approximate)

@@ -3,7 +3,8 @@
 Each module has one forward pass, used in training and in inference alike, so forward hooks, attention maps
 and intermediates see the computation that produced the logits. Only the kernels differ: in evaluation mode
 without autograd (``model.eval()`` under ``torch.no_grad()`` / ``torch.inference_mode()``) the dense layers
-call :func:`precision.dense` (the declared GEMM library, no autograd bookkeeping) and GELU runs in place;
+call :func:`precision.dense` (the declared GEMM library, no autograd bookkeeping), the MLP's first layer
+and its GELU run as one call (:func:`precision.dense_gelu`: oneDNN fuses them where chosen);
 the model runs large batches through the encoder in chunks of whole images (:func:`chunk_images`).
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .backend import graph_capture
-from .precision import attention, dense, explicit_attention, linear, merge_heads, split_heads
+from .precision import attention, dense, dense_gelu, explicit_attention, linear, merge_heads, split_heads
 
 # Inference runs the encoder on chunks of whole images (every image is independent, so no number changes),
 # sized by memory: each chunk's largest temporary (the MLP's hidden activations, or qkv) stays within
@@ -145,11 +146,14 @@ class Mlp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens [..., D] -> [..., D] through the two dense layers."""
-        h = _apply(x, self.fc1, self)
-        if fast_inference(self) and type(self.act) is nn.GELU:
-            h = torch.ops.aten.gelu_(h, approximate=self.act.approximate)
+        fast_gelu = fast_inference(self) and type(self.act) is nn.GELU
+        if fast_gelu and type(self.fc1) is nn.Linear:  # product and GELU in one call (fused where chosen)
+            rows = dense_gelu(x.reshape(-1, x.shape[-1]), self.fc1.weight, self.fc1.bias, self.act.approximate)
+            h = rows.view(*x.shape[:-1], rows.shape[-1])
+        elif fast_gelu:  # e.g. an int8 quantised fc1
+            h = torch.ops.aten.gelu_(_apply(x, self.fc1, self), approximate=self.act.approximate)
         else:
-            h = self.drop(self.act(h))
+            h = self.drop(self.act(_apply(x, self.fc1, self)))
         return self.drop(_apply(h, self.fc2, self))
 
 

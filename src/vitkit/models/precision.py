@@ -24,7 +24,7 @@ from torch import nn
 from ..errors import ConfigError
 from . import backend
 from .backend import cpu_has_native_bf16
-from .kernels import ChosenLinear, gemm, training_kernels
+from .kernels import ChosenLinear, gemm, gemm_gelu, training_kernels
 
 BF16 = torch.bfloat16
 
@@ -110,6 +110,14 @@ def dense(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.
     if widen_bf16(x):  # bf16 operands on the fp32 units, fp32 accumulation, result rounded to bf16
         return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
     return gemm(x, weight, bias)
+
+
+def dense_gelu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], approximate: str) -> torch.Tensor:
+    """GELU(x W^T + b) on rows [M, K] without autograd (the MLP's first layer): the product and the GELU by the
+    kernel :func:`kernels.gemm_kernel` chose for ``linear_gelu`` (oneDNN fuses the GELU into the product)."""
+    if widen_bf16(x):
+        return torch.ops.aten.gelu_(dense(x, weight, bias), approximate=approximate)
+    return gemm_gelu(x, weight, bias, approximate)
 
 
 # --- attention ---------------------------------------------------------------------------------------
