@@ -15,26 +15,15 @@ from typing import Any, Dict, Optional
 import torch
 
 from ..models import backend
-from ..models.backend import cpu_has_native_bf16
+from ..models.backend import cpu_fields, cpu_has_native_bf16, cpu_model_id
 from ..version import code_version, describe_code
 
 _ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_tile")
 
 
 def _cpu_model_and_flags() -> tuple:
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and model in ("", platform.machine(), platform.processor()):
-                    model = value.strip()
-                elif key == "flags" and not flags:
-                    flags = set(value.split())
-    except OSError:
-        pass
-    return model, flags
+    fields = cpu_fields()
+    return fields.get("model name") or platform.processor() or platform.machine(), set(fields.get("flags", "").split())
 
 
 def native_bf16_matmul(device: str = "cpu") -> bool:
@@ -69,6 +58,7 @@ def machine_info(device: str = "cpu") -> Dict[str, Any]:
     info: Dict[str, Any] = {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "host_cpu": model,
+        "cpu_id": cpu_model_id(cpu_fields()),
         "cores": cores,
         "isa": [f for f in _ISA_FLAGS if f in flags],
         "torch": torch.__version__,
@@ -103,12 +93,13 @@ def machine_line(info: Optional[Dict[str, Any]] = None, device: str = "cpu") -> 
     """One line: date, CPU/GPU, instruction sets, threads, torch build, load average, the code (vitkit's
     version, commit, dirty) and the kernels chosen."""
     i = info or machine_info(device)
+    cpu_id = f" [{i['cpu_id']}]" if i.get("cpu_id") else ""
     isa = " ".join(i["isa"]) or "no avx2"
     missing = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f not in i["isa"]]
     bf16 = "native bf16 matmul" if i["native_bf16_matmul_cpu"] else "no native bf16 matmul"
     parts = [
         f"machine: {i['date']}",
-        f"{i['host_cpu']} x{i['cores']} cores ({isa}{'; no ' + '/'.join(missing) if missing else ''}; {bf16})",
+        f"{i['host_cpu']}{cpu_id} x{i['cores']} cores ({isa}{'; no ' + '/'.join(missing) if missing else ''}; {bf16})",
         f"{i['mem_gib']} GiB" if i.get("mem_gib") else None,
         f"torch {i['torch']} ({i['cpu_capability']}{', MKL' if i['mkl'] else ''}{', oneDNN' if i['mkldnn'] else ''})",
         f"threads {i['threads']}",

@@ -175,20 +175,42 @@ def cpu_has_native_bf16() -> bool:
 
 
 # --- the measurement cache ------------------------------------------------------------------------
-def _cpu_id() -> str:
-    model, flags = platform.processor() or platform.machine(), ""
+CPU_FIELDS = ("model name", "cpu family", "model", "stepping", "cache size", "flags")
+
+
+def cpu_fields() -> Dict[str, str]:
+    """The first processor's :data:`CPU_FIELDS` in /proc/cpuinfo (empty off Linux)."""
+    out: Dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    model = value.strip()
-                elif key.strip() == "flags":
-                    flags = value.strip()
+                key = key.strip()
+                if not key and out:  # a blank line ends the first processor
                     break
+                if key in CPU_FIELDS and key not in out:
+                    out[key] = value.strip()
     except OSError:
         pass
-    return f"{model} [{hashlib.sha1(flags.encode()).hexdigest()[:10]}]"
+    return out
+
+
+def cpu_model_id(fields: Dict[str, str]) -> str:
+    """"family 6 model 143 stepping 8, 105 MiB cache": which CPU generation behind a generic model name (hosts
+    of one machine kind can differ, and so can their speed)."""
+    ident = " ".join(f"{k.replace('cpu ', '')} {fields[k]}" for k in ("cpu family", "model", "stepping") if k in fields)
+    cache = fields.get("cache size", "")
+    if cache.endswith(" KB") and cache[:-3].isdigit():
+        cache = f"{int(cache[:-3]) // 1024} MiB"
+    return ", ".join(x for x in (ident, f"{cache} cache" if cache else "") if x)
+
+
+def _cpu_id() -> str:
+    fields = cpu_fields()
+    model = fields.get("model name") or platform.processor() or platform.machine()
+    ident = cpu_model_id(fields)
+    flags = hashlib.sha1(fields.get("flags", "").encode()).hexdigest()[:10]
+    return f"{model}{f' ({ident})' if ident else ''} [{flags}]"
 
 
 def cache_key(what: str) -> str:
