@@ -120,8 +120,54 @@ def test_the_mlp_first_layer_and_its_gelu_are_one_call_on_the_declared_kernel(ge
             out = mlp(x)
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
     assert used == [("aten", approx), ("onednn", approx)]
-    timed = kernels.measure(torch.float32, "linear_gelu", rounds=1, shape=(8, 16, 32))  # what auto measures
-    assert timed["aten_s"] > 0 and timed["onednn_s"] > 0 and timed["ratio"] > 0
+
+
+def test_the_encoder_library_is_timed_on_blocks_of_the_model_shape_and_used_by_every_product(tiny_cfg, monkeypatch):
+    """Under gemm=auto a model's encoder products in inference run on the library that ran blocks of its shape
+    faster (measured once, cached, recorded); a declared library skips the timing; training is untouched."""
+    from vitkit.models import tune
+
+    if not kernels.onednn_ok(torch.float32):
+        pytest.skip("oneDNN's linear primitive is not available in this torch build")
+    monkeypatch.delenv(backend.ENV, raising=False)  # the suite's fixed-backend reruns: this test is about auto
+    timed = tune.measure_blocks(torch.float32, 32, 2, 64, tokens=17, images=2, rounds=1, depth=2)  # the real timing
+    assert timed["aten_s"] > 0 and timed["onednn_s"] > 0 and timed["shape"]["tokens"] == 17
+    ratio = {"value": 2.0}
+    calls = []
+    monkeypatch.setattr(tune, "measure_blocks", lambda *a, **k: calls.append(a) or {"ratio": ratio["value"]})
+    used = []
+    real = kernels._gemm
+    monkeypatch.setattr(kernels, "_gemm", lambda kern, *a: used.append(kern) or real(kern, *a))
+    model = noisy_model(tiny_cfg).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        ref = model(x)
+    assert len(calls) == 1 and set(used) == {"onednn"}  # every product of the encoder on the faster library
+    what = [w for w in backend.decisions() if w.startswith("gemm encoder float32")]
+    assert len(what) == 1 and backend.decisions()[what[0]]["choice"] == "onednn"
+    used.clear()
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), ref, rtol=1e-5, atol=1e-5)  # decided: no second timing
+    assert len(calls) == 1 and set(used) == {"onednn"}
+    tune.forget()
+    ratio["value"] = 1.0
+    with torch.inference_mode():
+        model(x)
+    assert len(calls) == 1  # read back from the cache file, not timed again
+    backend.forget()
+    backend.write_cache(backend.cache_key(what[0]), {"choice": "bogus"})  # a damaged entry: timed again
+    used.clear()
+    with torch.inference_mode():
+        model(x)
+    assert len(calls) == 2 and "onednn" not in used  # 1.0 < MIN_GAIN: ATen
+    used.clear()
+    with use_backend(gemm="onednn"), torch.inference_mode():
+        model(x)
+    assert len(calls) == 2 and set(used) == {"onednn"}  # declared: no timing
+    used.clear()
+    with torch.enable_grad():
+        model.train()(x).sum().backward()  # training: F.linear / the training products, never the encoder choice
+    assert len(calls) == 2
 
 
 @pytest.mark.parametrize("spec", FIXED)

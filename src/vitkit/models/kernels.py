@@ -7,8 +7,6 @@ the declared backend's ``gemm`` field (:mod:`vitkit.models.backend`) is ``aten``
 ``auto`` vitkit measures, separately for the operations the model uses:
 
 - ``linear``: y = x W^T + b (qkv, fc1, the patch embedding; in training every dense layer's forward);
-- ``linear_gelu``: y = GELU(x W^T + b), the MLP's first layer in inference: ATen's ``addmm`` and then GELU in
-  place (two passes over the output), or oneDNN's linear with GELU fused as a post-op (one pass);
 and for the two products of a training step's backward pass (:func:`vitkit.models.precision.linear`):
 
 - ``grad_input``: dx = g W (the gradient flowing to the layer's input);
@@ -25,12 +23,20 @@ per-round ratios by at least :data:`MIN_GAIN`; otherwise the simpler ATen call. 
 call needs the choice (or on demand: :func:`calibrate`, ``vitkit backend --measure``) and is cached by
 :mod:`vitkit.models.backend`. Graph consumers (compile, export, tracing, the FLOP counter) always get ATen.
 
+Inside a model's encoder in inference the products do not take these per-product answers: the encoder's library is
+chosen by timing encoder blocks of the model's shape (:mod:`vitkit.models.tune`, set with :func:`inference_gemms`),
+because a product timed alone can misjudge what each library does inside the model. There the MLP's first layer
+and its GELU are one call (:func:`gemm_gelu`): ATen's ``addmm`` then GELU in place, or oneDNN's linear with the
+GELU fused as a post-op.
+
 Weights are used as they are stored (no pre-packed copies), so nothing needs invalidating when they change.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import statistics
-from typing import Dict, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -39,11 +45,25 @@ from ..errors import ConfigError
 from . import backend
 
 KERNELS = ("aten", "onednn")
-OPS = ("linear", "linear_gelu", "grad_input", "grad_weight")
+OPS = ("linear", "grad_input", "grad_weight")
 TRAINING_OPS = ("linear", "grad_input", "grad_weight")  # forward, dx, dW of a dense layer in training
 MIN_GAIN = 1.10  # oneDNN must be >= 10% faster in the median paired round to be chosen
 SHAPE = (2048, 768, 3072)  # rows, in, out: the MLP of ViT-B/16, one inference chunk
 _CHOICE: Dict[tuple, object] = {}
+_ENCODER: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("vitkit_encoder_gemm", default=None)
+
+
+@contextlib.contextmanager
+def inference_gemms(kernel: Optional[str]) -> Iterator[None]:
+    """Within: the inference products (``linear``) run on ``kernel``, an encoder's choice
+    (:func:`vitkit.models.tune.encoder_gemm`); None: each product's own choice."""
+    if kernel is not None and kernel not in KERNELS:
+        raise ConfigError(f"GEMM library {kernel!r}: choose one of {', '.join(KERNELS)}")
+    token = _ENCODER.set(kernel)
+    try:
+        yield
+    finally:
+        _ENCODER.reset(token)
 
 
 def forget() -> None:
@@ -82,8 +102,6 @@ def measure(dtype: torch.dtype, op: str = "linear", rounds: int = 7, shape=SHAPE
     grad = torch.randn(m, n, generator=g).to(dtype)
     if op == "linear":
         fns = {kern: (lambda kern=kern: _gemm(kern, x, w, b)) for kern in KERNELS}
-    elif op == "linear_gelu":
-        fns = {kern: (lambda kern=kern: _gemm_gelu(kern, x, w, b, "none")) for kern in KERNELS}
     elif op == "grad_input":
         fns = {kern: (lambda kern=kern: _grad_input(kern, grad, w)) for kern in KERNELS}
     elif op == "grad_weight":
@@ -117,6 +135,9 @@ def gemm_kernel(dtype: torch.dtype, device: torch.device, op: str = "linear") ->
     declared = backend.current().gemm
     if declared != "auto":
         return declared
+    encoder = _ENCODER.get() if op == "linear" else None
+    if encoder is not None:  # inside an encoder in inference: the library its blocks were timed fastest with
+        return encoder
     key = (dtype, op, torch.get_num_threads())
     choice = _CHOICE.get(key)
     if choice is None:
@@ -333,5 +354,5 @@ def gemm(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None) -> 
 
 def gemm_gelu(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor] = None,
               approximate: str = "none") -> torch.Tensor:
-    """GELU(x W^T + b) on rows [M, K] (no autograd) with the kernel chosen for ``linear_gelu``."""
-    return _gemm_gelu(gemm_kernel(x.dtype, x.device, "linear_gelu"), x, w, b, approximate)
+    """GELU(x W^T + b) on rows [M, K] (no autograd) with the kernel chosen for ``linear`` (oneDNN fuses the GELU)."""
+    return _gemm_gelu(gemm_kernel(x.dtype, x.device, "linear"), x, w, b, approximate)

@@ -113,8 +113,8 @@ def dense(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.
 
 
 def dense_gelu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], approximate: str) -> torch.Tensor:
-    """GELU(x W^T + b) on rows [M, K] without autograd (the MLP's first layer): the product and the GELU by the
-    kernel :func:`kernels.gemm_kernel` chose for ``linear_gelu`` (oneDNN fuses the GELU into the product)."""
+    """GELU(x W^T + b) on rows [M, K] without autograd (the MLP's first layer): the product and the GELU on the
+    kernel :func:`kernels.gemm_kernel` chose (oneDNN fuses the GELU into the product)."""
     if widen_bf16(x):
         return torch.ops.aten.gelu_(dense(x, weight, bias), approximate=approximate)
     return gemm_gelu(x, weight, bias, approximate)

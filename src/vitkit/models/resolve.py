@@ -7,7 +7,8 @@ from typing import Any, Dict, List
 import torch
 
 from ..config import config_from_name
-from . import backend, kernels, precision
+from . import backend, kernels, precision, tune
+from .layers import chunk_images
 
 
 def _gemm_rows(dtype: torch.dtype, measure: bool) -> List[Dict[str, Any]]:
@@ -54,6 +55,30 @@ def _attention_rows(model: str, batch: int, dtype: torch.dtype, measure: bool) -
     return rows
 
 
+def _encoder_rows(model: str, dtype: torch.dtype, measure: bool) -> List[Dict[str, Any]]:
+    """The library of ``model``'s encoder GEMMs in inference (timed on blocks of its shape)."""
+    cfg = config_from_name(model)
+    tokens = cfg.num_patches + cfg.num_prefix_tokens
+    widest = max(cfg.mlp_dim, 3 * cfg.width) * dtype.itemsize
+    shape = (cfg.width, cfg.num_heads, cfg.mlp_dim, tokens, chunk_images(tune.TIMING_BATCH, tokens, widest), cfg.gelu)
+    what = tune.encoder_what(dtype, *shape)
+    entry = backend.read_cache().get(backend.cache_key(what))
+    if backend.current().gemm != "auto" or not kernels.onednn_ok(dtype):
+        choice, why = tune.encoder_gemm(dtype, torch.device("cpu"), *shape) or "aten", "declared"
+    elif measure or entry:
+        choice = tune.encoder_gemm(dtype, torch.device("cpu"), *shape)  # measures (and caches) when nothing is known
+        why = "cached measurement" if entry else "measured"
+        entry = backend.read_cache().get(backend.cache_key(what)) or entry
+    else:
+        choice, why = None, "not measured yet"
+    if not kernels.onednn_ok(dtype):
+        why = "only ATen runs this dtype here"
+    meas = (f"ATen/oneDNN time of {entry.get('depth', tune.DEPTH)} blocks {entry['ratio']:.2f}x, needs >= "
+            f"{tune.MIN_GAIN}x for oneDNN" if entry and "ratio" in entry else None)
+    return [{"what": f"gemm encoder {str(dtype).replace('torch.', '')} inference {model}", "choice": choice,
+             "why": why, "measurement": meas}]
+
+
 def resolve_backend(model: str = "B/16", batch: int = 16, measure: bool = False) -> Dict[str, Any]:
     """The declared backend, its source, and per choice (GEMM products per dtype, attention for ``model`` at
     ``batch`` images per call in inference and training, the int8 engine) what runs and why."""
@@ -64,7 +89,7 @@ def resolve_backend(model: str = "B/16", batch: int = 16, measure: bool = False)
     dtypes = [torch.float32] + ([torch.bfloat16] if backend.cpu_has_native_bf16() else [])
     rows: List[Dict[str, Any]] = []
     for dt in dtypes:
-        rows += _gemm_rows(dt, measure)
+        rows += _gemm_rows(dt, measure) + _encoder_rows(model, dt, measure)
     for dt in dtypes + ([] if backend.cpu_has_native_bf16() else [torch.bfloat16]):
         rows += _attention_rows(model, batch, dt, measure)
     if declared.int8 != "auto" or measure:

@@ -11,6 +11,7 @@ from torch.utils.checkpoint import checkpoint
 from ..config import ViTConfig
 from ..errors import InputError
 from .intermediates import check_output_fmt, feature_pyramid, resolve_indices, timm_layout
+from .kernels import inference_gemms
 from .layers import AttentionPool, AxialBlock, Block, PatchEmbed, chunk_images, fast_inference, lecun_normal_
 from .meta import ModelMeta
 from .posemb import (
@@ -22,6 +23,7 @@ from .posemb import (
     sincos_table,
 )
 from .resnet import HybridEmbed
+from .tune import TIMING_BATCH, encoder_gemm
 
 Grid = Tuple[int, int]
 
@@ -299,12 +301,20 @@ class VisionTransformer(nn.Module):
         [B, prefix + N, D] (in training with patch dropout, the
         prefix tokens and the kept patch tokens). ``patch_drop``: the patch-dropout rate of this call in
         training (a schedule passes it step by step); None: ``config.patch_drop``. Evaluation never drops."""
+        if fast_inference(self):  # whole images in chunks that keep each block's temporaries in reused memory,
+            cfg = self.config     # the products on the library that runs blocks of this shape faster
+            dtype = next(p.dtype for p in self.parameters() if p.is_floating_point())
+            tokens = cfg.num_patches + cfg.num_prefix_tokens
+            widest = max(cfg.mlp_dim, 3 * cfg.width) * dtype.itemsize
+            library = encoder_gemm(dtype, x.device, cfg.width, cfg.num_heads, cfg.mlp_dim, tokens,
+                                   chunk_images(TIMING_BATCH, tokens, widest), cfg.gelu)
+            with inference_gemms(library):
+                x, grid = self.embed(x)
+                per = chunk_images(x.shape[0], x.shape[1], widest)
+                if per < x.shape[0]:
+                    return torch.cat([self.norm(self._run_blocks(c, grid)[0]) for c in x.split(per)])
+                return self.norm(self._run_blocks(x, grid)[0])
         x, grid = self.embed(x)
-        if fast_inference(self):  # whole images in chunks that keep each block's temporaries in reused memory
-            widest = max(self.config.mlp_dim, 3 * self.config.width) * x.element_size()
-            per = chunk_images(x.shape[0], x.shape[1], widest)
-            if per < x.shape[0]:
-                return torch.cat([self.norm(self._run_blocks(c, grid)[0]) for c in x.split(per)])
         rate = self.config.patch_drop if patch_drop is None else float(patch_drop)
         x, _, _ = self._run_blocks(x, grid, patch_drop=rate)
         return self.norm(x)
