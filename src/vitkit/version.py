@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 
 def code_version() -> Dict[str, Any]:
     """The code that is running: vitkit's version and, when it runs from a git checkout, the commit and whether
-    tracked files differ from it (``dirty``); both None outside a checkout or without git. Every benchmark
+    tracked code (src/, the benchmark scripts) differs from it (``dirty``); both None outside a checkout or without git. Every benchmark
     JSON records this next to its machine line, so a number names the code that produced it."""
     root = Path(__file__).resolve().parents[2]  # src/vitkit/version.py -> the checkout
     commit: Optional[str] = None
@@ -22,7 +22,9 @@ def code_version() -> Dict[str, Any]:
                                       check=True).stdout.strip()
 
             commit = git("rev-parse", "HEAD")
-            dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+            # the code: the package and the benchmark scripts, not the results and docs they write
+            dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", "src", "benchmarks",
+                             ":(exclude)benchmarks/results"))
         except (OSError, subprocess.SubprocessError):
             commit = dirty = None
     return {"vitkit": __version__, "commit": commit, "dirty": dirty}
