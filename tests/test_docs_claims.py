@@ -21,44 +21,18 @@ rendered from its JSON and checked whole by its own test.
 """
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MARKER = re.compile(r"<!--\s*claim\s+(\S+)\s+(.+?)\s+(\S+)\s*-->")  # path, key (may hold spaces), format
-NUMBER = re.compile(r"(?:(?<![\d>])[-+])?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")  # "1.04-1.40x": two numbers
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from claims import MARKER, NUMBER, render, value  # noqa: E402 - the one definition of the marker grammar
 
 
 def _docs():
     return [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
-
-
-def _value(data, key):
-    if " / " in key:  # a ratio of two values
-        a, b = key.split(" / ")
-        return _value(data, a) / _value(data, b)
-    for part in key.split("."):
-        data = data[int(part)] if isinstance(data, list) else data[part]
-    return data
-
-
-def _format(value, fmt):
-    if fmt in ("pct1", "pct2"):
-        return f"{100 * value:.{fmt[-1]}f}"
-    if re.fullmatch(r"f\d", fmt):
-        return f"{value:.{fmt[1]}f}"
-    if re.fullmatch(r"e\d", fmt):
-        return f"{value:.{fmt[1]}e}"
-    if fmt == "int":
-        return str(int(round(value)))
-    if fmt == "min1":
-        return f"{value / 60:.1f}"
-    if fmt == "ms0":
-        return f"{value * 1000:.0f}"
-    if fmt == "x2":
-        return f"{value:.2f}"
-    raise AssertionError(f"unknown claim format {fmt!r}")
 
 
 def _claims():
@@ -83,10 +57,10 @@ def test_quoted_number_matches_its_artefact(doc, lineno, number, marker):
     path, key, fmt = marker
     artefact = ROOT / path
     assert artefact.is_file(), f"{doc}:{lineno}: {path} does not exist"
-    value = _value(json.loads(artefact.read_text()), key)
+    got = value(json.loads(artefact.read_text()), key)
     assert number is not None, f"{doc}:{lineno}: no number before the marker for {path} {key}"
-    assert number.replace(",", "") == _format(value, fmt), \
-        f"{doc}:{lineno}: the docs say {number}, {path} {key} is {value} ({_format(value, fmt)})"
+    assert number.replace(",", "") == render(got, fmt), \
+        f"{doc}:{lineno}: the docs say {number}, {path} {key} is {got} ({render(got, fmt)})"
 
 
 UNIT = (r"%|[x×](?!\s?\d)|ms|s|sec|seconds?|min|minutes?|h|hours?|[KMG]i?B|images/s|img/s|steps/s")
@@ -140,9 +114,25 @@ def test_markers_are_read_as_intended():
             "runs.seed 0.t pct2 -->")
     found = [(NUMBER.findall(MARKER.sub("", line[:m.start()]))[-1], m.groups()) for m in MARKER.finditer(line)]
     assert found == [("1,234", ("a.json", "steps", "int")), ("88.40", ("a.json", "runs.seed 0.t", "pct2"))]
-    assert _format(0.884, "pct2") == "88.40" and _format(512.0, "min1") == "8.5" and _format(1234, "int") == "1234"
-    assert _value({"runs": [{"a": 1}]}, "runs.0.a") == 1
-    assert _value({"a": 3.0, "b": {"c": 2.0}}, "a / b.c") == 1.5
+    assert render(0.884, "pct2") == "88.40" and render(512.0, "min1") == "8.5" and render(1234, "int") == "1234"
+    assert value({"runs": [{"a": 1}]}, "runs.0.a") == 1
+    assert value({"a": 3.0, "b": {"c": 2.0}}, "a / b.c") == 1.5
+
+
+def test_refresh_rewrites_the_numbers_from_their_json(tmp_path, monkeypatch):
+    import claims
+
+    monkeypatch.setattr(claims, "ROOT", tmp_path)
+    (tmp_path / "a.json").write_text(json.dumps({"r": 0.9123, "n": 1500, "t": {"x": 2.0, "y": 4.0}}))
+    (tmp_path / "b.json").write_text(json.dumps({"r": 0.5}))
+    doc = tmp_path / "d.md"
+    doc.write_text("top-1 88.00%<!-- claim a.json r pct2 --> in 1,234<!-- claim a.json n int --> steps, "
+                   "0.40<!-- claim a.json t.x / t.y x2 -->x; kept 1.00<!-- claim b.json r f2 -->\nno marker 3.0x\n")
+    assert claims.refresh(doc, ["a.json"]) == 3
+    assert doc.read_text() == ("top-1 91.23%<!-- claim a.json r pct2 --> in 1500<!-- claim a.json n int --> steps, "
+                               "0.50<!-- claim a.json t.x / t.y x2 -->x; kept 1.00<!-- claim b.json r f2 -->\n"
+                               "no marker 3.0x\n")
+    assert claims.refresh(doc) == 1 and "kept 0.50<!--" in doc.read_text()
 
 
 def test_hybrid_cost_table_is_what_the_cost_model_computes():
