@@ -62,15 +62,18 @@ def refresh(doc: Path, only: Optional[List[str]] = None) -> int:
             if only and path not in only:
                 continue
             before = line[pos:m.start()]
-            numbers = list(NUMBER.finditer(MARKER.sub(lambda x: " " * len(x.group()), before)))
+            # read as the docs test reads it: after a marker (">"), "-1.16" in "1.03<!-- -->-1.16" is a range's end
+            lead = ">" if pos else ""
+            numbers = list(NUMBER.finditer(lead + MARKER.sub(lambda x: "#" * (len(x.group()) - 1) + ">", before)))
             if not numbers:
                 continue
             if path not in cache:
                 cache[path] = json.loads((ROOT / path).read_text())
             new = render(value(cache[path], key), fmt)
             n = numbers[-1]
+            a, b = n.start() - len(lead), n.end() - len(lead)
             if n.group().replace(",", "") != new:
-                before = before[:n.start()] + new + before[n.end():]
+                before = before[:a] + new + before[b:]
                 changed += 1
             out.append(before + m.group())
             pos = m.end()

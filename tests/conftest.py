@@ -2,12 +2,12 @@ import pytest
 import torch
 
 from vitkit import ViTConfig
+from vitkit.models import backend
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _own_kernel_cache(tmp_path_factory):
     """The suite measures into its own cache file, never the user's (and starts from none)."""
-    from vitkit.models import backend
     backend.set_cache_file(tmp_path_factory.mktemp("kernel-cache") / "kernels.json")
     yield
     backend.set_cache_file(None)
@@ -42,3 +42,16 @@ def small_trained_vit():
         pytest.skip("Fashion-MNIST not installed (make data)")
     from _small_vit import train_small_vit
     return train_small_vit()
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty measurement cache, no choices made yet in this process and every field auto; restored after."""
+    monkeypatch.delenv(backend.ENV, raising=False)
+    previous = backend.cache_path()  # the suite's own file (see above), restored after
+    backend.set_cache_file(tmp_path / "kernels.json")
+    backend.forget()
+    monkeypatch.setattr(backend, "busy", lambda: False)
+    yield tmp_path / "kernels.json"
+    backend.forget()
+    backend.set_cache_file(previous)

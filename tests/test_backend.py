@@ -122,14 +122,14 @@ def test_the_mlp_first_layer_and_its_gelu_are_one_call_on_the_declared_kernel(ge
     assert used == [("aten", approx), ("onednn", approx)]
 
 
-def test_the_encoder_library_is_timed_on_blocks_of_the_model_shape_and_used_by_every_product(tiny_cfg, monkeypatch):
+def test_the_encoder_library_is_timed_on_blocks_of_the_model_shape_and_used_by_every_product(tiny_cfg, monkeypatch,
+                                                                                           fresh_cache):
     """Under gemm=auto a model's encoder products in inference run on the library that ran blocks of its shape
     faster (measured once, cached, recorded); a declared library skips the timing; training is untouched."""
     from vitkit.models import tune
 
     if not kernels.onednn_ok(torch.float32):
         pytest.skip("oneDNN's linear primitive is not available in this torch build")
-    monkeypatch.delenv(backend.ENV, raising=False)  # the suite's fixed-backend reruns: this test is about auto
     timed = tune.measure_blocks(torch.float32, 32, 2, 64, tokens=17, images=2, rounds=1, depth=2)  # the real timing
     assert timed["aten_s"] > 0 and timed["onednn_s"] > 0 and timed["shape"]["tokens"] == 17
     ratio = {"value": 2.0}

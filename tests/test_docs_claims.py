@@ -127,11 +127,13 @@ def test_refresh_rewrites_the_numbers_from_their_json(tmp_path, monkeypatch):
     (tmp_path / "b.json").write_text(json.dumps({"r": 0.5}))
     doc = tmp_path / "d.md"
     doc.write_text("top-1 88.00%<!-- claim a.json r pct2 --> in 1,234<!-- claim a.json n int --> steps, "
-                   "0.40<!-- claim a.json t.x / t.y x2 -->x; kept 1.00<!-- claim b.json r f2 -->\nno marker 3.0x\n")
-    assert claims.refresh(doc, ["a.json"]) == 3
+                   "0.40<!-- claim a.json t.x / t.y x2 -->x; kept 1.00<!-- claim b.json r f2 -->\nno marker 3.0x\n"
+                   "a range 0.10<!-- claim a.json r f2 -->-0.20<!-- claim a.json t.x f2 -->x\n")
+    assert claims.refresh(doc, ["a.json"]) == 5
     assert doc.read_text() == ("top-1 91.23%<!-- claim a.json r pct2 --> in 1500<!-- claim a.json n int --> steps, "
                                "0.50<!-- claim a.json t.x / t.y x2 -->x; kept 1.00<!-- claim b.json r f2 -->\n"
-                               "no marker 3.0x\n")
+                               "no marker 3.0x\n"
+                               "a range 0.91<!-- claim a.json r f2 -->-2.00<!-- claim a.json t.x f2 -->x\n")
     assert claims.refresh(doc) == 1 and "kept 0.50<!--" in doc.read_text()
 
 

@@ -124,18 +124,6 @@ def test_int8_weights_packed_for_each_engine_give_the_same_numbers(tiny_cfg):
         assert rel_err(a, outs[default]) < 0.05
 
 
-@pytest.fixture
-def fresh_cache(tmp_path, monkeypatch):
-    """An empty measurement cache, no choices made yet in this process and every field auto; restored after."""
-    monkeypatch.delenv(backend.ENV, raising=False)
-    backend.set_cache_file(tmp_path / "kernels.json")
-    backend.forget()
-    monkeypatch.setattr(backend, "busy", lambda: False)
-    yield tmp_path / "kernels.json"
-    backend.forget()
-    backend.set_cache_file(None)
-
-
 def test_int8_engine_is_chosen_beyond_the_noise_and_cached(fresh_cache, monkeypatch):
     monkeypatch.setattr(kernels, "int8_candidates", lambda: ["x86", "onednn"])
     monkeypatch.setattr(torch.backends.quantized, "engine", "x86")

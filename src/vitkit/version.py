@@ -10,8 +10,9 @@ __version__ = "0.1.0"
 
 def code_version() -> Dict[str, Any]:
     """The code that is running: vitkit's version and, when it runs from a git checkout, the commit and whether
-    tracked code (src/, the benchmark scripts) differs from it (``dirty``); both None outside a checkout or without git. Every benchmark
-    JSON records this next to its machine line, so a number names the code that produced it."""
+    tracked code (src/, the benchmark scripts) differs from it (``dirty``); both None outside a checkout or
+    without git. Every benchmark JSON records this next to its machine line, so a number names the code that
+    produced it."""
     root = Path(__file__).resolve().parents[2]  # src/vitkit/version.py -> the checkout
     commit: Optional[str] = None
     dirty: Optional[bool] = None

@@ -31,6 +31,7 @@ from ..errors import ConfigError
 from . import backend
 from .backend import cpu_has_native_bf16
 from .kernels import summary as kernel_summary
+from .precision import settle_attention
 from .vit import VisionTransformer
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
@@ -126,6 +127,8 @@ def prepare_inference(model: VisionTransformer, dtype: Union[str, torch.dtype] =
     model = model.to(dt)
     if quantize:
         quantize_int8_(model)
+    if compile and next(model.parameters()).device.type == "cpu":  # the graph keeps the attention path chosen now
+        settle_attention(model.config, dt, grad=False)
     compiled = torch.compile(model, mode=compile_mode) if compile else None
     return Prepared(model, compiled, quantize)
 

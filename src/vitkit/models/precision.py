@@ -166,24 +166,37 @@ def _needs_grad(q, k, v) -> bool:
 
 def attention_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
     """The kernel :func:`attention` runs for these q/k/v: ``fused`` off the CPU; else the declared
-    ``attention`` (both paths are plain ATen ops every graph consumer knows), or under ``auto`` (``fused``
-    under graph capture) the path measured faster on this machine for this dtype,
+    ``attention`` (both paths are plain ATen ops every graph consumer knows), or under ``auto`` the path
+    measured faster on this machine for this dtype (under graph capture, which cannot time kernels, the choice
+    this process or the cache holds, else ``fused``),
     gradient mode, head count, token count and head size (:func:`measure_attention`; cached). On a CPU
     without bf16 GEMMs, bf16 runs the chosen path on operands widened exactly to fp32 (``widened`` reports
     that for the fused path). The explicit path rounds the weights to bf16 before AV, the fused kernel
     keeps them in fp32: the two differ by bf16 rounding (bounded in tests/test_backend.py)."""
     declared = backend.current().attention
-    if q.device.type != "cpu" or (declared == "auto" and backend.graph_capture()):
+    if q.device.type != "cpu":
         return "fused"
     if declared == "auto":
         grad = _needs_grad(q, k, v)
         what = attention_what(q, k, grad)
-        declared = _ATTENTION.get(what)
+        declared = _ATTENTION.get(what) or backend.cached_choice(what, ("fused", "explicit"))
+        if declared is None and backend.graph_capture():
+            return "fused"  # a graph being captured cannot time kernels: the choice made or cached, else fused
         if declared is None:
-            declared = backend.cached_choice(what, ("fused", "explicit")) or \
-                backend.remember(what, *_decide_attention(q, k, grad))
-            _ATTENTION[what] = declared
+            declared = backend.remember(what, *_decide_attention(q, k, grad))
+        _ATTENTION[what] = declared
     return "widened" if declared == "fused" and widen_bf16(q) else declared
+
+
+def settle_attention(config, dtype: torch.dtype, grad: bool, images: int = 8) -> str:
+    """Decide now (measuring if nothing is known) the attention path of a model of ``config`` (its heads, width and
+    token count) in ``dtype`` for inference or training (``grad``): a graph consumer such as ``torch.compile``
+    cannot time kernels while it captures, so call this before compiling."""
+    heads, dim = config.num_heads, config.width // config.num_heads
+    tokens = config.num_patches + config.num_prefix_tokens
+    with torch.set_grad_enabled(grad):
+        qkv = torch.zeros(images * tokens, 3 * heads * dim, dtype=dtype, requires_grad=grad)
+        return attention_path(*split_heads(qkv, images, tokens, heads, dim))
 
 
 def _decide_attention(q: torch.Tensor, k: torch.Tensor, grad: bool) -> Tuple[dict, str]:

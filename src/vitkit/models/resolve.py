@@ -36,18 +36,18 @@ def _attention_rows(model: str, batch: int, dtype: torch.dtype, measure: bool) -
     for grad in (False, True):
         with torch.set_grad_enabled(grad):
             qkv = torch.zeros(batch * tokens, 3 * heads * dim, dtype=dtype, requires_grad=grad)
-            q, k, v = precision.split_heads(qkv, batch, tokens, heads, dim)
+            q, k, _ = precision.split_heads(qkv, batch, tokens, heads, dim)
             what = precision.attention_what(q, k, grad)
-            entry = backend.read_cache().get(backend.cache_key(what))
-            declared = backend.current().attention
-            if declared != "auto":
-                choice, why = precision.attention_path(q, k, v), "declared"
-            elif measure or precision.decided_attention(what) or entry:
-                choice = precision.attention_path(q, k, v)  # measures (and caches) when nothing is known
-                why = "measured"
-                entry = backend.read_cache().get(backend.cache_key(what)) or entry
-            else:
-                choice, why = None, "not measured yet"
+        entry = backend.read_cache().get(backend.cache_key(what))
+        declared = backend.current().attention
+        if declared != "auto":
+            choice, why = precision.settle_attention(cfg, dtype, grad, batch), "declared"
+        elif measure or precision.decided_attention(what) or entry:
+            choice = precision.settle_attention(cfg, dtype, grad, batch)  # measures (and caches) when nothing is known
+            why = "measured"
+            entry = backend.read_cache().get(backend.cache_key(what)) or entry
+        else:
+            choice, why = None, "not measured yet"
         meas = (f"fused/explicit time {entry['ratio']:.2f}x (> 1: explicit faster)"
                 if entry and "ratio" in entry else None)
         rows.append({"what": f"attention {name} {'training' if grad else 'inference'} {model} x{batch}",

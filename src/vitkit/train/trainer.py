@@ -41,6 +41,7 @@ from ..errors import ConfigError, TrainingDiverged
 from ..models import VisionTransformer
 from ..models.backend import Backend, use_backend
 from ..models.backend import current as current_backend
+from ..models.precision import settle_attention
 from ..utils import PathLike, remove_stale_temps
 from . import distributed as D
 from .checkpoint import find_last, load_state, rng_state, save_state, set_rng_state
@@ -169,6 +170,8 @@ class Trainer:
         model.to(self.device)
         self.model = model  # the plain module (weights, export, EMA)
         self.wrapped = D.wrap(model, self.dist, t.distributed)
+        if t.compile and self.device.type == "cpu":  # the compiled graph keeps the attention path chosen now
+            settle_attention(model.config, torch.bfloat16 if t.precision == "bf16" else torch.float32, grad=True)
         self.forward_model = torch.compile(self.wrapped) if t.compile else self.wrapped
         dc = r.data
         norm = Normalize(dc.mean, dc.std, channels=self.config.in_chans)
