@@ -170,6 +170,27 @@ def test_the_encoder_library_is_timed_on_blocks_of_the_model_shape_and_used_by_e
     assert len(calls) == 2
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_auto_compiles_as_one_graph_and_keeps_the_settled_attention(tiny_cfg, training, fresh_cache, monkeypatch):
+    """Under auto, torch.compile sees the whole model as one graph (no probe, thread count or timing traced), and
+    the attention path the process settled before compiling is the one in the graph."""
+    import torch._dynamo as dynamo
+
+    from vitkit.models import precision
+
+    model = noisy_model(tiny_cfg).train(training)
+    x = torch.randn(2, 3, 32, 32)
+    monkeypatch.setattr(precision, "_decide_attention", lambda q, k, grad: ({"ratio": 2.0}, "explicit"))
+    assert precision.settle_attention(tiny_cfg, torch.float32, grad=training) == "explicit"
+    ran = []
+    real = precision._run_path
+    monkeypatch.setattr(precision, "_run_path", lambda path, *a: ran.append(path) or real(path, *a))
+    with torch.set_grad_enabled(training):
+        explained = dynamo.explain(model)(x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    assert ran and set(ran) == {"explicit"}
+
+
 @pytest.mark.parametrize("spec", FIXED)
 def test_graph_consumers_get_the_plain_path_whatever_is_declared(tiny_cfg, spec, tmp_path):
     """ONNX export, torch.export, torch.compile (a full graph), TorchScript tracing and the FLOP counter work

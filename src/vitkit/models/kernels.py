@@ -130,7 +130,7 @@ def gemm_kernel(dtype: torch.dtype, device: torch.device, op: str = "linear") ->
     """The kernel for the GEMM ``op`` in ``dtype`` on ``device``: ATen off the CPU, under graph capture and
     where oneDNN cannot run the dtype; else the declared one, or under ``auto`` the cached (or, the first
     time, a fresh) measurement."""
-    if device.type != "cpu" or not onednn_ok(dtype) or backend.graph_capture():
+    if device.type != "cpu" or backend.graph_capture() or not onednn_ok(dtype):
         return "aten"  # CUDA: cuBLAS via ATen; graph consumers: the plain ops they know
     declared = backend.current().gemm
     if declared != "auto":
@@ -149,7 +149,7 @@ def gemm_kernel(dtype: torch.dtype, device: torch.device, op: str = "linear") ->
 def training_kernels(dtype: torch.dtype, device: torch.device) -> Optional[Tuple[str, str, str]]:
     """The kernels of a training step's dense-layer products (forward, grad_input, grad_weight) in ``dtype``
     on ``device``, or None where all three are ATen (the layer then runs ``F.linear``)."""
-    if device.type != "cpu" or not onednn_ok(dtype) or backend.graph_capture():
+    if device.type != "cpu" or backend.graph_capture() or not onednn_ok(dtype):  # capture first: no probe traced
         return None
     declared = backend.current().gemm
     if declared != "auto":

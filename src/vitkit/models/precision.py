@@ -124,11 +124,14 @@ def dense_gelu(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
 ATTENTION_PATHS = ("fused", "explicit", "widened")
 ATTENTION_ROUNDS = 5
 _ATTENTION: Dict[str, str] = {}
+# the same choices by shape alone, for a graph being captured (which cannot read the thread count unbroken)
+_CAPTURE: Dict[tuple, str] = {}
 
 
 def forget() -> None:
     """Drop this process's attention choices (:func:`vitkit.models.backend.forget` calls it)."""
     _ATTENTION.clear()
+    _CAPTURE.clear()
 
 
 backend.on_forget(forget)
@@ -168,7 +171,7 @@ def attention_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
     """The kernel :func:`attention` runs for these q/k/v: ``fused`` off the CPU; else the declared
     ``attention`` (both paths are plain ATen ops every graph consumer knows), or under ``auto`` the path
     measured faster on this machine for this dtype (under graph capture, which cannot time kernels, the choice
-    this process or the cache holds, else ``fused``),
+    this process made for the shape, e.g. by :func:`settle_attention`, else ``fused``),
     gradient mode, head count, token count and head size (:func:`measure_attention`; cached). On a CPU
     without bf16 GEMMs, bf16 runs the chosen path on operands widened exactly to fp32 (``widened`` reports
     that for the fused path). The explicit path rounds the weights to bf16 before AV, the fused kernel
@@ -178,13 +181,15 @@ def attention_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
         return "fused"
     if declared == "auto":
         grad = _needs_grad(q, k, v)
-        what = attention_what(q, k, grad)
-        declared = _ATTENTION.get(what) or backend.cached_choice(what, ("fused", "explicit"))
-        if declared is None and backend.graph_capture():
-            return "fused"  # a graph being captured cannot time kernels: the choice made or cached, else fused
-        if declared is None:
-            declared = backend.remember(what, *_decide_attention(q, k, grad))
-        _ATTENTION[what] = declared
+        shape = (q.dtype, grad, q.shape[-3], q.shape[-2], k.shape[-2], q.shape[-1])
+        if backend.graph_capture():  # it cannot time kernels: the choice this process made (settle_attention)
+            declared = _CAPTURE.get(shape, "fused")
+        else:
+            what = attention_what(q, k, grad)
+            declared = _ATTENTION.get(what) or backend.cached_choice(what, ("fused", "explicit"))
+            if declared is None:
+                declared = backend.remember(what, *_decide_attention(q, k, grad))
+            _ATTENTION[what] = _CAPTURE[shape] = declared
     return "widened" if declared == "fused" and widen_bf16(q) else declared
 
 

@@ -69,7 +69,7 @@ def encoder_gemm(dtype: torch.dtype, device: torch.device, width: int, heads: in
     """The GEMM library for an encoder of this shape in inference: the declared one, or under ``auto`` the cached
     (or, the first time, a fresh) block timing; None where only ATen runs (off the CPU, a dtype oneDNN cannot
     run, a graph consumer watching), so each product takes :func:`kernels.gemm_kernel`'s own answer."""
-    if device.type != "cpu" or not kernels.onednn_ok(dtype) or backend.graph_capture():
+    if device.type != "cpu" or backend.graph_capture() or not kernels.onednn_ok(dtype):
         return None
     declared = backend.current().gemm
     if declared != "auto":
