@@ -37,6 +37,6 @@ run 900 memory.py --dtype fp32 bf16
 # 4. the kernel choices (attention, patch embedding, GEMM library, chunk size), both sides of each.
 run 900 cpu_kernels.py --repeats 3 --seconds 0.3
 # 5. torch.compile (inductor, weight freezing): vitkit and the PyTorch libraries, fp32 and bf16 inference, batch 16.
-run 1800 inference.py --dtype fp32 bf16 --batch 16 --compile on --peers timm hf torchvision --repeats 3
+run 1800 inference.py --dtype fp32 bf16 --batch 16 --compile on --peers timm hf torchvision --repeats 5
 run 300 verdict.py
 echo "done: $(date -u '+%H:%M UTC')" | tee -a "$LOG"
