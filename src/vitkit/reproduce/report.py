@@ -11,15 +11,11 @@ from ..errors import ConfigError
 from ..utils import PathLike, atomic_path, write_json_atomic
 from . import stats
 from .budget import Budget
-from .claims import SPEED, Arm, Claim
+from .claims import MARGINS, SPEED, Arm, Claim
 from .measure import code_id
 
 PER_SEED = ("test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain", "train_macs", "lr", "l0_mean_dist", "l0_max_rel",
             "l0_min_rel", "l0_spread_rel", "dist_growth", "posemb_rowcol")
-PERCENT = {"test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain"}
-# the smallest difference that matters, per metric (stated in the report)
-MARGINS = {"test_top1": 0.01, "val_top1": 0.01, "fewshot_5": 0.01, "fewshot_10": 0.01, "l0_min_rel": 0.1,
-           "l0_spread_rel": 0.1, "dist_growth": 1.0, "l0_mean_dist": 1.0, "posemb_rowcol": 0.05, SPEED: None}
 
 
 def _groups(arms: Dict[str, Arm]) -> Dict[str, List[Tuple[float, str]]]:
