@@ -27,7 +27,8 @@ from ..models.mpp import KEPT, MASKED, NONE, RANDOM, MaskedPatchPrediction, patc
 from ..utils import PathLike, atomic_path, write_json_atomic
 from . import distributed as D
 from .optim import unwrap
-from .recipe import Recipe, check_mpp
+from .recipe import Recipe
+from .sections import check_mpp
 from .step import TrainStep
 from .trainer import Trainer
 
