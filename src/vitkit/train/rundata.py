@@ -15,6 +15,8 @@ from .selection import hold_out
 
 
 class RunData(NamedTuple):
+    """The splits of one run and the size file datasets decode to."""
+
     classes: List[str]
     train: Dataset  # the training split less the validation hold-out (and cut to data.train_subset)
     val: Optional[Dataset]  # the validation hold-out (None: the recipe holds none out)
