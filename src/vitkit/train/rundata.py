@@ -3,7 +3,8 @@ gives, wrapped), the validation split held out of the training split (:func:`.se
 optional training subset, and the evaluation preprocessing the exported model records."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
 
 from ..config import ViTConfig
 from ..data.datasets import Dataset, open_dataset
@@ -14,7 +15,8 @@ from .sections import DataConfig
 from .selection import hold_out
 
 
-class RunData(NamedTuple):
+@dataclass(frozen=True)
+class RunData:
     """The splits of one run and the size file datasets decode to."""
 
     classes: List[str]
