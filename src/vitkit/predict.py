@@ -15,7 +15,7 @@ import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -88,23 +88,10 @@ def iter_classify(model, images: Sequence[Union[PathLike, Image.Image]], *, topk
                   preset: Union[None, str, Preset, Dict[str, Any]] = None, save_crop: Optional[PathLike] = None,
                   progress: bool = True) -> Iterator[Prediction]:
     """Yield one :class:`Prediction` per image, in input order, as each batch is done (on the model's device)."""
-    if topk < 1:
-        raise InputError(f"topk must be at least 1, got {topk}")
-    if batch_size < 1:
-        raise InputError(f"batch_size must be at least 1, got {batch_size}")
-    pre = create_transform(model, preset)
+    pre, k = _checked_setup(model, topk, batch_size, preset)
     labels = model.meta.labels
-    n_classes = model.config.num_classes
-    if n_classes == 0:
-        raise InputError("the model has no classification head (num_classes=0): load a checkpoint with a head")
-    k = min(topk, n_classes)
-    if k < topk:
-        warnings.warn(f"topk={topk} is more than the model's {n_classes} classes: showing all {n_classes}",
-                      VitkitWarning, stacklevel=2)
     device = next(model.parameters()).device
     gray = model.config.in_chans == 1
-    if model.config.in_chans not in (1, 3):
-        raise InputError(f"images have 3 (RGB) or 1 (gray) channels; the model takes {model.config.in_chans}")
     crop_dir = Path(save_crop) if save_crop is not None else None
     if crop_dir is not None:
         crop_dir.mkdir(parents=True, exist_ok=True)
@@ -121,17 +108,8 @@ def iter_classify(model, images: Sequence[Union[PathLike, Image.Image]], *, topk
             pixels: List[torch.Tensor] = []
             slots: List[int] = []
             for item in chunk:
-                name = _name(item, start + len(results))
-                res = Prediction(name)
-                try:
-                    img = load_image(item) if not isinstance(item, Image.Image) else item
-                    crop, x = model_input(pre, img, gray)
-                except (ImageError, FileNotFoundError) as err:
-                    res.error = str(err)
-                else:
-                    res.geometry = geometry(pre, img.width, img.height)
-                    if crop_dir is not None:
-                        res.crop = str(_save_crop(crop, crop_dir, name, used_names))
+                res, x = _read(item, _name(item, start + len(results)), pre, gray, crop_dir, used_names)
+                if x is not None:
                     pixels.append(x)
                     slots.append(len(results))
                 results.append(res)
@@ -150,6 +128,44 @@ def iter_classify(model, images: Sequence[Union[PathLike, Image.Image]], *, topk
     finally:
         if bar is not None:
             bar.close()
+
+
+def _checked_setup(model, topk: int, batch_size: int, preset: Union[None, str, Preset, Dict[str, Any]]
+                   ) -> Tuple[Preset, int]:
+    """(the model's preprocessing, how many classes to show: ``topk``, or all the model's classes with a
+    warning when it has fewer); InputError for arguments or a model that cannot classify images."""
+    if topk < 1:
+        raise InputError(f"topk must be at least 1, got {topk}")
+    if batch_size < 1:
+        raise InputError(f"batch_size must be at least 1, got {batch_size}")
+    pre = create_transform(model, preset)
+    n_classes = model.config.num_classes
+    if n_classes == 0:
+        raise InputError("the model has no classification head (num_classes=0): load a checkpoint with a head")
+    k = min(topk, n_classes)
+    if k < topk:  # stacklevel: past this function and the generator, to the code that iterates it
+        warnings.warn(f"topk={topk} is more than the model's {n_classes} classes: showing all {n_classes}",
+                      VitkitWarning, stacklevel=3)
+    if model.config.in_chans not in (1, 3):
+        raise InputError(f"images have 3 (RGB) or 1 (gray) channels; the model takes {model.config.in_chans}")
+    return pre, k
+
+
+def _read(item: Union[PathLike, Image.Image], name: str, pre: Preset, gray: bool, crop_dir: Optional[Path],
+          used_names: Dict[str, int]) -> Tuple[Prediction, Optional[torch.Tensor]]:
+    """(the image's Prediction, still without classes; the model's input for it, None when the image cannot
+    be read: the Prediction then holds the error). Saves the crop into ``crop_dir`` when given."""
+    res = Prediction(name)
+    try:
+        img = load_image(item) if not isinstance(item, Image.Image) else item
+        crop, x = model_input(pre, img, gray)
+    except (ImageError, FileNotFoundError) as err:
+        res.error = str(err)
+        return res, None
+    res.geometry = geometry(pre, img.width, img.height)
+    if crop_dir is not None:
+        res.crop = str(_save_crop(crop, crop_dir, name, used_names))
+    return res, x
 
 
 NOT_FINITE = ("the model's output is not finite (NaN or Inf): its weights hold non-finite values or overflow; "

@@ -48,6 +48,16 @@ def run_smoke(echo: Callable[[str], None] = print, seed: int = 0) -> Dict[str, o
         logits = model(x)
         show("logits", logits, "final LayerNorm on token 0, then the zero-initialised head")
 
+    _two_updates(model, x, y, facts, echo)
+    _resized_grid(model, show, facts, echo)
+    facts["seconds"] = time.perf_counter() - t0
+    echo(f"smoke ok in {facts['seconds']:.2f} s")
+    return facts
+
+
+def _two_updates(model: VisionTransformer, x: torch.Tensor, y: torch.Tensor, facts: Dict[str, object],
+                 echo: Callable[[str], None]) -> None:
+    """Two SGD steps: the first changes only the zero-initialised head, the second the backbone too."""
     opt = torch.optim.SGD(model.parameters(), lr=0.03, momentum=0.9)
     model.train()
     for step in (1, 2):
@@ -68,7 +78,12 @@ def run_smoke(echo: Callable[[str], None] = print, seed: int = 0) -> Dict[str, o
             raise RuntimeError("update 2 should change the backbone")
     echo("  the zero head blocks gradients to the backbone on update 1; they reach it on update 2")
 
+
+def _resized_grid(model: VisionTransformer, show: Callable[[str, torch.Tensor, str], None],
+                  facts: Dict[str, object], echo: Callable[[str], None]) -> None:
+    """The weights at 48 px: the position grid resized (class slot kept), the model run at the new size."""
     model.eval()
+    cfg = model.config
     big_cfg = cfg.replace(img_size=48)
     state, notes = adapt_state_dict(model.state_dict(), big_cfg)
     big = VisionTransformer(big_cfg)
@@ -82,6 +97,3 @@ def run_smoke(echo: Callable[[str], None] = print, seed: int = 0) -> Dict[str, o
     with torch.no_grad():
         big_logits = big(torch.rand(2, cfg.in_chans, 48, 48))
     show("logits at 48 px", big_logits, "the same weights, run at 48x48 with the resized grid")
-    facts["seconds"] = time.perf_counter() - t0
-    echo(f"smoke ok in {facts['seconds']:.2f} s")
-    return facts

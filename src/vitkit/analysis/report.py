@@ -3,6 +3,7 @@ similarity and embedding filters for a model and a set of images, and writes PNG
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -13,6 +14,7 @@ from ..eval.features import prepare_images
 from ..utils import PathLike, write_json_atomic
 from .distance import mean_attention_distance, patch_distances
 from .filters import embedding_filters
+from .plots import plot_attention_distance, plot_filters, plot_posemb_similarity, plot_rollout
 from .posemb_similarity import near_far_similarity, posemb_similarity, similarity_by_distance
 from .rollout import normalize_maps, rollout_maps
 
@@ -61,6 +63,23 @@ def _batches(x: torch.Tensor, size: int):
     return [x[i:i + size] for i in range(0, len(x), size)]
 
 
+@dataclass
+class _Run:
+    """Where one :func:`analyze` call writes: its folder, whether it plots, the model's name in the figure
+    titles, and the summary and tensors each analysis adds to."""
+
+    out: Path
+    plots: bool
+    label: str
+    summary: Dict[str, Any]
+    tensors: Dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def plotted(self, key: str, filename: str) -> Path:
+        """The path of figure ``filename``, listed in the summary's files under ``key``."""
+        self.summary["files"][key] = filename
+        return self.out / filename
+
+
 @torch.no_grad()
 def analyze(model: torch.nn.Module, inputs: torch.Tensor, out_dir: PathLike, *,
             display: Optional[torch.Tensor] = None, names: Optional[Sequence[str]] = None,
@@ -79,29 +98,37 @@ def analyze(model: torch.nn.Module, inputs: torch.Tensor, out_dir: PathLike, *,
     if plots:
         from .plots import matplotlib_figure
         matplotlib_figure()  # fail now, before the work, when matplotlib is missing
-    from . import plots as P
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.eval()
     cfg = model.config
-    dev = next(model.parameters()).device
     if display is None:
         lo, hi = inputs.amin(dim=(1, 2, 3), keepdim=True), inputs.amax(dim=(1, 2, 3), keepdim=True)
         display = (inputs - lo) / (hi - lo).clamp_min(1e-12)
     names = list(names) if names is not None else [f"image {i}" for i in range(len(inputs))]
-    label = title or cfg.name or f"ViT {cfg.width}x{cfg.depth}"
     summary: Dict[str, Any] = {"model": {"name": cfg.name, "img_size": list(cfg.img_size),
                                          "patch_size": list(cfg.patch_size), "width": cfg.width, "depth": cfg.depth,
                                          "num_heads": cfg.num_heads, "posemb": cfg.posemb, "pool": cfg.pool},
                                "files": {}}
     if extra:
         summary.update(extra)
-    tensors: Dict[str, torch.Tensor] = {}
+    run = _Run(out, plots, title or cfg.name or f"ViT {cfg.width}x{cfg.depth}", summary)
+    _rollout(run, model, inputs, display, names, head_fusion, batch_size)
+    _attention_distance(run, model, distance_inputs if distance_inputs is not None else inputs, batch_size, progress)
+    _posemb_similarity(run, model)
+    _embedding_filters(run, model, num_filters)
+    write_json_atomic(out / "summary.json", summary)
+    summary["tensors"] = run.tensors
+    return summary
 
-    # attention rollout (Figure 6)
+
+def _rollout(run: _Run, model: torch.nn.Module, inputs: torch.Tensor, display: torch.Tensor, names: List[str],
+             head_fusion: str, batch_size: int) -> None:
+    """Attention rollout (Figure 6), with the model's predictions in the titles when it has labels."""
+    cfg, dev = model.config, next(model.parameters()).device
     maps = torch.cat([rollout_maps(model, b.to(dev), head_fusion).cpu() for b in _batches(inputs, batch_size)])
-    tensors["rollout"] = maps
+    run.tensors["rollout"] = maps
     labels = model.meta.labels
     titles = list(names)
     if cfg.num_classes and labels:
@@ -110,22 +137,24 @@ def analyze(model: torch.nn.Module, inputs: torch.Tensor, out_dir: PathLike, *,
         top = probs.argmax(-1)
         preds = [{"image": n, "label": labels[int(t)], "prob": float(probs[i, t])}
                  for i, (n, t) in enumerate(zip(names, top))]
-        summary["predictions"] = preds
+        run.summary["predictions"] = preds
         titles = [f"{n}\n{p['label']} {100 * p['prob']:.0f}%" for n, p in zip(names, preds)]
     peak = []
     for m in maps:
         idx = int(m.flatten().argmax())
         peak.append([idx // m.shape[1], idx % m.shape[1]])
-    summary["rollout"] = {"head_fusion": head_fusion, "images": names, "peak_yx": peak}
-    if plots:
-        P.plot_rollout(display, normalize_maps(maps), out / "rollout.png", titles=titles,
-                       suptitle=f"attention rollout ({head_fusion} over heads), {label}")
-        summary["files"]["rollout"] = "rollout.png"
+    run.summary["rollout"] = {"head_fusion": head_fusion, "images": names, "peak_yx": peak}
+    if run.plots:
+        plot_rollout(display, normalize_maps(maps), run.plotted("rollout", "rollout.png"), titles=titles,
+                     suptitle=f"attention rollout ({head_fusion} over heads), {run.label}")
 
-    # mean attention distance (Figure 7 right)
-    dist_x = distance_inputs if distance_inputs is not None else inputs
+
+def _attention_distance(run: _Run, model: torch.nn.Module, dist_x: torch.Tensor, batch_size: int,
+                        progress: bool) -> None:
+    """Mean attention distance per layer and head over ``dist_x`` (Figure 7 right), also as its own JSON."""
+    cfg, dev = model.config, next(model.parameters()).device
     dist = mean_attention_distance(model, [b.to(dev) for b in _batches(dist_x, batch_size)], progress=progress).cpu()
-    tensors["attention_distance"] = dist
+    run.tensors["attention_distance"] = dist
     grid = cfg.grid_size if tuple(dist_x.shape[-2:]) == cfg.img_size else (
         math.ceil(dist_x.shape[-2] / cfg.pixel_patch_size[0]), math.ceil(dist_x.shape[-1] / cfg.pixel_patch_size[1]))
     uniform = float(patch_distances(grid, cfg.pixel_patch_size).mean())
@@ -142,39 +171,38 @@ def analyze(model: torch.nn.Module, inputs: torch.Tensor, out_dir: PathLike, *,
                 "least_local_head": {"layer": hi // heads + 1, "head": hi % heads + 1,
                                      "distance_px": float(dist.max())}}
     dist_json.update(extremes)
-    write_json_atomic(out / "attention_distance.json", dist_json)
-    summary["attention_distance"] = {"mean_per_layer": per_layer.tolist(), "uniform_attention_px": uniform,
-                                     "num_images": int(len(dist_x)), "file": "attention_distance.json", **extremes}
-    if plots:
-        P.plot_attention_distance(dist, out / "attention_distance.png", uniform=uniform,
-                                  title=f"mean attention distance, {label} ({len(dist_x)} images)")
-        summary["files"]["attention_distance"] = "attention_distance.png"
+    write_json_atomic(run.out / "attention_distance.json", dist_json)
+    run.summary["attention_distance"] = {"mean_per_layer": per_layer.tolist(), "uniform_attention_px": uniform,
+                                         "num_images": int(len(dist_x)), "file": "attention_distance.json",
+                                         **extremes}
+    if run.plots:
+        plot_attention_distance(dist, run.plotted("attention_distance", "attention_distance.png"), uniform=uniform,
+                                title=f"mean attention distance, {run.label} ({len(dist_x)} images)")
 
-    # position-embedding similarity (Figure 7 centre)
-    if cfg.posemb in ("learn", "learn2d", "sincos2d"):
-        sim = posemb_similarity(model).cpu()
-        tensors["posemb_similarity"] = sim
-        near, far = near_far_similarity(sim)
-        summary["posemb_similarity"] = {"grid": list(sim.shape[:2]), "neighbours": near, "far": far,
+
+def _posemb_similarity(run: _Run, model: torch.nn.Module) -> None:
+    """Cosine similarity of the position embeddings (Figure 7 centre), when the model adds a table."""
+    cfg = model.config
+    if cfg.posemb not in ("learn", "learn2d", "sincos2d"):
+        run.summary["posemb_similarity"] = {"skipped": f"posemb={cfg.posemb!r} has no additive position table"}
+        return
+    sim = posemb_similarity(model).cpu()
+    run.tensors["posemb_similarity"] = sim
+    near, far = near_far_similarity(sim)
+    run.summary["posemb_similarity"] = {"grid": list(sim.shape[:2]), "neighbours": near, "far": far,
                                         "by_distance": similarity_by_distance(sim)}
-        if plots:
-            P.plot_posemb_similarity(sim, out / "posemb_similarity.png",
-                                     title=f"position embedding similarity ({cfg.posemb}), {label}")
-            summary["files"]["posemb_similarity"] = "posemb_similarity.png"
-    else:
-        summary["posemb_similarity"] = {"skipped": f"posemb={cfg.posemb!r} has no additive position table"}
+    if run.plots:
+        plot_posemb_similarity(sim, run.plotted("posemb_similarity", "posemb_similarity.png"),
+                               title=f"position embedding similarity ({cfg.posemb}), {run.label}")
 
-    # embedding filters (Figure 7 left)
-    if cfg.backbone:
-        summary["embedding_filters"] = {"skipped": "hybrid: the embedding projects ResNet features, not pixels"}
-    else:
-        comps, ratio = embedding_filters(model, num_filters)
-        tensors["filters"] = comps
-        summary["embedding_filters"] = {"components": int(len(comps)), "explained_variance": ratio.tolist()}
-        if plots:
-            P.plot_filters(comps, out / "embedding_filters.png", explained=ratio)
-            summary["files"]["embedding_filters"] = "embedding_filters.png"
 
-    write_json_atomic(out / "summary.json", summary)
-    summary["tensors"] = tensors
-    return summary
+def _embedding_filters(run: _Run, model: torch.nn.Module, num_filters: int) -> None:
+    """The principal components of the patch embedding's filters (Figure 7 left); not for hybrids."""
+    if model.config.backbone:
+        run.summary["embedding_filters"] = {"skipped": "hybrid: the embedding projects ResNet features, not pixels"}
+        return
+    comps, ratio = embedding_filters(model, num_filters)
+    run.tensors["filters"] = comps
+    run.summary["embedding_filters"] = {"components": int(len(comps)), "explained_variance": ratio.tolist()}
+    if run.plots:
+        plot_filters(comps, run.plotted("embedding_filters", "embedding_filters.png"), explained=ratio)

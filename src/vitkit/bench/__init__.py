@@ -39,17 +39,8 @@ def run_bench(what: Sequence[str], models: Sequence[str], *, img_sizes: Sequence
     ``what``: some of inference, latency, train, memory, roofline. ``img_sizes``: None = the model's
     own. With ``out`` (a folder), writes ``bench.json`` and ``bench.png`` there.
     """
-    bad = [w for w in what if w not in KINDS]
-    if bad:
-        raise ConfigError(f"unknown benchmark(s) {bad}: choose from {', '.join(KINDS)}")
-    if not models:
-        raise InputError("name at least one model, e.g. B/16")
     opts = options or BenchOptions()
-    if opts.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("--device cuda was asked for but torch sees no CUDA device")
+    _check_request(what, models, opts)
     set_threads(threads)
     info = machine_info(opts.device)
     opts.log(machine_line(info))
@@ -86,14 +77,32 @@ def run_bench(what: Sequence[str], models: Sequence[str], *, img_sizes: Sequence
     result = {"machine": info, "machine_line": machine_line(info), "command": command, "rows": rows,
               "comparisons": comps, "notes": notes, **extra}
     if out:
-        folder = Path(out)
-        write_json(folder / "bench.json", info, opts.to_dict(), rows, comps, notes, command,
-                   {"machine_line": result["machine_line"], **extra})
-        result["json"] = str(folder / "bench.json")
-        png = plot_figure12(rows, folder / "bench.png", title=result["machine_line"])
-        if png:
-            result["png"] = str(png)
+        _write(Path(out), result, opts, extra)
     return result
+
+
+def _check_request(what: Sequence[str], models: Sequence[str], opts: BenchOptions) -> None:
+    """ConfigError / InputError for an unknown benchmark, no model, or a CUDA device torch does not see."""
+    bad = [w for w in what if w not in KINDS]
+    if bad:
+        raise ConfigError(f"unknown benchmark(s) {bad}: choose from {', '.join(KINDS)}")
+    if not models:
+        raise InputError("name at least one model, e.g. B/16")
+    if opts.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda was asked for but torch sees no CUDA device")
+
+
+def _write(folder: Path, result: Dict[str, Any], opts: BenchOptions, extra: Dict[str, Any]) -> None:
+    """bench.json and bench.png of ``result`` into ``folder``; their paths go into ``result``."""
+    write_json(folder / "bench.json", result["machine"], opts.to_dict(), result["rows"], result["comparisons"],
+               result["notes"], result["command"], {"machine_line": result["machine_line"], **extra})
+    result["json"] = str(folder / "bench.json")
+    png = plot_figure12(result["rows"], folder / "bench.png", title=result["machine_line"])
+    if png:
+        result["png"] = str(png)
 
 
 def _roofline_only(models, img_sizes, batches, dtypes, opts: BenchOptions) -> List[dict]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import gc
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -131,41 +131,49 @@ def _row(kind: str, label: str, cfg, img: int, batch: int, dtype: str, compiled:
             "stats": stats.to_dict(), **info}
 
 
+def _grid(models: List[str], img_sizes: List[Optional[int]], dtypes: List[str], opts: BenchOptions
+          ) -> Iterator[Tuple[str, Any, torch.nn.Module, str]]:
+    """(label, config, model, dtype) for every model at every image size and dtype: one model built (with
+    the benchmark's seed) per model and size, shared by its dtypes."""
+    for spec in models:
+        for img in img_sizes:
+            label, cfg = model_config(spec, img, opts.overrides)
+            base = build_model(cfg, opts.seed)
+            for dtype in dtypes:
+                yield label, cfg, base, dtype
+
+
 def run_inference(models: List[str], img_sizes: List[Optional[int]], batches: List[int], dtypes: List[str],
                   compiles: List[bool], opts: BenchOptions, kind: str = "inference") -> Tuple[List[dict], List[str]]:
     """Throughput (or, with batch 1, latency) of every contender for every combination."""
     rows: List[dict] = []
     notes: List[str] = []
     sync = synchronizer(opts.device)
-    for spec in models:
-        for img in img_sizes:
-            label, cfg = model_config(spec, img, opts.overrides)
-            base = build_model(cfg, opts.seed)
-            for dtype in dtypes:
-                bounds: Dict[int, Any] = {}
-                for compiled in compiles:
-                    contenders, why = inference_contenders(base, dtype, compiled, opts)
-                    notes += [n for n in why if n not in notes]
-                    for batch in batches:
-                        x = example_batch(cfg, batch, opts.seed, opts.device)
-                        cases = {c.library: _inference_case(c, x) for c in contenders}
-                        opts.log(f"{kind}: {label} {cfg.img_size[0]}px batch {batch} {dtype}"
-                                 f"{' compiled' if compiled else ''}: {', '.join(cases)}")
-                        with _freezing(compiled, opts.device):
-                            st = alternate(cases, warmup=max(opts.warmup, 1 if compiled else 0),
-                                           repeats=opts.repeats, sync=sync, min_seconds=0.2 if kind == "latency" else 0)
-                        if opts.roofline and batch not in bounds:
-                            bounds[batch] = roofline(cfg, batch, dtype, opts.device, progress=log_progress(opts))
-                        for c in contenders:
-                            r = _row(kind, label, cfg, cfg.img_size[0], batch, dtype, compiled, c.library,
-                                     st[c.library], c.info)
-                            _add_bounds(r, bounds.get(batch), opts.device, dtype)
-                            rows.append(r)
-                            opts.log(f"  {c.library:14s} {r['images_per_s']:9.2f} img/s  "
-                                     f"{r['ms_per_batch']:9.1f} ms/batch  spread {r['spread']:.1%}"
-                                     + (f"  roofline {r['roofline_fraction']:.0%}" if 'roofline_fraction' in r else ""))
-                    del contenders
-                    gc.collect()
+    for label, cfg, base, dtype in _grid(models, img_sizes, dtypes, opts):
+        bounds: Dict[int, Any] = {}
+        for compiled in compiles:
+            contenders, why = inference_contenders(base, dtype, compiled, opts)
+            notes += [n for n in why if n not in notes]
+            for batch in batches:
+                x = example_batch(cfg, batch, opts.seed, opts.device)
+                cases = {c.library: _inference_case(c, x) for c in contenders}
+                opts.log(f"{kind}: {label} {cfg.img_size[0]}px batch {batch} {dtype}"
+                         f"{' compiled' if compiled else ''}: {', '.join(cases)}")
+                with _freezing(compiled, opts.device):
+                    st = alternate(cases, warmup=max(opts.warmup, 1 if compiled else 0),
+                                   repeats=opts.repeats, sync=sync, min_seconds=0.2 if kind == "latency" else 0)
+                if opts.roofline and batch not in bounds:
+                    bounds[batch] = roofline(cfg, batch, dtype, opts.device, progress=log_progress(opts))
+                for c in contenders:
+                    r = _row(kind, label, cfg, cfg.img_size[0], batch, dtype, compiled, c.library,
+                             st[c.library], c.info)
+                    _add_bounds(r, bounds.get(batch), opts.device, dtype)
+                    rows.append(r)
+                    opts.log(f"  {c.library:14s} {r['images_per_s']:9.2f} img/s  "
+                             f"{r['ms_per_batch']:9.1f} ms/batch  spread {r['spread']:.1%}"
+                             + (f"  roofline {r['roofline_fraction']:.0%}" if 'roofline_fraction' in r else ""))
+            del contenders
+            gc.collect()
     return rows, notes
 
 
@@ -265,37 +273,33 @@ def run_training(models: List[str], img_sizes: List[Optional[int]], batches: Lis
     rows: List[dict] = []
     notes: List[str] = []
     sync = synchronizer(opts.device)
-    for spec in models:
-        for img in img_sizes:
-            label, cfg = model_config(spec, img, opts.overrides)
-            base = build_model(cfg, opts.seed)
-            for dtype in dtypes:
-                if dtype not in ("fp32", "bf16"):
-                    raise ConfigError(f"training precision {dtype!r}: use fp32 or bf16 (autocast)")
-                bounds: Dict[int, Any] = {}
-                for compiled in compiles:
-                    contenders, why = training_contenders(base, dtype, compiled, opts)
-                    notes += [n for n in why if n not in notes]
-                    for batch in batches:
-                        x = example_batch(cfg, batch, opts.seed, opts.device)
-                        t = torch.randint(0, max(cfg.num_classes, 1), (batch,),
-                                          generator=torch.Generator().manual_seed(opts.seed)).to(opts.device)
-                        cases = {name: (lambda s=s: s(x, t)) for name, s, _ in contenders}
-                        opts.log(f"train: {label} {cfg.img_size[0]}px batch {batch} {dtype}"
-                                 f"{' compiled' if compiled else ''}: {', '.join(cases)}")
-                        st = alternate(cases, warmup=max(opts.warmup, 1), repeats=opts.repeats, sync=sync)
-                        if opts.roofline and batch not in bounds:
-                            bounds[batch] = roofline(cfg, batch, dtype, opts.device, progress=log_progress(opts))
-                        for name, _, info in contenders:
-                            r = _row("train", label, cfg, cfg.img_size[0], batch, dtype, compiled, name,
-                                     st[name], info)
-                            # forward + backward ~ 3x the forward GEMMs (backward: two products per forward one)
-                            _add_bounds(r, bounds.get(batch), opts.device, dtype, factor=3.0)
-                            rows.append(r)
-                            opts.log(f"  {name:14s} {r['images_per_s']:9.2f} img/s  {r['ms_per_batch']:9.1f} ms/step"
-                                     f"  spread {r['spread']:.1%}")
-                    del contenders
-                    gc.collect()
+    for label, cfg, base, dtype in _grid(models, img_sizes, dtypes, opts):
+        if dtype not in ("fp32", "bf16"):
+            raise ConfigError(f"training precision {dtype!r}: use fp32 or bf16 (autocast)")
+        bounds: Dict[int, Any] = {}
+        for compiled in compiles:
+            contenders, why = training_contenders(base, dtype, compiled, opts)
+            notes += [n for n in why if n not in notes]
+            for batch in batches:
+                x = example_batch(cfg, batch, opts.seed, opts.device)
+                t = torch.randint(0, max(cfg.num_classes, 1), (batch,),
+                                  generator=torch.Generator().manual_seed(opts.seed)).to(opts.device)
+                cases = {name: (lambda s=s: s(x, t)) for name, s, _ in contenders}
+                opts.log(f"train: {label} {cfg.img_size[0]}px batch {batch} {dtype}"
+                         f"{' compiled' if compiled else ''}: {', '.join(cases)}")
+                st = alternate(cases, warmup=max(opts.warmup, 1), repeats=opts.repeats, sync=sync)
+                if opts.roofline and batch not in bounds:
+                    bounds[batch] = roofline(cfg, batch, dtype, opts.device, progress=log_progress(opts))
+                for name, _, info in contenders:
+                    r = _row("train", label, cfg, cfg.img_size[0], batch, dtype, compiled, name,
+                             st[name], info)
+                    # forward + backward ~ 3x the forward GEMMs (backward: two products per forward one)
+                    _add_bounds(r, bounds.get(batch), opts.device, dtype, factor=3.0)
+                    rows.append(r)
+                    opts.log(f"  {name:14s} {r['images_per_s']:9.2f} img/s  {r['ms_per_batch']:9.1f} ms/step"
+                             f"  spread {r['spread']:.1%}")
+            del contenders
+            gc.collect()
     return rows, notes
 
 

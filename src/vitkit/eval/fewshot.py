@@ -19,7 +19,7 @@ the test set.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -181,6 +181,40 @@ def _select(val: np.ndarray) -> int:
     return max(i for i, v in enumerate(val) if v >= best - 1e-12)
 
 
+def _pool_features(train_x: np.ndarray, train_y: np.ndarray, train_rows: Optional[np.ndarray]
+                   ) -> Callable[[np.ndarray], np.ndarray]:
+    """The features of training-pool examples by pool index: ``train_x`` itself, or through ``train_rows``
+    when ``train_x`` holds only those rows (InputError for an index it lacks)."""
+    if train_rows is None:
+        _check_pair(train_x, train_y, "training set")
+        return lambda idx: train_x[idx]
+    train_rows = np.asarray(train_rows, dtype=np.int64)
+    if np.ndim(train_x) != 2 or len(train_x) != len(train_rows):
+        raise InputError(f"train_x has {len(train_x)} rows but train_rows lists {len(train_rows)}")
+    where = np.full(len(train_y), -1, dtype=np.int64)
+    where[train_rows] = np.arange(len(train_rows))
+
+    def feats(idx: np.ndarray) -> np.ndarray:
+        rows = where[idx]
+        if (rows < 0).any():
+            raise InputError("train_rows does not cover every example the sweep uses: pass "
+                             "needed_indices(train_y, shots, seeds, val_per_class)")
+        return train_x[rows]
+    return feats
+
+
+def _check_sweep(shots: Sequence[int], seeds: Sequence[int], l2s: List[float], val_per_class: int) -> None:
+    if not shots or min(shots) < 1:
+        raise InputError(f"shots must be positive integers, got {list(shots)}")
+    if not seeds:
+        raise InputError("give at least one seed")
+    if not l2s:
+        raise InputError("the L2 grid is empty")
+    if len(l2s) > 1 and val_per_class < 1:
+        raise InputError("choosing among several L2 strengths needs validation data: set val_per_class >= 1 "
+                         "or give a single L2 value")
+
+
 def fewshot_evaluate(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray, *,
                      shots: Sequence[int] = DEFAULT_SHOTS, seeds: Sequence[int] = (0, 1, 2, 3, 4),
                      l2_grid: Sequence[float] = DEFAULT_L2_GRID, val_per_class: int = 20,
@@ -198,36 +232,10 @@ def fewshot_evaluate(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarra
     """
     train_y = np.asarray(train_y)
     test_y = np.asarray(test_y)
-    if train_rows is not None:
-        train_rows = np.asarray(train_rows, dtype=np.int64)
-        if np.ndim(train_x) != 2 or len(train_x) != len(train_rows):
-            raise InputError(f"train_x has {len(train_x)} rows but train_rows lists {len(train_rows)}")
-        where = np.full(len(train_y), -1, dtype=np.int64)
-        where[train_rows] = np.arange(len(train_rows))
-    else:
-        _check_pair(train_x, train_y, "training set")
-        where = None
+    feats = _pool_features(train_x, train_y, train_rows)
     _check_pair(test_x, test_y, "test set")
-    if not shots or min(shots) < 1:
-        raise InputError(f"shots must be positive integers, got {list(shots)}")
-    if not seeds:
-        raise InputError("give at least one seed")
     l2s = [float(v) for v in l2_grid]
-    if not l2s:
-        raise InputError("the L2 grid is empty")
-    if len(l2s) > 1 and val_per_class < 1:
-        raise InputError("choosing among several L2 strengths needs validation data: set val_per_class >= 1 "
-                         "or give a single L2 value")
-
-    def feats(idx: np.ndarray) -> np.ndarray:
-        if where is None:
-            return train_x[idx]
-        rows = where[idx]
-        if (rows < 0).any():
-            raise InputError("train_rows does not cover every example the sweep uses: pass "
-                             "needed_indices(train_y, shots, seeds, val_per_class)")
-        return train_x[rows]
-
+    _check_sweep(shots, seeds, l2s, val_per_class)
     classes = np.unique(train_y)
     k_all = int(num_classes) if num_classes is not None else int(max(train_y.max(), test_y.max())) + 1
     results = []

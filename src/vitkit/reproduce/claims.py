@@ -189,3 +189,7 @@ METRIC_LABELS = {SPEED: "images / s, side by side", "test_top1": "test top-1", "
                  "l0_max_rel": "layer-0 max head distance / uniform", "l0_min_rel": "layer-0 min head distance / uniform",
                  "l0_spread_rel": "layer-0 head spread / uniform", "dist_growth": "distance growth (px)",
                  "l0_mean_dist": "layer-0 mean distance (px)", "posemb_rowcol": "row/column similarity excess"}
+PERCENT = {"test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain"}  # shares, shown in percent
+# the smallest difference that matters, per metric (stated in the report)
+MARGINS = {"test_top1": 0.01, "val_top1": 0.01, "fewshot_5": 0.01, "fewshot_10": 0.01, "l0_min_rel": 0.1,
+           "l0_spread_rel": 0.1, "dist_growth": 1.0, "l0_mean_dist": 1.0, "posemb_rowcol": 0.05, SPEED: None}

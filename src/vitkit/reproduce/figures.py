@@ -6,8 +6,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from . import stats
-from .claims import METRIC_LABELS
-from .report import PERCENT
+from .claims import METRIC_LABELS, PERCENT
 
 
 def _stat(report: Dict[str, Any], arm: str, metric: str) -> Dict[str, Any]:

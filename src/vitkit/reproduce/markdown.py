@@ -4,8 +4,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from . import stats
-from .claims import METRIC_LABELS, SPEED
-from .report import PERCENT
+from .claims import METRIC_LABELS, PERCENT, SPEED
 
 SHOWN = ("test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain", SPEED)
 

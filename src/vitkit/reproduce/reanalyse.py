@@ -13,8 +13,7 @@ from typing import Any, Dict, List
 
 from ..utils import PathLike
 from . import stats
-from .claims import SPEED
-from .report import MARGINS
+from .claims import MARGINS, SPEED
 
 V1 = "docs/reproduction/v1/report.json"
 

@@ -11,15 +11,11 @@ from ..errors import ConfigError
 from ..utils import PathLike, atomic_path, write_json_atomic
 from . import stats
 from .budget import Budget
-from .claims import SPEED, Arm, Claim
+from .claims import MARGINS, SPEED, Arm, Claim, Test
 from .measure import code_id
 
 PER_SEED = ("test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain", "train_macs", "lr", "l0_mean_dist", "l0_max_rel",
             "l0_min_rel", "l0_spread_rel", "dist_growth", "posemb_rowcol")
-PERCENT = {"test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain"}
-# the smallest difference that matters, per metric (stated in the report)
-MARGINS = {"test_top1": 0.01, "val_top1": 0.01, "fewshot_5": 0.01, "fewshot_10": 0.01, "l0_min_rel": 0.1,
-           "l0_spread_rel": 0.1, "dist_growth": 1.0, "l0_mean_dist": 1.0, "posemb_rowcol": 0.05, SPEED: None}
 
 
 def _groups(arms: Dict[str, Arm]) -> Dict[str, List[Tuple[float, str]]]:
@@ -66,38 +62,51 @@ def build(claims: Sequence[Claim], arms: Dict[str, Arm], alias: Dict[str, str],
         "sweeps": sweeps or {}, "values": values, "code": code, "curves": curves, "missing_seeds": missing,
         "allow_mixed_code": allow_mixed_code, "allow_missing_seeds": allow_missing_seeds, "claims": []}
     for c in claims:
-        rec: Dict[str, Any] = {"id": c.id, "title": c.title, "paper": c.paper, "setup": c.setup, "can": c.can,
-                               "cannot": c.cannot, "metric": c.metric, "figure": c.figure, "arms": [], "tests": []}
-        for name in c.arms:
-            a, ms = arms[name], measures.get(alias.get(name, name), [])
-            row = {"arm": name, "label": a.label or name, "run": alias.get(name, name), "group": a.group, "x": a.x,
-                   "params": ms[0]["params"] if ms else None, "macs": ms[0]["macs"] if ms else None}
-            if c.figure == "distance":
-                row["distance"] = _mean_matrix([m.get("distance") for m in ms])
-                row["uniform_distance"] = ms[0].get("uniform_distance") if ms else None
-            rec["arms"].append(row)
-        for t in c.tests:
-            try:
-                weights = [(n if isinstance(n, str) else n.resolve(groups, val), w) for n, w in t.weights]
-                shared = [a for i, (a, _) in enumerate(weights) if alias.get(a, a) in
-                          {alias.get(b, b) for b, _ in weights[:i]}]
-                if shared:  # two names of one run are not two arms
-                    raise ConfigError(f"{', '.join(shared)} is the same run as another arm of this comparison")
-            except ConfigError as err:
-                rec["tests"].append({"text": t.text, "kind": "contrast", "error": str(err)})
-                continue
-            margin = t.margin if t.margin is not None else MARGINS.get(t.metric)
-            rec["tests"].append({"text": t.text, "kind": "contrast", "metric": t.metric, "expect": t.expect,
-                                 "ref": t.ref, "margin": margin, "weights": weights, "requires": list(t.requires),
-                                 "selected": [str(n) for n, _ in t.weights if not isinstance(n, str)]})
-        if c.analysis is not None:
-            extra = c.analysis(c, {n: {k: {int(s): v for s, v in d.items()} for k, d in values[n].items()}
-                                   for n in c.arms if n in values})
-            rec["points"] = extra.get("points", [])
-            rec["tests"] += extra.get("tests", [])
-        out["claims"].append(rec)
+        out["claims"].append(_claim_record(c, arms, alias, measures, values, groups, val))
     evaluate(out)
     return out
+
+
+def _claim_record(c: Claim, arms: Dict[str, Arm], alias: Dict[str, str], measures: Dict[str, List[Dict[str, Any]]],
+                  values: Dict[str, Any], groups: Dict[str, List[Tuple[float, str]]], val: Dict[str, List[float]]
+                  ) -> Dict[str, Any]:
+    """One claim of the report, not yet evaluated: its arms (sizes; mean distance matrices for the distance
+    figure), its contrasts with the selectors resolved on ``val`` and any claim-specific analysis."""
+    rec: Dict[str, Any] = {"id": c.id, "title": c.title, "paper": c.paper, "setup": c.setup, "can": c.can,
+                           "cannot": c.cannot, "metric": c.metric, "figure": c.figure, "arms": [], "tests": []}
+    for name in c.arms:
+        a, ms = arms[name], measures.get(alias.get(name, name), [])
+        row = {"arm": name, "label": a.label or name, "run": alias.get(name, name), "group": a.group, "x": a.x,
+               "params": ms[0]["params"] if ms else None, "macs": ms[0]["macs"] if ms else None}
+        if c.figure == "distance":
+            row["distance"] = _mean_matrix([m.get("distance") for m in ms])
+            row["uniform_distance"] = ms[0].get("uniform_distance") if ms else None
+        rec["arms"].append(row)
+    rec["tests"] += [_contrast_record(t, alias, groups, val) for t in c.tests]
+    if c.analysis is not None:
+        extra = c.analysis(c, {n: {k: {int(s): v for s, v in d.items()} for k, d in values[n].items()}
+                               for n in c.arms if n in values})
+        rec["points"] = extra.get("points", [])
+        rec["tests"] += extra.get("tests", [])
+    return rec
+
+
+def _contrast_record(t: Test, alias: Dict[str, str], groups: Dict[str, List[Tuple[float, str]]],
+                     val: Dict[str, List[float]]) -> Dict[str, Any]:
+    """One contrast test, its selectors resolved to arms (an ``error`` when they cannot be, or when two of
+    its arms are one run)."""
+    try:
+        weights = [(n if isinstance(n, str) else n.resolve(groups, val), w) for n, w in t.weights]
+        shared = [a for i, (a, _) in enumerate(weights) if alias.get(a, a) in
+                  {alias.get(b, b) for b, _ in weights[:i]}]
+        if shared:  # two names of one run are not two arms
+            raise ConfigError(f"{', '.join(shared)} is the same run as another arm of this comparison")
+    except ConfigError as err:
+        return {"text": t.text, "kind": "contrast", "error": str(err)}
+    margin = t.margin if t.margin is not None else MARGINS.get(t.metric)
+    return {"text": t.text, "kind": "contrast", "metric": t.metric, "expect": t.expect, "ref": t.ref,
+            "margin": margin, "weights": weights, "requires": list(t.requires),
+            "selected": [str(n) for n, _ in t.weights if not isinstance(n, str)]}
 
 
 def _candidates(claims: Sequence[Claim], arms: Dict[str, Arm]) -> set:

@@ -13,8 +13,9 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from ..errors import CheckpointError, NotFoundError
+from ..errors import CheckpointError, ConfigError, NotFoundError
 from ..utils import PathLike, atomic_path
+from . import distributed as D
 
 FORMAT = "vitkit-train-state"
 VERSION = 1
@@ -72,3 +73,36 @@ def load_state(path: PathLike) -> Dict[str, Any]:
 def find_last(run_dir: PathLike) -> Optional[Path]:
     p = Path(run_dir) / "checkpoints" / "last.pt"
     return p if p.is_file() else None
+
+
+def trainer_state(tr: Any) -> Dict[str, Any]:
+    """What a :class:`~vitkit.train.trainer.Trainer` ``tr`` resumes from exactly: full model and optimiser
+    states, EMA, step and position, RNG states, the fp16 loss scale (collective under FSDP)."""
+    model_state, optim_state = D.full_state(tr.wrapped, tr.optimizer)
+    st = {"step": tr.step, "epoch": tr.step // tr.steps_per_epoch,
+          "batch": tr.step % tr.steps_per_epoch, "model": model_state, "optimizer": optim_state,
+          "rng": rng_state(), "recipe": tr.recipe.to_dict(), "classes": tr.classes,
+          "config": tr.config.to_dict(), "total_steps": tr.total_steps,
+          "trained_s": tr.trained_s, "metrics_rows": tr.log.rows if tr.log is not None else None}
+    if tr.ema is not None:
+        ema = tr.ema.state_dict()
+        ema["shadow"] = {k: D.full_tensor(v) for k, v in ema["shadow"].items()}
+        st["ema"] = ema
+    if getattr(tr.step_fn, "scaler", None) is not None:  # fp16: the loss scale, for an exact resume
+        st["grad_scaler"] = tr.step_fn.scaler.state_dict()
+    return st
+
+
+def restore_trainer(tr: Any, st: Dict[str, Any]) -> None:
+    """Put the state :func:`trainer_state` saved back into the Trainer ``tr`` (built from the same recipe)."""
+    if st.get("total_steps") not in (None, tr.total_steps):
+        raise ConfigError(f"the checkpoint belongs to a {st['total_steps']}-step run but the recipe now has "
+                          f"{tr.total_steps} steps: resume with the same recipe")
+    D.load_full_state(tr.wrapped, tr.optimizer, st["model"], st["optimizer"])
+    if tr.ema is not None and "ema" in st:
+        tr.ema.load_state_dict(st["ema"])
+    set_rng_state(st["rng"])
+    tr.step = int(st["step"])
+    tr.scaler_state = st.get("grad_scaler")  # loaded once the step function exists
+    tr.trained_s = float(st.get("trained_s", 0.0))
+    tr.resume_rows = st.get("metrics_rows")

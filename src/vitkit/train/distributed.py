@@ -118,6 +118,11 @@ def full_state(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     return get_state_dict(model, optimizer, options=opts)
 
 
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A whole tensor on the CPU: an FSDP shard (DTensor) gathered (collective), a plain tensor detached."""
+    return t.full_tensor().cpu() if hasattr(t, "full_tensor") else t.detach().cpu()
+
+
 def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_state, optim_state) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 

@@ -27,7 +27,8 @@ from ..models.mpp import KEPT, MASKED, NONE, RANDOM, MaskedPatchPrediction, patc
 from ..utils import PathLike, atomic_path, write_json_atomic
 from . import distributed as D
 from .optim import unwrap
-from .recipe import Recipe, check_mpp
+from .recipe import Recipe
+from .sections import check_mpp
 from .step import TrainStep
 from .trainer import Trainer
 
@@ -167,7 +168,6 @@ def plot_mpp(model: MaskedPatchPrediction, x: torch.Tensor, out: PathLike, *, ti
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.patches import Rectangle
     except ImportError:
         return None
     was = model.training
@@ -188,16 +188,10 @@ def plot_mpp(model: MaskedPatchPrediction, x: torch.Tensor, out: PathLike, *, ti
     cols = ["original", "corrupted input", f"true mean colour ({bits}-bit)", "predicted (framed patches)"]
     fig, axes = plt.subplots(b, 4, figsize=(8.4, 2.2 * b), squeeze=False)
     for i in range(b):
-        corrupted = patches[i].clone()
-        for n in range(gh * gw):
-            if kind[i, n] == MASKED:
-                corrupted[n] = 0.5
-            elif kind[i, n] == RANDOM:
-                corrupted[n] = flat[int(source[i, n])]
         shown_pred = true_q[i].clone()  # untouched patches keep their true colour; framed ones are predicted
         hit = kind[i] != NONE
         shown_pred[hit] = pred[i][hit]
-        views = [pix[i], _unpatchify(corrupted, gh, gw),
+        views = [pix[i], _unpatchify(_corrupted(patches[i], kind[i], source[i], flat), gh, gw),
                  _colour_grid(true_q[i], gh, gw, ph, pw), _colour_grid(shown_pred, gh, gw, ph, pw)]
         for j, v in enumerate(views):
             ax = axes[i, j]
@@ -209,14 +203,7 @@ def plot_mpp(model: MaskedPatchPrediction, x: torch.Tensor, out: PathLike, *, ti
             if i == 0:
                 ax.set_title(cols[j], fontsize=8)
             if j in (1, 3):
-                for n in range(gh * gw):
-                    k = int(kind[i, n])
-                    if k == NONE:
-                        continue
-                    colour = {MASKED: "red", RANDOM: "orange", KEPT: "lime"}[k]
-                    r0, c0 = divmod(n, gw)
-                    ax.add_patch(Rectangle((c0 * pw - 0.5, r0 * ph - 0.5), pw, ph, fill=False, lw=0.8,
-                                           edgecolor=colour))
+                _frame_patches(ax, kind[i], gw, (ph, pw))
     fig.suptitle((title or "masked patch prediction") +
                  "\nframes: red = [mask], orange = another patch, green = kept", fontsize=9)
     fig.tight_layout()
@@ -224,6 +211,32 @@ def plot_mpp(model: MaskedPatchPrediction, x: torch.Tensor, out: PathLike, *, ti
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
     return Path(out)
+
+
+def _corrupted(patches: torch.Tensor, kind: torch.Tensor, source: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """One image's patches [N, C, ph, pw] as corrupted for the model: masked ones grey, replaced ones showing
+    the other patch (``source`` indexes ``flat``, the batch's patches), kept ones as they are."""
+    corrupted = patches.clone()
+    for n in range(len(patches)):
+        if kind[n] == MASKED:
+            corrupted[n] = 0.5
+        elif kind[n] == RANDOM:
+            corrupted[n] = flat[int(source[n])]
+    return corrupted
+
+
+def _frame_patches(ax: Any, kind: torch.Tensor, gw: int, patch: Tuple[int, int]) -> None:
+    """Frame the corrupted patches of one image on ``ax``: red [mask], orange another patch, green kept."""
+    from matplotlib.patches import Rectangle
+
+    ph, pw = patch
+    for n in range(len(kind)):
+        k = int(kind[n])
+        if k == NONE:
+            continue
+        colour = {MASKED: "red", RANDOM: "orange", KEPT: "lime"}[k]
+        r0, c0 = divmod(n, gw)
+        ax.add_patch(Rectangle((c0 * pw - 0.5, r0 * ph - 0.5), pw, ph, fill=False, lw=0.8, edgecolor=colour))
 
 
 def _quantised(colours: torch.Tensor, bits: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .recipe import OptimConfig, ScheduleConfig
+from .sections import OptimConfig, ScheduleConfig
 
 
 def param_groups(model: nn.Module, weight_decay: float, layer_decay: Optional[float] = None) -> List[Dict]:

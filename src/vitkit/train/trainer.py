@@ -15,7 +15,8 @@ Run folder (``out``)::
 The protocol: periodic evaluations and the choice of the exported weights use the validation split held
 out of the training data (``data.val_size`` / ``data.val_fraction``, seeded by ``data.val_seed``); the test
 split is read once, at the end, by the exported weights (:mod:`vitkit.train.selection`,
-:mod:`vitkit.train.report`). This module holds the set-up, the checkpoints and the loop.
+:mod:`vitkit.train.report`). This module holds the set-up and the loop; the run's data come from
+:mod:`vitkit.train.rundata`, the state a checkpoint holds from :mod:`vitkit.train.checkpoint`.
 
 Time budget (``schedule.minutes``): the schedule then advances by whichever is further along, the step
 count or the training time (evaluations and checkpoints excluded) over the budget, and the run ends when
@@ -30,13 +31,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
 from ..data.augment import BatchAugment, Normalize
-from ..data.datasets import Dataset, open_dataset
-from ..data.loader import EpochSampler, Loader, split_indices
+from ..data.datasets import Dataset
+from ..data.loader import EpochSampler, Loader
 from ..errors import ConfigError, TrainingDiverged
 from ..models import VisionTransformer
 from ..models.backend import Backend, use_backend
@@ -44,14 +45,15 @@ from ..models.backend import current as current_backend
 from ..models.precision import settle_attention
 from ..utils import PathLike, remove_stale_temps
 from . import distributed as D
-from .checkpoint import find_last, load_state, rng_state, save_state, set_rng_state
+from .checkpoint import find_last, load_state, restore_trainer, save_state, trainer_state
 from .distill import Distillation
 from .evaluate import transform_for
 from .optim import EMA, Schedule, build_optimizer, set_lr, unwrap
 from .recipe import Recipe
 from .report import finish_classification
+from .rundata import eval_preprocessing, open_run_data
 from .runlog import MetricsLog
-from .selection import Evaluator, eval_record, hold_out
+from .selection import Evaluator, eval_record
 from .step import TrainStep
 
 
@@ -95,7 +97,7 @@ class Trainer:
         if self.dist.main:
             self.out.mkdir(parents=True, exist_ok=True)
         if resume:
-            self._restore(load_state(last))
+            restore_trainer(self, load_state(last))
             if self.dist.main:
                 remove_stale_temps(self.out)  # temp files of writes a kill interrupted
         elif last is not None:
@@ -111,42 +113,9 @@ class Trainer:
 
     # --- set-up -----------------------------------------------------------------------------
     def _build_data(self, given: Optional[Dict[str, Dataset]]) -> None:
-        r = self.recipe
-        dc = r.data
-        size_hint = r.model.get("img_size") or 224
-        size_hint = size_hint if isinstance(size_hint, int) else max(size_hint)
-        load_size = dc.load_size or int(round(size_hint / 0.875))
-        chans = r.model.get("in_chans", "auto")
-        chans = 3 if chans == "auto" else int(chans)
-        if not given and not dc.dataset:
-            raise ConfigError(f"recipe {r.name!r} names no dataset: pass --data (e.g. --data folder:/data/pets, whose "
-                             f"sub-folders are the classes, or shards:/data/train-{{000..015}}.tar)")
-        if given:  # vitkit's datasets, or any torch / Hugging Face dataset (wrapped by data.external)
-            from ..data.external import from_dataset
-            wrap = lambda ds, cls=None: ds if ds is None or hasattr(ds, "gather") else from_dataset(  # noqa: E731
-                ds, classes=cls, load_size=load_size, channels=chans)
-            train_full = wrap(given["train"])
-            test = wrap(given.get("test"), train_full.classes)
-        else:
-            train_full = open_dataset(dc.dataset, dc.train_split, root=dc.root, load_size=load_size, channels=chans)
-            test = open_dataset(dc.dataset, dc.eval_split, root=dc.root, load_size=load_size, channels=chans,
-                                classes=train_full.classes) if dc.eval_split else None
-        if dc.cache and not train_full.in_memory:
-            train_full = train_full.to_memory()
-            test = test.to_memory() if test is not None and not test.in_memory else test
-        self.classes = list(train_full.classes)
-        # the same class-stratified hold-out for every objective (MPP too): a pre-training that never reads
-        # labels must still leave out exactly the validation images its fine-tunes are selected on
-        self.train_data, self.val_data = hold_out(train_full, dc.val_size, dc.val_fraction, dc.val_seed)
-        if dc.train_subset:  # few labels: a seeded, class-stratified subset of the training images
-            n = len(self.train_data)
-            if not 0 < dc.train_subset <= n:
-                raise ConfigError(f"data.train_subset={dc.train_subset} but the training split has {n} images")
-            if dc.train_subset < n:
-                _, keep = split_indices(n, dc.train_subset / n, r.train.seed + 1, self.train_data.labels)
-                self.train_data = self.train_data.subset(keep, "train")
-        self.test_data = test
-        self.load_size = load_size
+        data = open_run_data(self.recipe, given)
+        self.classes, self.load_size = data.classes, data.load_size
+        self.train_data, self.val_data, self.test_data = data.train, data.val, data.test
 
     def _build_model(self) -> None:
         r, t = self.recipe, self.recipe.train
@@ -216,8 +185,8 @@ class Trainer:
                                                   self.config.img_size, **step_kw)
         else:
             self.step_fn = self.step_class(self.forward_model, self.optimizer, **step_kw)
-        if getattr(self.step_fn, "scaler", None) is not None and getattr(self, "_scaler_state", None):
-            self.step_fn.scaler.load_state_dict(self._scaler_state)
+        if getattr(self.step_fn, "scaler", None) is not None and getattr(self, "scaler_state", None):
+            self.step_fn.scaler.load_state_dict(self.scaler_state)
         ev = r.train.eval_every
         self.eval_interval = max(1, int(round(ev * self.steps_per_epoch))) if ev > 0 else 0
         if self.eval_interval and self.val_data is None and d.main:
@@ -236,43 +205,15 @@ class Trainer:
                             num_heads=dd.num_heads)
 
     # --- checkpoints ------------------------------------------------------------------------
-    def _state(self) -> Dict[str, Any]:
-        model_state, optim_state = D.full_state(self.wrapped, self.optimizer)
-        st = {"step": self.step, "epoch": self.step // self.steps_per_epoch,
-              "batch": self.step % self.steps_per_epoch, "model": model_state, "optimizer": optim_state,
-              "rng": rng_state(), "recipe": self.recipe.to_dict(), "classes": self.classes,
-              "config": self.config.to_dict(), "total_steps": self.total_steps,
-              "trained_s": self.trained_s, "metrics_rows": self.log.rows if self.log is not None else None}
-        if self.ema is not None:
-            ema = self.ema.state_dict()
-            ema["shadow"] = {k: _full(v) for k, v in ema["shadow"].items()}
-            st["ema"] = ema
-        if getattr(self.step_fn, "scaler", None) is not None:  # fp16: the loss scale, for an exact resume
-            st["grad_scaler"] = self.step_fn.scaler.state_dict()
-        return st
-
     def save_checkpoint(self) -> Optional[Path]:
         """Save the run's state (weights, optimiser, EMA, step, RNGs) as checkpoints/last.pt; returns its path
         on the main process (None on the others)."""
-        st = self._state()  # collective under FSDP: every rank takes part
+        st = trainer_state(self)  # collective under FSDP: every rank takes part
         path = None
         if self.dist.main:
             path = save_state(self.out / "checkpoints" / "last.pt", st)
         D.barrier(self.dist)
         return path
-
-    def _restore(self, st: Dict[str, Any]) -> None:
-        if st.get("total_steps") not in (None, self.total_steps):
-            raise ConfigError(f"the checkpoint belongs to a {st['total_steps']}-step run but the recipe now has "
-                              f"{self.total_steps} steps: resume with the same recipe")
-        D.load_full_state(self.wrapped, self.optimizer, st["model"], st["optimizer"])
-        if self.ema is not None and "ema" in st:
-            self.ema.load_state_dict(st["ema"])
-        set_rng_state(st["rng"])
-        self.step = int(st["step"])
-        self._scaler_state = st.get("grad_scaler")  # loaded once the step function exists
-        self.trained_s = float(st.get("trained_s", 0.0))
-        self.resume_rows = st.get("metrics_rows")
 
     # --- the loop -----------------------------------------------------------------------------
     def progress_step(self) -> int:
@@ -307,11 +248,7 @@ class Trainer:
     def _fit(self) -> Dict[str, Any]:
         r, d = self.recipe, self.dist
         t0 = self._t0 = time.perf_counter()
-        bar = None
-        if self.progress and d.main:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=self.total_steps, initial=self.step, desc=r.name, unit="step", dynamic_ncols=True,
-                       mininterval=1.0)
+        bar = self._progress_bar()
         acc_sum = torch.zeros(3, dtype=torch.float64)  # loss, acc, count since the last log line
         seen = 0
         last_good = self.step
@@ -321,30 +258,8 @@ class Trainer:
             epoch, start = divmod(self.step, self.steps_per_epoch)
             clock = self.clock()
             for images, labels in self.loader.epoch(epoch, start):
-                step = self.step
-                where = self.progress_step()
-                lr = self.schedule(where)
-                set_lr(self.optimizer, lr)
-                # the schedule's patch-dropout rate goes to the forward call (no state written into the model)
-                forward_kw = {"patch_drop": self.patch_drop_at(where)} if self.patch_drop_start else {}
-                g = torch.Generator().manual_seed(_seed_for(r.train.seed, step, d.rank))
-                x, y = self.augment(images, labels, g)
-                torch.manual_seed(_seed_for(r.train.seed, step, d.rank, salt=1))  # dropout / stochastic depth
-                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-                stats = self.step_fn(x, y, **forward_kw)
-                bad = not bool(torch.isfinite(stats["grad_norm"])) or not bool(torch.isfinite(stats["loss"]))
-                now = self.clock()
-                self.trained_s += now - clock
-                clock = now
-                if d.enabled:  # one collective: divergence anywhere, and the slowest process's clock
-                    agreed = D.all_reduce_max(torch.tensor([float(bad), self.trained_s], dtype=torch.float64), d)
-                    bad, self.trained_s = bool(agreed[0] > 0), float(agreed[1])
-                if bad:
-                    self._diverged(step, lr, stats, last_good)
-                if self.ema is not None:
-                    self.ema.update(self.model)
-                self.step += 1
-                seen += x.shape[0] * d.world
+                lr, stats, n, clock = self._train_step(images, labels, clock, last_good)
+                seen += n * d.world
                 acc_sum += torch.tensor([float(stats["loss"]), float(stats["acc"]), 1.0], dtype=torch.float64)
                 if self.step % r.train.log_every == 0 or self.done():
                     self._log_train_line(acc_sum, seen, self.trained_s - mark, lr, stats, bar)
@@ -375,6 +290,44 @@ class Trainer:
             return {"stopped_at": self.step}
         self.save_checkpoint()
         return self.finish(time.perf_counter() - t0)
+
+    def _progress_bar(self) -> Any:
+        """A tqdm bar over the run's steps on the main process when ``progress`` is on, else None."""
+        if not (self.progress and self.dist.main):
+            return None
+        from tqdm.auto import tqdm
+        return tqdm(total=self.total_steps, initial=self.step, desc=self.recipe.name, unit="step", dynamic_ncols=True,
+                    mininterval=1.0)
+
+    def _train_step(self, images: torch.Tensor, labels: torch.Tensor, clock: float, last_good: int
+                    ) -> Tuple[float, Dict[str, torch.Tensor], int, float]:
+        """One optimiser step on a loaded batch: the schedule's lr and patch-dropout rate, augmentation and
+        noise seeded by (seed, step, rank), the training clock advanced from ``clock``, divergence checked
+        (on every process), EMA updated, the step counted. Returns (lr, step stats, images, clock)."""
+        r, d = self.recipe, self.dist
+        step = self.step
+        where = self.progress_step()
+        lr = self.schedule(where)
+        set_lr(self.optimizer, lr)
+        # the schedule's patch-dropout rate goes to the forward call (no state written into the model)
+        forward_kw = {"patch_drop": self.patch_drop_at(where)} if self.patch_drop_start else {}
+        g = torch.Generator().manual_seed(_seed_for(r.train.seed, step, d.rank))
+        x, y = self.augment(images, labels, g)
+        torch.manual_seed(_seed_for(r.train.seed, step, d.rank, salt=1))  # dropout / stochastic depth
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        stats = self.step_fn(x, y, **forward_kw)
+        bad = not bool(torch.isfinite(stats["grad_norm"])) or not bool(torch.isfinite(stats["loss"]))
+        now = self.clock()
+        self.trained_s += now - clock
+        if d.enabled:  # one collective: divergence anywhere, and the slowest process's clock
+            agreed = D.all_reduce_max(torch.tensor([float(bad), self.trained_s], dtype=torch.float64), d)
+            bad, self.trained_s = bool(agreed[0] > 0), float(agreed[1])
+        if bad:
+            self._diverged(step, lr, stats, last_good)
+        if self.ema is not None:
+            self.ema.update(self.model)
+        self.step += 1
+        return lr, stats, x.shape[0], now
 
     def _log_train_line(self, acc_sum: torch.Tensor, seen: int, elapsed: float, lr: float,
                         stats: Dict[str, torch.Tensor], bar: Any) -> None:
@@ -410,7 +363,7 @@ class Trainer:
         if self.ema is not None:
             if not hasattr(self, "_ema_model"):  # a plain (unsharded) copy that holds the averaged weights
                 self._ema_model = self.wrap_model(VisionTransformer(self.config)).to(self.device)
-            shadow = {k: _full(v) for k, v in self.ema.shadow.items()}  # collective under FSDP
+            shadow = {k: D.full_tensor(v) for k, v in self.ema.shadow.items()}  # collective under FSDP
             self._ema_model.load_state_dict(shadow)
             yield "ema", self._ema_model
 
@@ -443,25 +396,12 @@ class Trainer:
     def preprocessing(self) -> Dict[str, Any]:
         """The evaluation preprocessing of the trained model (the recipe's normalisation at its size), as a
         preset dict."""
-        dc, cfg = self.recipe.data, self.config
-        mean, std = list(dc.mean), list(dc.std)
-        if len(mean) == 1:
-            mean, std = mean * 3, std * 3
-        in_mem = self.train_data.in_memory
-        return {"name": f"vitkit-train:{(dc.dataset or 'data').split(':')[0]}", "size": list(cfg.img_size),
-                "resize": None if in_mem else self.load_size, "resize_mode": "squash" if in_mem else "shorter",
-                "interpolation": "bilinear", "backend": "tensor" if in_mem else "pil", "mean": mean, "std": std,
-                "description": "as trained by vitkit (" + ("resize to the model size" if in_mem else
-                                                           f"shorter side {self.load_size}, centre crop") + ")"}
+        return eval_preprocessing(self.recipe.data, self.config, self.train_data.in_memory, self.load_size)
 
     def finish(self, wall: float) -> Dict[str, Any]:
         """Choose the weights on the validation split, test them once, export, report
         (:func:`vitkit.train.report.finish_classification`)."""
         return finish_classification(self, wall)
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor().cpu() if hasattr(t, "full_tensor") else t.detach().cpu()
 
 
 def train(recipe: Recipe, out: PathLike, *, resume: bool = False, progress: bool = True) -> Dict[str, Any]:
