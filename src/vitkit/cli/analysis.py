@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from ..errors import DataError, UsageError
+from ..errors import DataError, UsageError, require
 from ._util import ManyFiles, nonneg_float, nonneg_int, positive_int
 
 DEFAULT_CACHE = "~/.cache/vitkit/features"
@@ -199,6 +199,7 @@ def _analyze(args) -> int:
 
     if not args.images and not args.data:
         raise UsageError("give IMAGE files or folders, or --data fashion-mnist, to analyse the model on")
+    require("plots", "matplotlib", what="vitkit analyze")  # its figures: before loading anything
     model = load_checkpoint(args.checkpoint, _size(args.img_size), args.device)
     cfg = model.config
     display, inputs, names = [], [], []
