@@ -59,7 +59,7 @@ def register(sub) -> None:
                         "embedding filters of a checkpoint, as PNGs and JSON",
         description="Writes rollout.png (Figure 6), attention_distance.png/.json (Figure 7 right), "
                     "posemb_similarity.png (Figure 7 centre), embedding_filters.png (Figure 7 left) and "
-                    "summary.json into --out.")
+                    "summary.json into --out. Needs the plots extra: pip install 'vitkit[plots]'.")
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint (any format vitkit reads)")
     p.add_argument("images", nargs="*", metavar="IMAGE", help="image files or folders for the rollout grid "
                    "(and the attention distance, unless --data is given)")
