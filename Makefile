@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   - the main job (creates .venv, installs vitkit, runs it)
-#   make test   - the test suite (same environment, plus the peers environment for the comparisons)
+#   make test   - the test suite (same environment, plus the peers environment for the comparisons and one
+#                 environment per extra, each with only the core and that extra)
 # The CPU build of torch is pinned for the install (TORCH_PIN); the package accepts torch>=2.13, the oldest build CI tests.
 PY ?= python3
 VENV ?= .venv
@@ -11,7 +12,8 @@ PEERS_LOCK ?= requirements/peers.txt
 PEERS_MB ?= 5300
 PYTEST_ARGS ?=
 
-.PHONY: venv venv-test lint data browser demo analysis-figures test test-fast test-peers test-reproduce-extra peers api-docs clean
+.PHONY: venv venv-test lint data browser demo analysis-figures test test-fast test-peers test-reproduce-extra \
+	test-extras test-extras-core peers api-docs clean
 FMNIST ?= /usr/share/datasets/fashion-mnist
 
 # The demo needs only the core and matplotlib (about a minute to install); the tests add their extras
@@ -73,7 +75,8 @@ analysis-figures: venv-test data
 # The whole suite: the linter (rules in pyproject.toml, [tool.ruff]), the core tests in the main environment
 # (with $$VITKIT_BACKEND unset: every choice auto), then the tests whose numbers or graphs depend on the kernels
 # once per fixed backend (so a machine kind whose measurement picks the other library is covered here too),
-# then the comparisons with timm, torchvision and Hugging Face (marked `peers`) in the peers environment.
+# then the comparisons with timm, torchvision and Hugging Face (marked `peers`) in the peers environment, then
+# each extra's commands in an environment with only the core and that extra (test-extras, below).
 # -rs prints every skip with its reason.
 BACKEND_TESTS ?= tests/test_backend.py tests/test_inference.py tests/test_export.py tests/test_axial.py \
 	tests/test_config.py tests/test_model.py
@@ -84,22 +87,54 @@ test: venv-test peers data browser lint
 	  VITKIT_BACKEND=$$b $(BIN)/python -m pytest -q -m "not peers and not slow" -p no:cacheprovider \
 	    $(BACKEND_TESTS) $(PYTEST_ARGS) || exit 1; done
 	env -u VITKIT_BACKEND $(PEERS)/bin/python -m pytest -q -rs -m peers $(PYTEST_ARGS)
-	$(MAKE) test-reproduce-extra
+	$(MAKE) test-extras
 
-# `vitkit reproduce` end to end (tiny settings) and its statistics in an environment with only the core and
-# the `reproduce` extra (plus pytest to run them): the test environment installs every extra, so it would
-# hide an import the extra does not declare.
-REPRO ?= .venv-reproduce
-$(REPRO)/.installed: pyproject.toml
-	rm -rf $(REPRO)
-	$(PY) -m venv $(REPRO)
-	$(REPRO)/bin/pip install -q $(TORCH_PIN)
-	$(REPRO)/bin/pip install -q -e '.[reproduce]' pytest
+# Each extra's commands, for real, in an environment with only the core and that extra (tests/extras_smoke.py
+# says what runs: ONNX and OpenVINO exports checked by their runtimes, a served classification, the figures,
+# Hugging Face timed by vitkit bench, TensorBoard files, a loopback Hub, reproduce end to end, all at tiny
+# settings): the test environment installs every extra, so it would hide a command that imports a package its
+# extra does not declare. In the core-only environment each of those commands must stop before any work with
+# exit code 1 and one line naming the extra. torch is installed once, into $(CORE_ENV); each
+# .venv-extra-NAME sees the core environment's packages (a .pth file, as a venv sees the system's with
+# --system-site-packages) and installs `pip install -e '.[NAME]'` on top. The environments are rebuilt when
+# pyproject.toml changes; pip's cache serves the packages. `make test-extra-NAME` runs one extra.
+EXTRAS ?= onnx openvino serve plots bench hf log hub reproduce
+CORE_ENV ?= .venv-core
+EXTRA_TOOLS_reproduce := pytest  # its tests run under pytest
+PURELIB = $(1)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
+
+$(CORE_ENV)/.installed: pyproject.toml
+	rm -rf $(CORE_ENV)
+	$(PY) -m venv $(CORE_ENV)
+	$(CORE_ENV)/bin/pip install -q $(TORCH_PIN)
+	$(CORE_ENV)/bin/pip install -q -e .
 	touch $@
 
-test-reproduce-extra: $(REPRO)/.installed
-	env -u VITKIT_BACKEND $(REPRO)/bin/python -m pytest -q -rs -p no:cacheprovider tests/test_reproduce_stats.py \
-	  tests/test_reproduce.py::test_reproduce_end_to_end_tiny tests/test_reproduce.py::test_the_extra_is_checked_first
+.venv-extra-%/.installed: $(CORE_ENV)/.installed
+	rm -rf $(@D)
+	$(PY) -m venv $(@D)
+	echo "import site; site.addsitedir('$$($(call PURELIB,$(CORE_ENV)))')" > "$$($(call PURELIB,$(@D)))/_vitkit_core.pth"
+	$(@D)/bin/pip install -q -e '.[$*]' $(EXTRA_TOOLS_$*)
+	touch $@
+
+.PRECIOUS: .venv-extra-%/.installed  # a stamp, not an intermediate file for make to delete
+
+test-extra-%: .venv-extra-%/.installed
+	env -u VITKIT_BACKEND .venv-extra-$*/bin/python tests/extras_smoke.py $*
+
+test-extras-core: $(CORE_ENV)/.installed
+	env -u VITKIT_BACKEND $(CORE_ENV)/bin/python tests/extras_smoke.py core
+
+# every environment first (a build failure stops here), then every check; the failures named at the end
+test-extras: $(CORE_ENV)/.installed $(foreach e,$(EXTRAS),.venv-extra-$(e)/.installed)
+	@failed=""; \
+	env -u VITKIT_BACKEND $(CORE_ENV)/bin/python tests/extras_smoke.py core || failed="$$failed core"; \
+	for e in $(EXTRAS); do \
+	  env -u VITKIT_BACKEND .venv-extra-$$e/bin/python tests/extras_smoke.py $$e || failed="$$failed $$e"; done; \
+	if [ -n "$$failed" ]; then echo "make test-extras: failed in the environment of:$$failed" >&2; exit 1; fi
+
+# the reproduce extra's environment alone (its place in test-extras)
+test-reproduce-extra: test-extra-reproduce
 
 # The core tests only (no peers environment to build), without those marked slow.
 test-fast: venv-test data browser lint
@@ -135,4 +170,4 @@ api-docs: venv-test
 	$(BIN)/python -m pdoc -o docs/api vitkit $$($(BIN)/python -c "import pkgutil, vitkit; print(' '.join(m.name for m in pkgutil.walk_packages(vitkit.__path__, 'vitkit.') if not m.name.endswith('__main__')))")
 
 clean:
-	rm -rf $(VENV) $(PEERS) $(REPRO) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(PEERS) $(CORE_ENV) .venv-extra-* .venv-reproduce build src/*.egg-info .pytest_cache

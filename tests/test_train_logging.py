@@ -244,3 +244,4 @@ def test_missing_tracker_fails_at_set_up_with_the_install_line(recipe_file, tmp_
     monkeypatch.setitem(sys.modules, "mlflow", None)
     with pytest.raises(MissingDependency, match=r"mlflow is not installed.*pip install 'vitkit\[mlflow\]'"):
         Trainer(load_recipe(recipe_file, {**LOGGED, "train.log": ["mlflow"]}), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()  # checked before the data is read or the run folder made

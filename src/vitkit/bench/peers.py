@@ -28,8 +28,10 @@ from ..errors import ConfigError
 from ..models import VisionTransformer
 
 PEERS = ("timm", "hf", "torchvision", "onnxruntime", "openvino")
-_MODULE = {"timm": "timm", "hf": "transformers", "torchvision": "torchvision", "onnxruntime": "onnxruntime",
-           "openvino": "openvino"}
+PEER_MODULE = {"timm": "timm", "hf": "transformers", "torchvision": "torchvision", "onnxruntime": "onnxruntime",
+               "openvino": "openvino"}  # what each peer imports
+# the vitkit extra that installs a peer (timm and torchvision: the peers environment, requirements/peers.txt)
+EXTRA = {"hf": "bench", "onnxruntime": "onnx", "openvino": "openvino"}
 INFERENCE_ONLY = ("onnxruntime", "openvino")  # runtimes of vitkit's own export: no training, no torch.compile
 
 
@@ -52,14 +54,14 @@ class Peer:
 
 def peer_version(library: str) -> Optional[str]:
     """The installed version of a peer library, or None."""
-    if library not in _MODULE:
+    if library not in PEER_MODULE:
         raise ConfigError(f"unknown peer {library!r}: use one of {', '.join(PEERS)}")
     try:
-        importlib.import_module(_MODULE[library])
+        importlib.import_module(PEER_MODULE[library])
     except Exception:  # noqa: BLE001 - a broken install counts as missing
         return None
     try:
-        return importlib.metadata.version(_MODULE[library])
+        return importlib.metadata.version(PEER_MODULE[library])
     except importlib.metadata.PackageNotFoundError:
         return "?"
 
@@ -264,7 +266,8 @@ def build_peer(library: str, model: VisionTransformer, *, copy_weights: bool = T
     logit difference in ``Peer.weights``. ``precision``: OpenVINO's inference precision (f32 or bf16)."""
     version = peer_version(library)
     if version is None:
-        raise PeerUnavailable(f"{library} is not installed ({_MODULE[library]} cannot be imported)")
+        how = f": pip install 'vitkit[{EXTRA[library]}]'" if library in EXTRA else ""
+        raise PeerUnavailable(f"{library} is not installed ({PEER_MODULE[library]} cannot be imported){how}")
     cfg = model.config
     problems = peer_problems(library, cfg)
     if problems:

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from ..errors import InputError
+from ..errors import InputError, require
 from ..utils import PathLike
 from .base import Checkpoint
 from .load import checkpoint_of, read_weights, save_weights
@@ -43,10 +43,9 @@ def push_to_hub(weights: Union[Any, Checkpoint, str, PathLike], repo_id: str, *,
         raise InputError(f"--to {to!r}: the Hub folders are timm's or transformers' ('timm' or 'hf')")
     if "/" not in repo_id:
         raise InputError(f"repository {repo_id!r}: give OWNER/NAME (e.g. acme/vit-small-pets)")
-    try:
-        from huggingface_hub import HfApi
-    except ImportError:
-        raise ImportError("vitkit push needs huggingface_hub: pip install 'vitkit[hub]'") from None
+    require("hub", "huggingface_hub", what="vitkit push")  # an expected failure in one line, not a traceback
+    from huggingface_hub import HfApi
+
     if isinstance(weights, Checkpoint):
         ckpt = weights
     elif hasattr(weights, "state_dict") and hasattr(weights, "config"):

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from ..errors import DataError, UsageError
+from ..errors import DataError, UsageError, require
 from ._util import ManyFiles, nonneg_float, nonneg_int, positive_int
 
 DEFAULT_CACHE = "~/.cache/vitkit/features"
@@ -59,7 +59,7 @@ def register(sub) -> None:
                         "embedding filters of a checkpoint, as PNGs and JSON",
         description="Writes rollout.png (Figure 6), attention_distance.png/.json (Figure 7 right), "
                     "posemb_similarity.png (Figure 7 centre), embedding_filters.png (Figure 7 left) and "
-                    "summary.json into --out.")
+                    "summary.json into --out. Needs the plots extra: pip install 'vitkit[plots]'.")
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint (any format vitkit reads)")
     p.add_argument("images", nargs="*", metavar="IMAGE", help="image files or folders for the rollout grid "
                    "(and the attention distance, unless --data is given)")
@@ -199,6 +199,7 @@ def _analyze(args) -> int:
 
     if not args.images and not args.data:
         raise UsageError("give IMAGE files or folders, or --data fashion-mnist, to analyse the model on")
+    require("plots", "matplotlib", what="vitkit analyze")  # its figures: before loading anything
     model = load_checkpoint(args.checkpoint, _size(args.img_size), args.device)
     cfg = model.config
     display, inputs, names = [], [], []

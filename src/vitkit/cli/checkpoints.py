@@ -56,7 +56,8 @@ def register(sub) -> None:
     p.add_argument("weights", help="checkpoint path (any format) or known name")
     p.add_argument("output", help="output: .onnx, .pt2, or OpenVINO's NAME.xml (+ NAME.bin) or a folder")
     p.add_argument("--to", "--format", dest="format", choices=["onnx", "torch", "openvino"],
-                   help="default: from the output's suffix (.onnx, .xml: openvino, else torch)")
+                   help="default: from the output's suffix (.onnx, .xml: openvino, else torch). onnx needs the onnx "
+                   "extra (pip install 'vitkit[onnx]'), openvino the openvino extra; torch needs nothing more")
     p.add_argument("--img-size", type=positive_int, help="export at this resolution")
     p.add_argument("--opset", type=positive_int, default=17)
     p.add_argument("--static-batch", action="store_true", help="fix the batch size instead of a dynamic axis")

@@ -66,10 +66,22 @@ def register(sub) -> None:
     p.set_defaults(func=_serve)
 
 
+# an engine asked for by name: the extra that installs it and what it imports (auto times those installed)
+ENGINE_EXTRAS = {"onnxruntime": ("onnx", "onnx", "onnxruntime"), "openvino": ("openvino", "onnx", "openvino")}
+
+
 def _serve(args) -> int:
     from ..errors import require
 
+    # every package the options ask for, before the model is loaded or a port bound
     require("serve", "fastapi", "uvicorn", "prometheus_client", what="vitkit serve")
+    if args.engine in ENGINE_EXTRAS:
+        extra, *modules = ENGINE_EXTRAS[args.engine]
+        require(extra, *modules, what=f"vitkit serve --engine {args.engine}")
+    if args.ray:
+        from ..serve.ray import require_ray_serve
+
+        require_ray_serve()
     from ..serve.app import ServeOptions
 
     options = ServeOptions(engine=args.engine, dtype=args.dtype, max_batch=args.max_batch,

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from ..errors import ConfigError
+from ..errors import ConfigError, MissingDependency
 from ..utils import PathLike
 from .budget import BUDGETS, Budget, get_budget, validation_overrides
 from .catalog import arms_table, claims_table
@@ -29,8 +29,8 @@ def require_extra() -> None:
     """Fail before any training when the ``reproduce`` extra is not installed (one line naming it)."""
     missing = [m for m in EXTRA if importlib.util.find_spec(m) is None]
     if missing:
-        raise ConfigError(f"vitkit reproduce needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'}"
-                          f" not installed: pip install 'vitkit[reproduce]'")
+        raise MissingDependency(f"vitkit reproduce needs {' and '.join(missing)}, which "
+                                f"{'is' if len(missing) == 1 else 'are'} not installed", extra="reproduce")
 
 
 def needed_arms(claims: Sequence[Claim], arms: Dict[str, Arm]) -> List[str]:

@@ -36,6 +36,13 @@ def ray_serve_installed() -> bool:
                 any((Path(p) / "serve" / "__init__.py").is_file() for p in spec.submodule_search_locations))
 
 
+def require_ray_serve() -> None:
+    """:class:`~vitkit.errors.MissingDependency` naming the ``ray`` extra when Ray Serve is not installed."""
+    if not ray_serve_installed():
+        from ..errors import MissingDependency
+        raise MissingDependency("vitkit serve --ray needs Ray Serve, which is not installed", extra="ray")
+
+
 class RayBatcher:
     """The :class:`~vitkit.serve.service.Service`'s batcher inside a Ray Serve replica: ``submit`` hands each image
     to the deployment's ``@serve.batch`` method, which coalesces them (same interface as :class:`Batcher`)."""
@@ -160,9 +167,7 @@ def run_ray(weights: Any, *, host: str = "127.0.0.1", port: int = 8000, options:
 
     ``replica_cpus``: the CPUs each replica reserves, which Ray also makes its intra-op thread count
     (``OMP_NUM_THREADS``); default: this machine's cores shared among the replicas."""
-    if not ray_serve_installed():
-        from ..errors import MissingDependency
-        raise MissingDependency("vitkit serve --ray needs Ray Serve, which is not installed", extra="ray")
+    require_ray_serve()
     from .server import check_exposure, read_token, setup_logging
 
     setup_logging("info")

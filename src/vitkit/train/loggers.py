@@ -44,8 +44,8 @@ from ..utils import atomic_path
 
 LOGGERS = ("tensorboard", "csv", "wandb", "mlflow")  # the names train.log accepts
 # what each optional logger imports, and the extra that installs it
-_MODULES = {"tensorboard": ("torch.utils.tensorboard", "log"), "wandb": ("wandb", "wandb"),
-            "mlflow": ("mlflow", "mlflow")}
+LOGGER_PACKAGES = {"tensorboard": ("torch.utils.tensorboard", "log"), "wandb": ("wandb", "wandb"),
+                   "mlflow": ("mlflow", "mlflow")}
 _NOT_SCALARS = ("step", "epoch", "time", "train_time")  # where and when a line is, not what it measured
 
 
@@ -57,9 +57,9 @@ def check_loggers(names: Iterable[str]) -> None:
             raise ConfigError(f"unknown logger {name!r}", key="train.log", hint=f"use {' and/or '.join(LOGGERS)}")
     import importlib
     for name in dict.fromkeys(names):
-        if name not in _MODULES:
+        if name not in LOGGER_PACKAGES:
             continue
-        module, extra = _MODULES[name]
+        module, extra = LOGGER_PACKAGES[name]
         try:
             importlib.import_module(module)
         except ImportError:

@@ -48,6 +48,7 @@ from . import distributed as D
 from .checkpoint import find_last, load_state, restore_trainer, save_state, trainer_state
 from .distill import Distillation
 from .evaluate import transform_for
+from .loggers import check_loggers
 from .optim import EMA, Schedule, build_optimizer, set_lr, unwrap
 from .recipe import Recipe
 from .report import finish_classification
@@ -69,6 +70,7 @@ class Trainer:
         self.recipe, self.out, self.progress = recipe, Path(out), progress
         self.stop_after = stop_after  # stop (as if killed) after this many steps: for tests
         t = recipe.train
+        check_loggers(t.log)  # an optional logger's package, before the data or the run folder
         if t.threads:
             torch.set_num_threads(int(t.threads))
         if t.deterministic:
