@@ -96,7 +96,8 @@ test: venv-test peers data browser lint
 # extra does not declare. In the core-only environment each of those commands must stop before any work with
 # exit code 1 and one line naming the extra. torch is installed once, into $(CORE_ENV); each
 # .venv-extra-NAME sees the core environment's packages (a .pth file, as a venv sees the system's with
-# --system-site-packages) and installs `pip install -e '.[NAME]'` on top. The environments are rebuilt when
+# --system-site-packages) and gets `pip install -e '.[NAME]'` on top (the core environment's pip, so no
+# pip of its own to install). The environments are rebuilt when
 # pyproject.toml changes; pip's cache serves the packages. `make test-extra-NAME` runs one extra.
 EXTRAS ?= onnx openvino serve plots bench hf log hub reproduce
 CORE_ENV ?= .venv-core
@@ -112,9 +113,9 @@ $(CORE_ENV)/.installed: pyproject.toml
 
 .venv-extra-%/.installed: $(CORE_ENV)/.installed
 	rm -rf $(@D)
-	$(PY) -m venv $(@D)
+	$(PY) -m venv --without-pip $(@D)
 	echo "import site; site.addsitedir('$$($(call PURELIB,$(CORE_ENV)))')" > "$$($(call PURELIB,$(@D)))/_vitkit_core.pth"
-	$(@D)/bin/pip install -q -e '.[$*]' $(EXTRA_TOOLS_$*)
+	$(CORE_ENV)/bin/pip --python $(@D)/bin/python install -q -e '.[$*]' $(EXTRA_TOOLS_$*)
 	touch $@
 
 .PRECIOUS: .venv-extra-%/.installed  # a stamp, not an intermediate file for make to delete
