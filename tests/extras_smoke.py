@@ -237,22 +237,17 @@ def _core_analyze(r: Run) -> None:
     r.missing("plots", "analyze", r.ckpt, r.image, "--out", r.out("analyze-core"), absent=[r.out("analyze-core")])
 
 
-@check("core", "vitkit train --set train.log=[tensorboard]")
-def _core_log(r: Run) -> None:
-    out = r.out("train-tb-core")
-    r.missing("log", *r.train_args(out, "train.log=[tensorboard]"), absent=[out])
+def _core_tracker(tracker: str, extra: str, folder: str) -> Check:
+    """train.log=[TRACKER] without its extra: stops before any run folder exists, naming the extra."""
+    def run(r: Run) -> None:
+        out = r.out(folder)
+        r.missing(extra, *r.train_args(out, f"train.log=[{tracker}]"), absent=[out])
+    return run
 
 
-@check("core", "vitkit train --set train.log=[wandb]")
-def _core_wandb(r: Run) -> None:
-    out = r.out("train-wandb-core")
-    r.missing("wandb", *r.train_args(out, "train.log=[wandb]"), absent=[out])
-
-
-@check("core", "vitkit train --set train.log=[mlflow]")
-def _core_mlflow(r: Run) -> None:
-    out = r.out("train-mlflow-core")
-    r.missing("mlflow", *r.train_args(out, "train.log=[mlflow]"), absent=[out])
+for _tracker, _extra, _folder in (("tensorboard", "log", "train-tb-core"), ("wandb", "wandb", "train-wandb-core"),
+                                  ("mlflow", "mlflow", "train-mlflow-core")):
+    check("core", f"vitkit train --set train.log=[{_tracker}]")(_core_tracker(_tracker, _extra, _folder))
 
 
 @check("core", "vitkit inspect OWNER/NAME (a Hub id)")
