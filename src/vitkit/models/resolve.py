@@ -8,7 +8,6 @@ import torch
 
 from ..config import config_from_name
 from . import backend, kernels, precision, tune
-from .layers import chunk_images
 
 
 def _gemm_rows(dtype: torch.dtype, measure: bool) -> List[Dict[str, Any]]:
@@ -58,9 +57,7 @@ def _attention_rows(model: str, batch: int, dtype: torch.dtype, measure: bool) -
 def _encoder_rows(model: str, dtype: torch.dtype, measure: bool) -> List[Dict[str, Any]]:
     """The library of ``model``'s encoder GEMMs in inference (timed on blocks of its shape)."""
     cfg = config_from_name(model)
-    tokens = cfg.num_patches + cfg.num_prefix_tokens
-    widest = max(cfg.mlp_dim, 3 * cfg.width) * dtype.itemsize
-    shape = (cfg.width, cfg.num_heads, cfg.mlp_dim, tokens, chunk_images(tune.TIMING_BATCH, tokens, widest), cfg.gelu)
+    shape = tune.encoder_shape(cfg, dtype)
     what = tune.encoder_what(dtype, *shape)
     entry = backend.read_cache().get(backend.cache_key(what))
     if backend.current().gemm != "auto" or not kernels.onednn_ok(dtype):

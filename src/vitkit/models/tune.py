@@ -18,7 +18,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from . import backend, kernels
-from .layers import Block
+from .layers import Block, chunk_images
 
 DEPTH = 3  # blocks per timed call: distinct weights, as in a model
 TIMING_BATCH = 16  # the blocks run on the chunk of images a batch of this many runs in (the model's chunking)
@@ -40,6 +40,19 @@ def encoder_what(dtype: torch.dtype, width: int, heads: int, mlp_dim: int, token
     """The name of an encoder's inference GEMM choice (its decision's and cache entry's key)."""
     return (f"gemm encoder {str(dtype).replace('torch.', '')} width={width} heads={heads} mlp={mlp_dim} "
             f"tokens={tokens} images={images} gelu={gelu}")
+
+
+def widest_row(config, dtype: torch.dtype) -> int:
+    """Bytes per token of an encoder block's largest temporary (the MLP's hidden row or the qkv row): what
+    sizes the inference chunks (:func:`~vitkit.models.layers.chunk_images`)."""
+    return max(config.mlp_dim, 3 * config.width) * dtype.itemsize
+
+
+def encoder_shape(config, dtype: torch.dtype) -> Tuple:
+    """(width, heads, MLP size, tokens, images, gelu) of a model's encoder as :func:`encoder_gemm` times it."""
+    tokens = config.num_patches + config.num_prefix_tokens
+    images = chunk_images(TIMING_BATCH, tokens, widest_row(config, dtype))
+    return config.width, config.num_heads, config.mlp_dim, tokens, images, config.gelu
 
 
 def measure_blocks(dtype: torch.dtype, width: int, heads: int, mlp_dim: int, tokens: int, images: int,

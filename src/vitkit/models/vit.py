@@ -23,7 +23,7 @@ from .posemb import (
     sincos_table,
 )
 from .resnet import HybridEmbed
-from .tune import TIMING_BATCH, encoder_gemm
+from .tune import encoder_gemm, encoder_shape, widest_row
 
 Grid = Tuple[int, int]
 
@@ -304,13 +304,9 @@ class VisionTransformer(nn.Module):
         if fast_inference(self):  # whole images in chunks that keep each block's temporaries in reused memory,
             cfg = self.config     # the products on the library that runs blocks of this shape faster
             dtype = next(p.dtype for p in self.parameters() if p.is_floating_point())
-            tokens = cfg.num_patches + cfg.num_prefix_tokens
-            widest = max(cfg.mlp_dim, 3 * cfg.width) * dtype.itemsize
-            library = encoder_gemm(dtype, x.device, cfg.width, cfg.num_heads, cfg.mlp_dim, tokens,
-                                   chunk_images(TIMING_BATCH, tokens, widest), cfg.gelu)
-            with inference_gemms(library):
+            with inference_gemms(encoder_gemm(dtype, x.device, *encoder_shape(cfg, dtype))):
                 x, grid = self.embed(x)
-                per = chunk_images(x.shape[0], x.shape[1], widest)
+                per = chunk_images(x.shape[0], x.shape[1], widest_row(cfg, dtype))
                 if per < x.shape[0]:
                     return torch.cat([self.norm(self._run_blocks(c, grid)[0]) for c in x.split(per)])
                 return self.norm(self._run_blocks(x, grid)[0])
