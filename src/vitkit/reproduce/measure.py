@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import statistics
-import subprocess
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -26,20 +25,12 @@ PROVENANCE = "provenance.json"
 
 
 def code_version() -> Dict[str, Any]:
-    """The code that runs: the git commit and whether the tree has changes (in a checkout), else the
-    installed package's version."""
-    from .. import __version__
+    """The code that runs, as a run's provenance records it: the git commit and whether the code differs from it
+    (:func:`vitkit.version.code_version`, the same check as the benchmarks' machine lines), and the version."""
+    from ..version import code_version as checkout
 
-    src = Path(__file__).resolve().parents[1]
-    try:
-        def git(*a: str) -> str:
-            return subprocess.run(["git", *a], cwd=src, capture_output=True, text=True, check=True,
-                                  timeout=20).stdout.strip()
-        commit = git("rev-parse", "HEAD")
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", "."))
-        return {"commit": commit, "dirty": dirty, "version": __version__}
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None, "version": __version__}
+    code = checkout()
+    return {"commit": code["commit"], "dirty": code["dirty"], "version": code["vitkit"]}
 
 
 def code_id(code: Optional[Dict[str, Any]]) -> str:
