@@ -48,6 +48,20 @@ def test_engine_matches_eager_fp32(engine):
     np.testing.assert_allclose(logits1, want_logits[:1], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("engine", ["onnxruntime", "openvino"])
+def test_export_engines_leave_no_files(engine, tmp_path, monkeypatch):
+    """An engine exports to a scratch folder and removes it once loaded: a server restarted many times (or a
+    test suite) must not fill the disk with one export per start, and the engine keeps running after."""
+    _need(engine)
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    model = tiny_model()
+    eng = build_engine(engine, model, "fp32")
+    assert list(tmp_path.iterdir()) == []
+    x = torch.randn(2, 3, 32, 32)
+    np.testing.assert_allclose(eng.run(x)[0], _eager(model, x)[0], atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("engine,dtype", [("torch", "bf16"), ("torch", "int8"), ("openvino", "bf16")])
 def test_engine_low_precision_within_tolerance(engine, dtype):
     _need(engine)

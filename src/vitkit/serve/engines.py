@@ -14,6 +14,7 @@ for a bounded time, and keeps the fastest; the others are released.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -113,8 +114,16 @@ class TorchEngine(Engine):
         return logits.float().cpu().numpy(), feats.float().cpu().numpy()
 
 
-def _export_dir() -> str:
-    return tempfile.mkdtemp(prefix="vitkit-serve-")
+@contextlib.contextmanager
+def _export_dir(folder: Optional[str]):
+    """Where an engine writes the export it loads: ``folder`` when given (the caller's, kept), else a
+    temporary folder removed as soon as the engine has loaded it (the runtimes hold the graph in memory; on
+    POSIX a mapped weights file stays readable after its name is gone), so no server start leaves files."""
+    if folder is not None:
+        yield folder
+        return
+    with tempfile.TemporaryDirectory(prefix="vitkit-serve-") as tmp:
+        yield tmp
 
 
 def _threads() -> int:
@@ -137,13 +146,13 @@ class OnnxRuntimeEngine(Engine):
         from ..export import export_onnx
 
         self.version = ort.__version__
-        self.folder = folder or _export_dir()
-        path = os.path.join(self.folder, "model.onnx")
-        export_onnx(model, path, validate=False, features=True)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = _threads()
         opts.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        with _export_dir(folder) as where:
+            path = os.path.join(where, "model.onnx")
+            export_onnx(model, path, validate=False, features=True)
+            self.session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
 
     def run(self, x: torch.Tensor) -> Tuple[np.ndarray, np.ndarray]:
         logits, feats = self.session.run(["logits", "features"], {"pixels": x.float().cpu().numpy()})
@@ -179,12 +188,12 @@ class OpenVinoEngine(Engine):
         from ..export import export_openvino
 
         self.version = ov.__version__
-        self.folder = folder or _export_dir()
-        path = os.path.join(self.folder, "model.xml")
-        export_openvino(model, path, validate=False, features=True)
         config = {"INFERENCE_PRECISION_HINT": "bf16" if dtype == "bf16" else "f32",
                   "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": _threads()}
-        self.compiled = ov.Core().compile_model(path, "CPU", config)
+        with _export_dir(folder) as where:
+            path = os.path.join(where, "model.xml")
+            export_openvino(model, path, validate=False, features=True)
+            self.compiled = ov.Core().compile_model(path, "CPU", config)
         self.request = self.compiled.create_infer_request()
 
     def run(self, x: torch.Tensor) -> Tuple[np.ndarray, np.ndarray]:
