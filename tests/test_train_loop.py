@@ -15,6 +15,7 @@ from _synthetic import write_npz, write_recipe
 from vitkit.checkpoints import load_weights, save_model
 from vitkit.models import VisionTransformer
 from vitkit.train import Trainer, TrainingDiverged, load_recipe
+from vitkit.train.step import TrainStep
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
@@ -294,3 +295,30 @@ def test_patch_dropout_schedule(task, tmp_path):
         load_recipe(recipe_file, {"model.patch_drop": 0.5, "schedule.patch_drop_end": 1.0})
     with pytest.raises(ValueError, match="minutes"):
         load_recipe(recipe_file, {"schedule.minutes": 0})
+
+
+class _ScaledStep(TrainStep):
+    """The fp16 path's loss scaling on the CPU (fp32 compute): a scale that doubles every step, so a resume
+    that forgot the saved scale would continue from the initial one."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.scaler = torch.amp.GradScaler("cpu", init_scale=1.0, growth_interval=1)
+
+
+class _ScaledTrainer(Trainer):
+    step_class = _ScaledStep
+
+
+def test_resume_restores_the_gradient_scalers_loss_scale(task, tmp_path):
+    _, _, recipe_path = task
+    recipe = load_recipe(recipe_path, {"train.ckpt_every": 8, "train.predictions": 0})
+    full = _ScaledTrainer(recipe, tmp_path / "full", progress=False)
+    full.fit()
+    _ScaledTrainer(recipe, tmp_path / "part", progress=False, stop_after=10).fit()
+    part = _ScaledTrainer(recipe, tmp_path / "part", resume=True, progress=False)
+    assert part.step == 8 and part.step_fn.scaler.get_scale() == 2.0 ** 8
+    part.fit()
+    assert part.step_fn.scaler.get_scale() == full.step_fn.scaler.get_scale() == 2.0 ** full.step
+    for k, v in full.model.state_dict().items():
+        assert torch.equal(v, part.model.state_dict()[k]), k

@@ -103,6 +103,8 @@ def restore_trainer(tr: Any, st: Dict[str, Any]) -> None:
         tr.ema.load_state_dict(st["ema"])
     set_rng_state(st["rng"])
     tr.step = int(st["step"])
-    tr.scaler_state = st.get("grad_scaler")  # loaded once the step function exists
+    scaler = getattr(tr.step_fn, "scaler", None)  # the step function exists: the Trainer builds it first
+    if scaler is not None and st.get("grad_scaler"):
+        scaler.load_state_dict(st["grad_scaler"])
     tr.trained_s = float(st.get("trained_s", 0.0))
     tr.resume_rows = st.get("metrics_rows")

@@ -187,8 +187,6 @@ class Trainer:
                                                   self.config.img_size, **step_kw)
         else:
             self.step_fn = self.step_class(self.forward_model, self.optimizer, **step_kw)
-        if getattr(self.step_fn, "scaler", None) is not None and getattr(self, "scaler_state", None):
-            self.step_fn.scaler.load_state_dict(self.scaler_state)
         ev = r.train.eval_every
         self.eval_interval = max(1, int(round(ev * self.steps_per_epoch))) if ev > 0 else 0
         if self.eval_interval and self.val_data is None and d.main:
