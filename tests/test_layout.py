@@ -189,3 +189,41 @@ def test_no_import_cycles():
 def test_the_cycle_check_can_fail():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def _readme_layout() -> Dict[str, str]:
+    """The README's Layout block: each ``src/vitkit/...`` entry (a file, or a folder with its continuation
+    lines) -> its text."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Layout\n\n```\n", 1)[1].split("```", 1)[0]
+    entries: Dict[str, str] = {}
+    current = None
+    for line in block.splitlines():
+        if line.startswith("src/vitkit/"):
+            current, _, rest = line.partition(" ")
+            entries[current] = rest
+        elif line.startswith(" ") and current is not None:
+            entries[current] += " " + line.strip()
+    return entries
+
+
+def test_readme_layout_names_every_module():
+    """A newcomer reads the tree from the README: every module is named under its folder (or on its own
+    line at the top), and every entry exists."""
+    import re
+    entries = _readme_layout()
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if path.stem in ("__init__", "__main__") or rel.parts[0] == "recipes":
+            continue
+        if len(rel.parts) == 1:
+            if f"src/vitkit/{rel.name}" not in entries:
+                missing.append(str(rel))
+            continue
+        text = entries.get(f"src/vitkit/{rel.parts[0]}/", "")
+        if not re.search(rf"\b{re.escape(path.stem)}\b", text):
+            missing.append(str(rel))
+    assert not missing, f"README's Layout does not name: {missing}"
+    for entry in entries:
+        assert (ROOT / entry).exists(), f"README's Layout names {entry}, which is not in the tree"
