@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -46,7 +47,9 @@ def main(argv=None) -> int:
         [str(clone / ".venv" / "bin" / "python"), "-c",
          "import json; from vitkit.bench.machine import machine_info; print(json.dumps(machine_info()))"],
         capture_output=True, text=True, check=True).stdout)
-    summary = {"command": "make demo (fresh clone, new .venv)", "commit": commit, "wall_s": round(wall, 1),
+    pinned = os.environ.get("VITKIT_BACKEND")
+    command = (f"VITKIT_BACKEND={pinned} " if pinned else "") + "make demo (fresh clone, new .venv)"
+    summary = {"command": command, "commit": commit, "wall_s": round(wall, 1),
                "wall_min": round(wall / 60, 2), "test_top1": res.get("test_top1"), "test_top5": res.get("test_top5"),
                "exported_weights": res.get("exported_weights"), "selected_by": res.get("selected_by"),
                "results": res, "machine": machine,
