@@ -7,26 +7,26 @@ its peak is then the rate of a large square GEMM, and the row says so.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
-# name fragment -> (bf16/fp16 dense TFLOP/s, fp32 TFLOP/s); SXM parts unless the name says PCIe/NVL
-GPU_PEAKS = {
-    "H200": (989.0, 67.0),
-    "H100 PCIe": (756.0, 51.0),
-    "H100 NVL": (835.0, 60.0),
-    "H100": (989.0, 67.0),
-    "GH200": (989.0, 67.0),
-    "B200": (2250.0, 80.0),
-    "A100": (312.0, 19.5),
-    "L40S": (362.0, 91.6),
-    "L4": (121.0, 30.3),
-    "A10G": (70.0, 31.2),
-    "A10": (125.0, 31.2),
-    "V100": (125.0, 15.7),
-    "T4": (65.0, 8.1),
-}
+
+def _peaks(table: str) -> Dict[str, Tuple[float, float]]:
+    """``"NAME LOW/FP32, ..."`` -> {NAME: (LOW, FP32)}, in the table's order."""
+    out = {}
+    for entry in table.split(","):
+        name, rates = entry.strip().rsplit(" ", 1)
+        low, fp32 = rates.split("/")
+        out[name] = (float(low), float(fp32))
+    return out
+
+
+# name fragment, then bf16/fp16 dense TFLOP/s / fp32 TFLOP/s; SXM parts unless the name says PCIe/NVL
+GPU_PEAKS = _peaks("""
+    H200 989/67, H100 PCIe 756/51, H100 NVL 835/60, H100 989/67, GH200 989/67, B200 2250/80, A100 312/19.5,
+    L40S 362/91.6, L4 121/30.3, A10G 70/31.2, A10 125/31.2, V100 125/15.7, T4 65/8.1
+""")
 
 
 def peak_flops(dtype: str, device: str = "cuda") -> Tuple[Optional[float], str]:

@@ -143,38 +143,57 @@ def _grid(models: List[str], img_sizes: List[Optional[int]], dtypes: List[str], 
                 yield label, cfg, base, dtype
 
 
-def run_inference(models: List[str], img_sizes: List[Optional[int]], batches: List[int], dtypes: List[str],
-                  compiles: List[bool], opts: BenchOptions, kind: str = "inference") -> Tuple[List[dict], List[str]]:
-    """Throughput (or, with batch 1, latency) of every contender for every combination."""
+def _run(kind: str, grid: Iterator[Tuple[str, Any, torch.nn.Module, str]], batches: List[int],
+         compiles: List[bool], opts: BenchOptions,
+         contenders_for: Callable[[torch.nn.Module, str, bool], Tuple[List[Contender], List[str]]],
+         time_batch: Callable[[Any, List[Contender], torch.Tensor, bool], Dict[str, Any]],
+         factor: float = 1.0, unit: str = "batch", log_roofline: bool = True) -> Tuple[List[dict], List[str]]:
+    """The loop the inference and training runs share. For each (label, config, model, dtype) of ``grid`` and
+    each compile setting: the contenders (``contenders_for(model, dtype, compiled)``, freed before the next
+    setting), then for each batch size their calls on one input, timed alternated (``time_batch(config,
+    contenders, x, compiled)``: stats per library); one row per contender, with the roofline bound (measured
+    once per batch size; ``factor``: FLOPs per image over the forward's) and MFU."""
     rows: List[dict] = []
     notes: List[str] = []
-    sync = synchronizer(opts.device)
-    for label, cfg, base, dtype in _grid(models, img_sizes, dtypes, opts):
+    for label, cfg, base, dtype in grid:
         bounds: Dict[int, Any] = {}
         for compiled in compiles:
-            contenders, why = inference_contenders(base, dtype, compiled, opts)
+            contenders, why = contenders_for(base, dtype, compiled)
             notes += [n for n in why if n not in notes]
             for batch in batches:
                 x = example_batch(cfg, batch, opts.seed, opts.device)
-                cases = {c.library: _inference_case(c, x) for c in contenders}
                 opts.log(f"{kind}: {label} {cfg.img_size[0]}px batch {batch} {dtype}"
-                         f"{' compiled' if compiled else ''}: {', '.join(cases)}")
-                with _freezing(compiled, opts.device):
-                    st = alternate(cases, warmup=max(opts.warmup, 1 if compiled else 0),
-                                   repeats=opts.repeats, sync=sync, min_seconds=0.2 if kind == "latency" else 0)
+                         f"{' compiled' if compiled else ''}: {', '.join(c.library for c in contenders)}")
+                st = time_batch(cfg, contenders, x, compiled)
                 if opts.roofline and batch not in bounds:
                     bounds[batch] = roofline(cfg, batch, dtype, opts.device, progress=log_progress(opts))
                 for c in contenders:
                     r = _row(kind, label, cfg, cfg.img_size[0], batch, dtype, compiled, c.library,
                              st[c.library], c.info)
-                    _add_bounds(r, bounds.get(batch), opts.device, dtype)
+                    _add_bounds(r, bounds.get(batch), opts.device, dtype, factor=factor)
                     rows.append(r)
                     opts.log(f"  {c.library:14s} {r['images_per_s']:9.2f} img/s  "
-                             f"{r['ms_per_batch']:9.1f} ms/batch  spread {r['spread']:.1%}"
-                             + (f"  roofline {r['roofline_fraction']:.0%}" if 'roofline_fraction' in r else ""))
+                             f"{r['ms_per_batch']:9.1f} ms/{unit}  spread {r['spread']:.1%}"
+                             + (f"  roofline {r['roofline_fraction']:.0%}"
+                                if log_roofline and 'roofline_fraction' in r else ""))
             del contenders
             gc.collect()
     return rows, notes
+
+
+def run_inference(models: List[str], img_sizes: List[Optional[int]], batches: List[int], dtypes: List[str],
+                  compiles: List[bool], opts: BenchOptions, kind: str = "inference") -> Tuple[List[dict], List[str]]:
+    """Throughput (or, with batch 1, latency) of every contender for every combination."""
+    sync = synchronizer(opts.device)
+
+    def time_batch(cfg, contenders: List[Contender], x: torch.Tensor, compiled: bool) -> Dict[str, Any]:
+        cases = {c.library: _inference_case(c, x) for c in contenders}
+        with _freezing(compiled, opts.device):
+            return alternate(cases, warmup=max(opts.warmup, 1 if compiled else 0), repeats=opts.repeats, sync=sync,
+                             min_seconds=0.2 if kind == "latency" else 0)
+
+    return _run(kind, _grid(models, img_sizes, dtypes, opts), batches, compiles, opts,
+                lambda model, dtype, compiled: inference_contenders(model, dtype, compiled, opts), time_batch)
 
 
 def log_progress(opts: BenchOptions) -> Callable[[str], None]:
@@ -270,37 +289,27 @@ def training_contenders(model, dtype: str, compiled: bool, opts: BenchOptions
 def run_training(models: List[str], img_sizes: List[Optional[int]], batches: List[int], dtypes: List[str],
                  compiles: List[bool], opts: BenchOptions) -> Tuple[List[dict], List[str]]:
     """Optimiser steps per second (x batch = images/s) for vitkit and timm, alternated."""
-    rows: List[dict] = []
-    notes: List[str] = []
     sync = synchronizer(opts.device)
-    for label, cfg, base, dtype in _grid(models, img_sizes, dtypes, opts):
-        if dtype not in ("fp32", "bf16"):
-            raise ConfigError(f"training precision {dtype!r}: use fp32 or bf16 (autocast)")
-        bounds: Dict[int, Any] = {}
-        for compiled in compiles:
-            contenders, why = training_contenders(base, dtype, compiled, opts)
-            notes += [n for n in why if n not in notes]
-            for batch in batches:
-                x = example_batch(cfg, batch, opts.seed, opts.device)
-                t = torch.randint(0, max(cfg.num_classes, 1), (batch,),
-                                  generator=torch.Generator().manual_seed(opts.seed)).to(opts.device)
-                cases = {name: (lambda s=s: s(x, t)) for name, s, _ in contenders}
-                opts.log(f"train: {label} {cfg.img_size[0]}px batch {batch} {dtype}"
-                         f"{' compiled' if compiled else ''}: {', '.join(cases)}")
-                st = alternate(cases, warmup=max(opts.warmup, 1), repeats=opts.repeats, sync=sync)
-                if opts.roofline and batch not in bounds:
-                    bounds[batch] = roofline(cfg, batch, dtype, opts.device, progress=log_progress(opts))
-                for name, _, info in contenders:
-                    r = _row("train", label, cfg, cfg.img_size[0], batch, dtype, compiled, name,
-                             st[name], info)
-                    # forward + backward ~ 3x the forward GEMMs (backward: two products per forward one)
-                    _add_bounds(r, bounds.get(batch), opts.device, dtype, factor=3.0)
-                    rows.append(r)
-                    opts.log(f"  {name:14s} {r['images_per_s']:9.2f} img/s  {r['ms_per_batch']:9.1f} ms/step"
-                             f"  spread {r['spread']:.1%}")
-            del contenders
-            gc.collect()
-    return rows, notes
+
+    def grid():
+        for label, cfg, base, dtype in _grid(models, img_sizes, dtypes, opts):
+            if dtype not in ("fp32", "bf16"):
+                raise ConfigError(f"training precision {dtype!r}: use fp32 or bf16 (autocast)")
+            yield label, cfg, base, dtype
+
+    def contenders_for(model, dtype: str, compiled: bool) -> Tuple[List[Contender], List[str]]:
+        steps, notes = training_contenders(model, dtype, compiled, opts)
+        return [Contender(name, step, info) for name, step, info in steps], notes
+
+    def time_batch(cfg, contenders: List[Contender], x: torch.Tensor, compiled: bool) -> Dict[str, Any]:
+        t = torch.randint(0, max(cfg.num_classes, 1), (x.shape[0],),
+                          generator=torch.Generator().manual_seed(opts.seed)).to(opts.device)
+        cases = {c.library: (lambda s=c.fn: s(x, t)) for c in contenders}
+        return alternate(cases, warmup=max(opts.warmup, 1), repeats=opts.repeats, sync=sync)
+
+    # forward + backward ~ 3x the forward GEMMs (backward: two products per forward one)
+    return _run("train", grid(), batches, compiles, opts, contenders_for, time_batch, factor=3.0, unit="step",
+                log_roofline=False)
 
 
 # --- comparisons ------------------------------------------------------------------------------

@@ -144,41 +144,48 @@ def _expand(pattern: str, i: Optional[int]) -> str:
     return pattern if i is None else pattern.replace("{i}", str(i))
 
 
-def to_vitkit(state: Mapping[str, Tensor], rules: Sequence[Rule], depth: int, ctx: Context) -> Mapped:
+def _walk(state: Mapping[str, Tensor], rules: Sequence[Rule], depth: int,
+          move: Callable[[Rule, Optional[int], State], Optional[List[str]]],
+          lacking: Callable[[Rule, Optional[int]], str]) -> Mapped:
+    """What both directions share: every rule at every block index (None for a rule outside the blocks).
+    ``move(rule, i, out)`` writes the rule's tensors into ``out`` and returns the keys of ``state`` it read,
+    or None where ``state`` lacks them: a required rule then reports ``lacking(rule, i)`` as missing. The keys
+    of ``state`` that no rule read are unused."""
     out: State = {}
     used = set()
     missing = []
     for r in rules:
         for i in (range(depth) if r.per_block else [None]):
-            for spelling in (r.theirs,) + r.aliases:
-                keys = [_expand(k, i) for k in spelling]
-                if all(k in state for k in keys):
-                    out[_expand(r.ours, i)] = r.codec.load([state[k] for k in keys], ctx).contiguous()
-                    used.update(keys)
-                    break
-            else:
-                if not r.optional:
-                    missing.append(_expand(r.theirs[0], i))
-    unused = [k for k in state if k not in used]
-    return Mapped(out, unused, missing)
+            read = move(r, i, out)
+            if read is not None:
+                used.update(read)
+            elif not r.optional:
+                missing.append(lacking(r, i))
+    return Mapped(out, [k for k in state if k not in used], missing)
+
+
+def to_vitkit(state: Mapping[str, Tensor], rules: Sequence[Rule], depth: int, ctx: Context) -> Mapped:
+    def move(r: Rule, i: Optional[int], out: State) -> Optional[List[str]]:
+        for spelling in (r.theirs,) + r.aliases:  # the first spelling present in full
+            keys = [_expand(k, i) for k in spelling]
+            if all(k in state for k in keys):
+                out[_expand(r.ours, i)] = r.codec.load([state[k] for k in keys], ctx).contiguous()
+                return keys
+        return None
+
+    return _walk(state, rules, depth, move, lambda r, i: _expand(r.theirs[0], i))
 
 
 def from_vitkit(state: Mapping[str, Tensor], rules: Sequence[Rule], depth: int, ctx: Context) -> Mapped:
-    out: State = {}
-    used = set()
-    missing = []
-    for r in rules:
-        for i in (range(depth) if r.per_block else [None]):
-            key = _expand(r.ours, i)
-            if key not in state:
-                if not r.optional:
-                    missing.append(key)
-                continue
-            for k, t in zip(r.theirs, r.codec.save(state[key], ctx)):
-                out[_expand(k, i)] = t.contiguous()
-            used.add(key)
-    unused = [k for k in state if k not in used]
-    return Mapped(out, unused, missing)
+    def move(r: Rule, i: Optional[int], out: State) -> Optional[List[str]]:
+        key = _expand(r.ours, i)
+        if key not in state:
+            return None
+        for k, t in zip(r.theirs, r.codec.save(state[key], ctx)):
+            out[_expand(k, i)] = t.contiguous()
+        return [key]
+
+    return _walk(state, rules, depth, move, lambda r, i: _expand(r.ours, i))
 
 
 def signature_hits(keys, rules: Sequence[Rule]) -> int:

@@ -56,11 +56,49 @@ HF = "https://huggingface.co/"
 _TV_DOC = "torchvision.models.ViT_*_Weights"
 
 
-def _tv(name, file, model, size, preset, params, top1, top5, enum, default=False):
-    cls = f"ViT_{model.replace('/', '_')}_Weights"  # torchvision's enum: ViT_B_16_Weights.IMAGENET1K_V1
-    aliases = (f"{cls}.{enum}",) + ((f"{cls}.DEFAULT",) if default else ())
-    return KnownCheckpoint(name, "torchvision", file, TV + file, model, size, preset, "imagenet1k", 1000, params,
-                           top1, top5, file.rsplit("-", 1)[1].split(".")[0], None, _TV_DOC, aliases)
+# torchvision's ViT weights, one a line: torchvision/NAME, the file, the model, its px, the preprocessing preset,
+# the parameters, top-1 and top-5, and the enum member IMAGENET1K_TAG (TAG* also is the model's DEFAULT)
+_TV_TABLE = """
+    vit_b_16             vit_b_16-c867db91.pth         B/16 224 torchvision       86567656 81.072 95.318 V1*
+    vit_b_16-swag-e2e    vit_b_16_swag-9ac1b537.pth    B/16 384 torchvision-swag  86859496 85.304 97.650 SWAG_E2E_V1
+    vit_b_16-swag-linear vit_b_16_lc_swag-4e70ced5.pth B/16 224 torchvision-swag  86567656 81.886 96.180 SWAG_LINEAR_V1
+    vit_b_32             vit_b_32-d86f8d99.pth         B/32 224 torchvision       88224232 75.912 92.466 V1*
+    vit_l_16             vit_l_16-852ce7e3.pth         L/16 224 torchvision      304326632 79.662 94.638 V1*
+    vit_l_16-swag-e2e    vit_l_16_swag-4f3808c9.pth    L/16 512 torchvision-swag 305174504 88.064 98.512 SWAG_E2E_V1
+    vit_l_16-swag-linear vit_l_16_lc_swag-4d563306.pth L/16 224 torchvision-swag 304326632 85.146 97.422 SWAG_LINEAR_V1
+    vit_l_32             vit_l_32-c7638314.pth         L/32 224 torchvision      306535400 76.972 93.07  V1*
+    vit_h_14-swag-e2e    vit_h_14_swag-80465313.pth    H/14 518 torchvision-swag 633470440 88.552 98.694 SWAG_E2E_V1*
+    vit_h_14-swag-linear vit_h_14_lc_swag-c1eb923e.pth H/14 224 torchvision-swag 632045800 85.708 97.730 SWAG_LINEAR_V1
+"""
+
+
+def _torchvision() -> List[KnownCheckpoint]:
+    """The entries of :data:`_TV_TABLE`; the file name's hex digits are the published SHA-256 prefix."""
+    out = []
+    for line in _TV_TABLE.strip().splitlines():
+        name, file, model, size, preset, params, top1, top5, tag = line.split()
+        cls = f"ViT_{model.replace('/', '_')}_Weights"  # torchvision's enum: ViT_B_16_Weights.IMAGENET1K_V1
+        aliases = (f"{cls}.IMAGENET1K_{tag.rstrip('*')}",) + ((f"{cls}.DEFAULT",) if tag.endswith("*") else ())
+        out.append(KnownCheckpoint(f"torchvision/{name}", "torchvision", file, TV + file, model, int(size), preset,
+                                   "imagenet1k", 1000, int(params), float(top1), float(top5),
+                                   file.rsplit("-", 1)[1].split(".")[0], None, _TV_DOC, aliases))
+    return out
+
+
+def _paper_i21k(arch: str, representation_size: int) -> KnownCheckpoint:
+    """The paper's ImageNet-21k pre-training of ``arch`` (``ViT-B_16``), with its pre-logits layer."""
+    return KnownCheckpoint(f"vit_jax/{arch}-i21k", "vit_jax", f"{arch}.npz", JAX + f"imagenet21k/{arch}.npz",
+                           arch[len("ViT-"):].replace("_", "/"), 224, "authors", "imagenet21k", 21843,
+                           representation_size=representation_size, reference="paper, ImageNet-21k pre-training")
+
+
+def _paper_ft(arch: str, top1: Optional[float] = None) -> KnownCheckpoint:
+    """The paper's ImageNet fine-tuning of ``arch`` at 384 px; ``top1``: its accuracy in the paper's Table 5."""
+    where = "paper Table 5" if top1 else "paper"
+    return KnownCheckpoint(f"vit_jax/{arch}", "vit_jax", f"{arch}-imagenet2012.npz",
+                           JAX + f"imagenet21k+imagenet2012/{arch}.npz", arch[len("ViT-"):].replace("_", "/"), 384,
+                           "authors", "imagenet1k", 1000, top1=top1,
+                           reference=f"{where} (ImageNet-21k pre-training, fine-tuned at 384)")
 
 
 def _deit(size, short, params, top1):
@@ -81,43 +119,14 @@ def _hub(name, model, size, labels, classes, reference):
 
 
 KNOWN: Dict[str, KnownCheckpoint] = {k.name: k for k in (
-    _tv("torchvision/vit_b_16", "vit_b_16-c867db91.pth", "B/16", 224, "torchvision", 86567656, 81.072, 95.318,
-        "IMAGENET1K_V1", True),
-    _tv("torchvision/vit_b_16-swag-e2e", "vit_b_16_swag-9ac1b537.pth", "B/16", 384, "torchvision-swag", 86859496,
-        85.304, 97.650, "IMAGENET1K_SWAG_E2E_V1"),
-    _tv("torchvision/vit_b_16-swag-linear", "vit_b_16_lc_swag-4e70ced5.pth", "B/16", 224, "torchvision-swag",
-        86567656, 81.886, 96.180, "IMAGENET1K_SWAG_LINEAR_V1"),
-    _tv("torchvision/vit_b_32", "vit_b_32-d86f8d99.pth", "B/32", 224, "torchvision", 88224232, 75.912, 92.466,
-        "IMAGENET1K_V1", True),
-    _tv("torchvision/vit_l_16", "vit_l_16-852ce7e3.pth", "L/16", 224, "torchvision", 304326632, 79.662, 94.638,
-        "IMAGENET1K_V1", True),
-    _tv("torchvision/vit_l_16-swag-e2e", "vit_l_16_swag-4f3808c9.pth", "L/16", 512, "torchvision-swag", 305174504,
-        88.064, 98.512, "IMAGENET1K_SWAG_E2E_V1"),
-    _tv("torchvision/vit_l_16-swag-linear", "vit_l_16_lc_swag-4d563306.pth", "L/16", 224, "torchvision-swag",
-        304326632, 85.146, 97.422, "IMAGENET1K_SWAG_LINEAR_V1"),
-    _tv("torchvision/vit_l_32", "vit_l_32-c7638314.pth", "L/32", 224, "torchvision", 306535400, 76.972, 93.07,
-        "IMAGENET1K_V1", True),
-    _tv("torchvision/vit_h_14-swag-e2e", "vit_h_14_swag-80465313.pth", "H/14", 518, "torchvision-swag", 633470440,
-        88.552, 98.694, "IMAGENET1K_SWAG_E2E_V1", True),
-    _tv("torchvision/vit_h_14-swag-linear", "vit_h_14_lc_swag-c1eb923e.pth", "H/14", 224, "torchvision-swag",
-        632045800, 85.708, 97.730, "IMAGENET1K_SWAG_LINEAR_V1"),
+    *_torchvision(),
     # The paper's released checkpoints (google-research/vision_transformer): ImageNet-21k pre-training
     # (with the pre-logits layer, 21843 classes) and its ImageNet fine-tuning at 384 px (paper Table 5).
-    KnownCheckpoint("vit_jax/ViT-B_16-i21k", "vit_jax", "ViT-B_16.npz", JAX + "imagenet21k/ViT-B_16.npz", "B/16",
-                    224, "authors", "imagenet21k", 21843, representation_size=768,
-                    reference="paper, ImageNet-21k pre-training"),
-    KnownCheckpoint("vit_jax/ViT-B_16", "vit_jax", "ViT-B_16-imagenet2012.npz",
-                    JAX + "imagenet21k+imagenet2012/ViT-B_16.npz", "B/16", 384, "authors", "imagenet1k", 1000,
-                    top1=83.97, reference="paper Table 5 (ImageNet-21k pre-training, fine-tuned at 384)"),
-    KnownCheckpoint("vit_jax/ViT-B_32", "vit_jax", "ViT-B_32-imagenet2012.npz",
-                    JAX + "imagenet21k+imagenet2012/ViT-B_32.npz", "B/32", 384, "authors", "imagenet1k", 1000,
-                    reference="paper (ImageNet-21k pre-training, fine-tuned at 384)"),
-    KnownCheckpoint("vit_jax/ViT-L_16-i21k", "vit_jax", "ViT-L_16.npz", JAX + "imagenet21k/ViT-L_16.npz", "L/16",
-                    224, "authors", "imagenet21k", 21843, representation_size=1024,
-                    reference="paper, ImageNet-21k pre-training"),
-    KnownCheckpoint("vit_jax/ViT-L_16", "vit_jax", "ViT-L_16-imagenet2012.npz",
-                    JAX + "imagenet21k+imagenet2012/ViT-L_16.npz", "L/16", 384, "authors", "imagenet1k", 1000,
-                    top1=85.15, reference="paper Table 5 (ImageNet-21k pre-training, fine-tuned at 384)"),
+    _paper_i21k("ViT-B_16", 768),
+    _paper_ft("ViT-B_16", top1=83.97),
+    _paper_ft("ViT-B_32"),
+    _paper_i21k("ViT-L_16", 1024),
+    _paper_ft("ViT-L_16", top1=85.15),
     KnownCheckpoint("vit_jax/augreg-B_16-i21k-ft-in1k-224", "vit_jax",
                     "B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-"
                     "res_224.npz", JAX + "augreg/B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0--"

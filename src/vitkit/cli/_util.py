@@ -6,9 +6,16 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterable, List
+from typing import Any, Dict, Iterable, List, Optional
 
 from ..errors import UsageError
+
+
+def add_command(sub, name: str, help: str, description: Optional[str] = None) -> argparse.ArgumentParser:
+    """Subcommand ``name`` of ``sub``, its help and description written as indented paragraphs: their white
+    space is folded to single spaces, as argparse folds it when it prints them."""
+    return sub.add_parser(name, help=" ".join(help.split()),
+                          description=None if description is None else " ".join(description.split()))
 
 
 def parse_value(text: str) -> Any:

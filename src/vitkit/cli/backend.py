@@ -3,15 +3,17 @@ from __future__ import annotations
 
 import json
 
+from ._util import add_command
+
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "backend", help="the kernels vitkit runs on this machine (GEMM library, attention path, int8 engine) "
-        "and the measurements behind each auto choice",
-        description="Print the declared backend (--backend, $VITKIT_BACKEND, or auto), what each auto field "
-        "resolves to on this machine for a model's shapes, and the measurement behind each choice. Without "
-        "--measure nothing is timed: choices not yet measured say so (the first model call that needs one "
-        "measures it); with --measure the choices are timed now (a few seconds) and cached.")
+    p = add_command(sub, "backend", help="""
+        the kernels vitkit runs on this machine (GEMM library, attention path, int8 engine) and the measurements
+        behind each auto choice""", description="""
+        Print the declared backend (--backend, $VITKIT_BACKEND, or auto), what each auto field resolves to on
+        this machine for a model's shapes, and the measurement behind each choice. Without --measure nothing is
+        timed: choices not yet measured say so (the first model call that needs one measures it); with --measure
+        the choices are timed now (a few seconds) and cached.""")
     p.add_argument("--model", default="B/16", help="the model whose attention shapes to resolve (default B/16)")
     p.add_argument("--batch", type=int, default=16, help="images per call for the attention shapes (default 16)")
     p.add_argument("--measure", action="store_true", help="time every auto choice now (and cache it)")

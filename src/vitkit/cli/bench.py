@@ -6,19 +6,18 @@ import shlex
 import sys
 
 from ..errors import UsageError
-from ._util import nonneg_int, parse_overrides, positive_int
+from ._util import add_command, nonneg_int, parse_overrides, positive_int
 
 WHAT = ("inference", "latency", "train", "memory", "roofline")
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "bench", help="throughput, latency, training steps, peak memory and GEMM roofline, against timm / HF / "
-        "torchvision in the same run",
-        description="Benchmark vitkit against timm, Hugging Face transformers (sdpa) and torchvision: the same "
-        "configuration and weights, the same input and threads, repeats alternated; medians and spread, "
-        "ratios vitkit / best peer, fraction of the GEMM roofline (GPU: MFU). Peers that are not installed "
-        "are skipped with a note.")
+    p = add_command(sub, "bench", help="""
+        throughput, latency, training steps, peak memory and GEMM roofline, against timm / HF / torchvision in the
+        same run""", description="""
+        Benchmark vitkit against timm, Hugging Face transformers (sdpa) and torchvision: the same configuration
+        and weights, the same input and threads, repeats alternated; medians and spread, ratios vitkit / best
+        peer, fraction of the GEMM roofline (GPU: MFU). Peers that are not installed are skipped with a note.""")
     p.add_argument("models", nargs="+", metavar="MODEL",
                    help="model names (B/16, S/16, vit_base_patch16_224, ...) or recipe:NAME (a training recipe's "
                         "model, e.g. recipe:fmnist-fast)")

@@ -130,6 +130,24 @@ def _threads() -> int:
     return max(1, torch.get_num_threads())
 
 
+def _runtime(package: str, extra: str):
+    """The runtime ``package`` of an export engine; not installed: :class:`EngineUnavailable` with the extra
+    that installs it."""
+    try:
+        return __import__(package)
+    except ImportError:
+        raise EngineUnavailable(f"{package} is not installed (pip install 'vitkit[{extra}]')") from None
+
+
+def _load_export(model, folder: Optional[str], file: str, export: Callable[..., Any], load: Callable[[str], Any]):
+    """``load(path)`` of vitkit's export of ``model`` (logits and features outputs, written by ``export`` as
+    ``file`` in :func:`_export_dir`)."""
+    with _export_dir(folder) as where:
+        path = os.path.join(where, file)
+        export(model, path, validate=False, features=True)
+        return load(path)
+
+
 class OnnxRuntimeEngine(Engine):
     """vitkit's ONNX export (logits and features outputs) on ONNX Runtime's CPU provider, fp32."""
 
@@ -137,10 +155,7 @@ class OnnxRuntimeEngine(Engine):
 
     def __init__(self, model, dtype: str = "fp32", folder: Optional[str] = None):
         super().__init__(dtype)
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            raise EngineUnavailable("onnxruntime is not installed (pip install 'vitkit[onnx]')") from None
+        ort = _runtime("onnxruntime", "onnx")
         if dtype != "fp32":
             raise EngineUnavailable(f"onnxruntime runs vitkit's export in fp32 only (asked: {dtype})")
         from ..export import export_onnx
@@ -149,10 +164,8 @@ class OnnxRuntimeEngine(Engine):
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = _threads()
         opts.inter_op_num_threads = 1
-        with _export_dir(folder) as where:
-            path = os.path.join(where, "model.onnx")
-            export_onnx(model, path, validate=False, features=True)
-            self.session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        self.session = _load_export(model, folder, "model.onnx", export_onnx,
+                                    lambda path: ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"]))
 
     def run(self, x: torch.Tensor) -> Tuple[np.ndarray, np.ndarray]:
         logits, feats = self.session.run(["logits", "features"], {"pixels": x.float().cpu().numpy()})
@@ -177,10 +190,7 @@ class OpenVinoEngine(Engine):
 
     def __init__(self, model, dtype: str = "fp32", folder: Optional[str] = None):
         super().__init__(dtype)
-        try:
-            import openvino as ov
-        except ImportError:
-            raise EngineUnavailable("openvino is not installed (pip install 'vitkit[openvino]')") from None
+        ov = _runtime("openvino", "openvino")
         if dtype == "int8":
             raise EngineUnavailable("openvino runs vitkit's export in fp32 or bf16 (int8 needs NNCF calibration)")
         if dtype == "bf16" and not openvino_native_bf16():
@@ -190,10 +200,8 @@ class OpenVinoEngine(Engine):
         self.version = ov.__version__
         config = {"INFERENCE_PRECISION_HINT": "bf16" if dtype == "bf16" else "f32",
                   "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": _threads()}
-        with _export_dir(folder) as where:
-            path = os.path.join(where, "model.xml")
-            export_openvino(model, path, validate=False, features=True)
-            self.compiled = ov.Core().compile_model(path, "CPU", config)
+        self.compiled = _load_export(model, folder, "model.xml", export_openvino,
+                                     lambda path: ov.Core().compile_model(path, "CPU", config))
         self.request = self.compiled.create_infer_request()
 
     def run(self, x: torch.Tensor) -> Tuple[np.ndarray, np.ndarray]:
