@@ -81,8 +81,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seconds", type=float, default=0.5, help="per timing window")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/<machine kind>/cpu_kernels.json)")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["attention", "patches", "gemm", "training-gemm", "gelu", "chunks"])
+    ap.add_argument("--out", default=None,
+                    help="JSON path (default: benchmarks/results/<machine kind>/cpu_kernels.json)")
+    ap.add_argument("--skip", nargs="*", default=[],
+                    choices=["attention", "patches", "gemm", "training-gemm", "gelu", "chunks"])
     args = ap.parse_args()
     if args.out is None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -148,8 +150,9 @@ def main() -> None:
                             emb.eval()(x)
                 st = alternate({"conv": conv, "gemm": gemm}, args.seconds, args.repeats)
                 row[mode] = {"conv_ms": 1e3 * st["conv"], "gemm_ms": 1e3 * st["gemm"], "ratio": st["conv"] / st["gemm"]}
-                print(f"  {mode:9s} B{b:<4d} {c}x{s}x{s} patch {p:<3d} width {w:<4d}  conv {1e3 * st['conv']:8.2f}  gemm "
-                      f"{1e3 * st['gemm']:8.2f}  vitkit: gemm  {st['conv'] / st['gemm']:5.2f}x the other")
+                print(f"  {mode:9s} B{b:<4d} {c}x{s}x{s} patch {p:<3d} width {w:<4d}  "
+                      f"conv {1e3 * st['conv']:8.2f}  gemm {1e3 * st['gemm']:8.2f}  "
+                      f"vitkit: gemm  {st['conv'] / st['gemm']:5.2f}x the other")
             res["patches"].append(row)
     if "gemm" not in args.skip:
         print("\ninference GEMMs at ViT-B/16 batch-16 shapes: ATen (MKL in fp32) vs oneDNN linear, GFLOP/s")
@@ -179,7 +182,8 @@ def main() -> None:
                 bias, g = torch.randn(n).to(dtype), torch.randn(m, n).to(dtype)
                 products = {  # y = x W^T + b; dx = g W; dW = g^T x, by the model's own kernel calls
                     "forward": {kern: (lambda kern=kern: kernels._gemm(kern, x, w, bias)) for kern in kernels.KERNELS},
-                    "grad_input": {kern: (lambda kern=kern: kernels._grad_input(kern, g, w)) for kern in kernels.KERNELS},
+                    "grad_input": {kern: (lambda kern=kern: kernels._grad_input(kern, g, w))
+                                   for kern in kernels.KERNELS},
                     "grad_weight": {kern: (lambda kern=kern: kernels._grad_weight(kern, g, x))
                                     for kern in kernels.KERNELS}}
                 winners = []
@@ -198,10 +202,12 @@ def main() -> None:
                            "winners": lambda: kernels.layer_step(chosen, x, w, bias, g)}
                     st = alternate(fns, args.seconds, args.repeats)
                     res["training_layer"].append({"dtype": str(dtype), "shape": [m, k, n], "winners": list(chosen),
-                                                  "f_linear_ms": 1e3 * st["F.linear"], "winners_ms": 1e3 * st["winners"],
+                                                  "f_linear_ms": 1e3 * st["F.linear"],
+                                                  "winners_ms": 1e3 * st["winners"],
                                                   "speedup": st["F.linear"] / st["winners"]})
                     print(f"  {str(dtype)[6:]:9s} [{m}x{k}]x[{k}x{n}] layer fwd+bwd  F.linear "
-                          f"{1e3 * st['F.linear']:7.2f} ms  products on {'/'.join(chosen)} {1e3 * st['winners']:7.2f} ms"
+                          f"{1e3 * st['F.linear']:7.2f} ms  products on {'/'.join(chosen)} "
+                          f"{1e3 * st['winners']:7.2f} ms"
                           f"  {st['F.linear'] / st['winners']:5.2f}x F.linear's speed")
     if "gelu" not in args.skip:
         print("\nfc1 + GELU at ViT-B/16 batch-16 shape: vitkit (product, then gelu_ in place) vs oneDNN post-op, ms")
@@ -210,13 +216,15 @@ def main() -> None:
             if not kernels.onednn_ok(dtype):
                 print(f"  {dtype}: oneDNN's linear does not run here")
                 continue
-            x, w, bias = torch.randn(m, k).to(dtype), torch.randn(n, k).mul(k ** -0.5).to(dtype), torch.randn(n).to(dtype)
+            x, bias = torch.randn(m, k).to(dtype), torch.randn(n).to(dtype)
+            w = torch.randn(n, k).mul(k ** -0.5).to(dtype)
             fns = {"separate": lambda: torch.ops.aten.gelu_(precision.dense(x, w, bias)),
                    "fused": lambda: torch.ops.mkldnn._linear_pointwise(x, w, bias, "gelu", [], "none")}
             with torch.inference_mode():
                 diff = float((fns["separate"]().float() - fns["fused"]().float()).abs().max())
                 st = alternate(fns, args.seconds, args.repeats)
-            res.setdefault("gelu", []).append({"dtype": str(dtype), "shape": [m, k, n], "separate_ms": 1e3 * st["separate"],
+            res.setdefault("gelu", []).append({"dtype": str(dtype), "shape": [m, k, n],
+                                               "separate_ms": 1e3 * st["separate"],
                                                "fused_ms": 1e3 * st["fused"], "ratio": st["fused"] / st["separate"],
                                                "max_abs_diff": diff})
             print(f"  {str(dtype)[6:]:9s} separate {1e3 * st['separate']:7.2f}  fused {1e3 * st['fused']:7.2f}  "

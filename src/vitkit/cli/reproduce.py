@@ -47,7 +47,8 @@ def _reproduce(args) -> int:
                              f"commas, e.g. --claims 1,3,8")
     if args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: give 1 or more processes")
-    report = reproduce(args.out, ids, args.budget, jobs=args.jobs, command="vitkit " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+    command = "vitkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    report = reproduce(args.out, ids, args.budget, jobs=args.jobs, command=command,
                        progress=args.progress, report_only=args.report_only, allow_mixed_code=args.allow_mixed_code,
                        allow_missing_seeds=args.allow_missing_seeds)
     for c in report["claims"]:

@@ -186,7 +186,8 @@ def selector_arms(name: Name, arms: Dict[str, Arm]) -> List[str]:
 METRIC_LABELS = {SPEED: "images / s, side by side", "test_top1": "test top-1", "val_top1": "validation top-1",
                  "fewshot_5": "5-shot linear", "fewshot_10": "10-shot linear", "train_macs": "training compute",
                  "late_gain": "validation gain in the last quarter",
-                 "l0_max_rel": "layer-0 max head distance / uniform", "l0_min_rel": "layer-0 min head distance / uniform",
+                 "l0_max_rel": "layer-0 max head distance / uniform",
+                 "l0_min_rel": "layer-0 min head distance / uniform",
                  "l0_spread_rel": "layer-0 head spread / uniform", "dist_growth": "distance growth (px)",
                  "l0_mean_dist": "layer-0 mean distance (px)", "posemb_rowcol": "row/column similarity excess"}
 PERCENT = {"test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain"}  # shares, shown in percent

@@ -56,7 +56,8 @@ def _distance(ax, rec, report, metric, scale) -> bool:
             ax.scatter([layer + 0.15 * i] * len(heads), heads, s=12, color=f"C{i}",
                        label=row["label"] if layer == 0 else None)
         if row.get("uniform_distance"):
-            ax.axhline(row["uniform_distance"], color=f"C{i}", ls=":", lw=0.8, label=f"{row['label']}: uniform attention")
+            ax.axhline(row["uniform_distance"], color=f"C{i}", ls=":", lw=0.8,
+                       label=f"{row['label']}: uniform attention")
     if not rows:
         return False
     ax.set_xticks(range(max(len(r["distance"]) for r in rows)))

@@ -86,7 +86,8 @@ def _head(report: Dict[str, Any]) -> List[str]:
 def _arms(c: Dict[str, Any], report: Dict[str, Any]) -> List[str]:
     vals = report["values"]
     shown = SHOWN if any(t.get("metric") == SPEED for t in c["tests"]) else tuple(m for m in SHOWN if m != SPEED)
-    summ = {r["arm"]: {m: stats.summary(list((vals.get(r["arm"]) or {}).get(m, {}).values())) for m in shown + (c["metric"],)}
+    summ = {r["arm"]: {m: stats.summary(list((vals.get(r["arm"]) or {}).get(m, {}).values()))
+                       for m in shown + (c["metric"],)}
             for r in c["arms"]}
     metrics = [m for m in dict.fromkeys(shown + (c["metric"],)) if any(s[m]["mean"] is not None for s in summ.values())]
     lines = ["| arm | run | params | MACs | " + " | ".join(METRIC_LABELS.get(m, m) for m in metrics) + " | seeds |",
@@ -116,8 +117,10 @@ def _tests(c: Dict[str, Any]) -> List[str]:
         ref = f" vs {t['ref']:g}" if t["ref"] else ""
         unit = " pt" if m in PERCENT else ""
         df = t.get("df")
-        design = "-" if df is None else f"{t['design']}, df {df:.0f}" if float(df).is_integer() else f"{t['design']}, df {df:.1f}"
-        note = f" ({t['note']})" if t.get("note") else f" (same contrast as '{t['duplicate_of']}')" if t.get("duplicate_of") else ""
+        design = ("-" if df is None else f"{t['design']}, df {df:.0f}" if float(df).is_integer()
+                  else f"{t['design']}, df {df:.1f}")
+        note = (f" ({t['note']})" if t.get("note") else
+                f" (same contrast as '{t['duplicate_of']}')" if t.get("duplicate_of") else "")
         margin = f", margin {_num(t['margin'], m)}{unit}" if t.get("margin") is not None else ""
         lines.append(f"| {t['text']} ({METRIC_LABELS.get(m, m)}: {resolved}{ref}{margin}) | {_ci(t, m, True)}{unit} | "
                      f"{'TOST' if t['expect'] == '~' else 't'}, {design} | {p} | {t['verdict']}{note} |")

@@ -14,8 +14,8 @@ from .budget import Budget
 from .claims import MARGINS, SPEED, Arm, Claim, Test
 from .measure import code_id
 
-PER_SEED = ("test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain", "train_macs", "lr", "l0_mean_dist", "l0_max_rel",
-            "l0_min_rel", "l0_spread_rel", "dist_growth", "posemb_rowcol")
+PER_SEED = ("test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain", "train_macs", "lr", "l0_mean_dist",
+            "l0_max_rel", "l0_min_rel", "l0_spread_rel", "dist_growth", "posemb_rowcol")
 
 
 def _groups(arms: Dict[str, Arm]) -> Dict[str, List[Tuple[float, str]]]:
@@ -149,7 +149,8 @@ def evaluate(report: Dict[str, Any]) -> None:
                 t["verdict"] = stats.decide(t["expect"], t["estimate"], t["ref"], t["p_adjusted"])
                 unmet = [r for r in t.get("requires", []) if by_text.get(r) != stats.REPRODUCED]
                 if unmet:
-                    t["verdict"], t["note"] = stats.UNDERPOWERED, "not testable: " + "; ".join(unmet) + " is not reproduced"
+                    t["verdict"] = stats.UNDERPOWERED
+                    t["note"] = "not testable: " + "; ".join(unmet) + " is not reproduced"
             by_text[t["text"]] = t["verdict"]
         c["verdict"] = stats.combine([t["verdict"] for t in c["tests"] if not t.get("duplicate_of")])
 
@@ -159,7 +160,8 @@ def _contrast(t: Dict[str, Any], values: Dict[str, Any], report: Dict[str, Any])
     if t["metric"] != SPEED:
         versions = {report["code"].get(a, {}).get(str(s)) for a in per for s in per[a]}
         if len(versions) > 1 and not report.get("allow_mixed_code"):
-            raise ConfigError(f"'{t['text']}' compares runs of different code versions ({', '.join(sorted(map(str, versions)))}):"
+            mixed = ", ".join(sorted(map(str, versions)))
+            raise ConfigError(f"'{t['text']}' compares runs of different code versions ({mixed}):"
                               f" retrain them with one version, or pass --allow-mixed-code")
     try:
         cst = stats.contrast(t["weights"], per, allow_missing=bool(report.get("allow_missing_seeds")))

@@ -33,7 +33,8 @@ class _Progress:
 
     def __init__(self, order: List[Tuple[str, int]], root: PathLike, jobs: int, log: Callable[[str], None],
                  stats: Optional[Dict[str, int]]):
-        self.left, self.total, self.root, self.jobs, self.log, self.stats = list(order), len(order), root, jobs, log, stats
+        self.left, self.total, self.root = list(order), len(order), root
+        self.jobs, self.log, self.stats = jobs, log, stats
         self.states: Dict[Tuple[str, int], str] = {}
         self.costs: Dict[str, List[float]] = {}
         self.t0, self.trained, self.done, self.started = time.perf_counter(), 0, 0, 0
@@ -108,7 +109,8 @@ def _run_parallel(order: List[Tuple[str, int]], arms: Dict[str, Arm], budget: Bu
     try:
         with _terminate_as_interrupt():
             while pending or running:
-                ready = [(n, s) for n, s in pending if not arms[n].parent or is_done(run_folder(root, arms[n].parent, s))]
+                ready = [(n, s) for n, s in pending
+                         if not arms[n].parent or is_done(run_folder(root, arms[n].parent, s))]
                 for name, seed in ready[:max(0, jobs - len(running))]:
                     pending.remove((name, seed))
                     prog.start(name, seed)
