@@ -331,7 +331,10 @@ def test_reproduce_end_to_end_tiny(tmp_path, tiny_data):
     out = out.rename(tmp_path / "moved")
     rep2 = reproduce(out, ids, budget, command="test", log=lines.append)
     assert not any("training" in line or "resumed" in line for line in lines)
-    assert [c["verdict"] for c in rep2["claims"]] == [c["verdict"] for c in rep["claims"]]
+    # the same verdicts, but for claim 7's speed test, which times the models again (on a loaded machine the
+    # second timing can fall on either side)
+    assert [[t["verdict"] for t in c["tests"] if t.get("metric") != "paired_img_per_s"] for c in rep2["claims"]] == \
+           [[t["verdict"] for t in c["tests"] if t.get("metric") != "paired_img_per_s"] for c in rep["claims"]]
     assert rep2["compute"]["this_invocation"] == {"reused": len(finished)} and not rep2["compute"]["complete"]
     # the command line reports on the finished runs without training
     from vitkit.cli import main

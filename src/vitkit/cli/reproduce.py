@@ -26,6 +26,10 @@ def register(sub) -> None:
                    help="compare runs trained by different code versions (refused by default; the report lists them)")
     p.add_argument("--allow-missing-seeds", action="store_true",
                    help="compare arms whose seeds differ, unpaired (refused by default; the report lists them)")
+    p.add_argument("--state", default=None, metavar="FILE.tar.gz",
+                   help="the campaign's portable state, for a campaign longer than one machine's lease: runs in "
+                        "FILE that OUT lacks are restored before anything trains, and FILE is rewritten after every "
+                        "finished run with each run's records and only the weights a run still to come needs")
     p.add_argument("--progress", action="store_true", help="a progress bar per run")
     p.set_defaults(func=_reproduce)
 
@@ -50,7 +54,7 @@ def _reproduce(args) -> int:
     command = "vitkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     report = reproduce(args.out, ids, args.budget, jobs=args.jobs, command=command,
                        progress=args.progress, report_only=args.report_only, allow_mixed_code=args.allow_mixed_code,
-                       allow_missing_seeds=args.allow_missing_seeds)
+                       allow_missing_seeds=args.allow_missing_seeds, state=args.state)
     for c in report["claims"]:
         print(f"claim {c['id']:2d}  {c['verdict']:32s}  {c['title']}")
     return 0

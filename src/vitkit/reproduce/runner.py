@@ -32,8 +32,8 @@ class _Progress:
     left, estimated from the training time of the finished runs of each remaining arm, else of all."""
 
     def __init__(self, order: List[Tuple[str, int]], root: PathLike, jobs: int, log: Callable[[str], None],
-                 stats: Optional[Dict[str, int]]):
-        self.left, self.total, self.root = list(order), len(order), root
+                 stats: Optional[Dict[str, int]], after: Optional[Callable[[str, int], None]] = None):
+        self.left, self.total, self.root, self.after = list(order), len(order), root, after
         self.jobs, self.log, self.stats = jobs, log, stats
         self.states: Dict[Tuple[str, int], str] = {}
         self.costs: Dict[str, List[float]] = {}
@@ -56,6 +56,8 @@ class _Progress:
             self.costs.setdefault(name, []).append(float(result["train_s"]))
         if self.states.get((name, seed)) == "reused":
             return
+        if self.after is not None:
+            self.after(name, seed)
         self.trained += 1
         spent = time.perf_counter() - self.t0
         eta = ""
@@ -70,15 +72,17 @@ class _Progress:
 def run_all(names: Sequence[str], arms: Dict[str, Arm], budget: Budget, root: PathLike, *,
             progress: bool = False, log: Callable[[str], None] = print, stats: Optional[Dict[str, int]] = None,
             jobs: int = 1, seeds: Optional[Sequence[int]] = None,
-            known: Optional[Dict[str, List[Dict[str, Any]]]] = None) -> Dict[str, List[Dict[str, Any]]]:
+            known: Optional[Dict[str, List[Dict[str, Any]]]] = None,
+            after: Optional[Callable[[str, int], None]] = None) -> Dict[str, List[Dict[str, Any]]]:
     """Train and measure every (arm, seed) (``seeds``: default the budget's); returns {arm: [measures per
     seed]}. ``stats`` (if given) counts the runs by what this call did: ``training``, ``resumed``, ``reused``.
     ``known``: measures this invocation already has (the sweep's runs), taken as they are. Seed-major order,
-    so a partial campaign still has every arm at the first seeds."""
+    so a partial campaign still has every arm at the first seeds. ``after(run, seed)`` is called as each run
+    finishes (the campaign state is saved there)."""
     have = {(n, int(m["seed"])): m for n, ms in (known or {}).items() for m in ms}
     order = [(name, seed) for seed in (seeds if seeds is not None else budget.seeds) for name in names
              if (name, seed) not in have]
-    prog = _Progress(order, root, jobs, log, stats)
+    prog = _Progress(order, root, jobs, log, stats, after)
     out: Dict[str, List[Dict[str, Any]]] = {}
     for (name, seed), m in have.items():
         if name in names and seed in (seeds if seeds is not None else budget.seeds):
