@@ -44,7 +44,8 @@ def test_the_state_keeps_records_and_only_the_weights_still_needed(tmp_path):
     init = runs.init_folder(arms["res-ft28-reinit"], 0, root)
     init.mkdir(parents=True)
     (init / "model.safetensors").write_bytes(b"i")
-    _run(root, "axial", 0)                                # timed at the end: kept
+    timed = _run(root, "axial", 0, checkpoint=True)       # timed at the end: its model kept, not its checkpoint
+    (timed / "curves.png").write_bytes(b"p")              # a plot, drawn again from metrics.jsonl
     stale = runs.init_folder(arms["res-ft28-reinit"], 1, root)  # a finished child's starting weights: dropped
     stale.mkdir(parents=True)
     (stale / "model.safetensors").write_bytes(b"i")
@@ -59,7 +60,8 @@ def test_the_state_keeps_records_and_only_the_weights_still_needed(tmp_path):
     assert "runs/res-ft28-reinit/seed0/checkpoints/last.pt" in names
     assert "runs/res-ft28-reinit/seed0-init/model.safetensors" in names
     assert "runs/axial/seed0/model/model.safetensors" in names
-    assert not any("seed1-init" in n or n.endswith((".lock", ".tmp")) for n in names)
+    assert "runs/axial/seed0/checkpoints/last.pt" not in names and "runs/axial/seed0/metrics.jsonl" in names
+    assert not any("seed1-init" in n or n.endswith((".lock", ".tmp", ".png")) for n in names)
     assert info["weight_files"] == 5 and info["finished_runs"] == 4
     # the same state gives the same bytes (fixed times and owners): a commit of it changes only with the runs
     first = (tmp_path / "state.tar.gz").read_bytes()

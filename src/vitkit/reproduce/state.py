@@ -3,12 +3,12 @@ version control, so that a campaign longer than one machine's lease goes on from
 machine (``vitkit reproduce --state FILE``).
 
 The archive holds, for every run folder, its records (recipe.yaml, results.json, metrics.jsonl,
-provenance.json, measures.json, the model folder's JSON); weights and checkpoints only where a run still to
-come needs them: a run not yet measured (interrupted, or killed between training and measuring: its
-checkpoint resumes it), a parent whose children are not all measured, and the models the final side-by-side
-timing reads. Everything else can be recomputed from what is kept (the class-subset files) or is no longer
-read by anything (a measured run's weights). The archive is written with fixed times and owners, so the same
-state gives the same bytes.
+provenance.json, measures.json, the model folder's JSON); weights only where a run still to come needs them:
+a run not yet measured (interrupted, or killed between training and measuring; with its checkpoint, which
+resumes it), a parent whose children are not all measured, and the models the final side-by-side timing
+reads. Everything else can be recomputed from what is kept (the class-subset files, the run's plots) or is no
+longer read by anything (a measured run's weights and checkpoint). The archive is written with fixed times
+and owners, so the same state gives the same bytes.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from .measure import MEASURES, PROVENANCE, code_id, run_code
 from .runs import init_folder, run_folder
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+DRAWN = (".png", ".svg", ".pdf")  # a run's plots: drawn from its metrics.jsonl, which the state keeps
 MAX_BYTES = 4 << 30  # what an archive may unpack to: a campaign's records and a few models are far below it
 
 
@@ -68,14 +69,16 @@ def _members(root: Path, keep: Set[Path]) -> List[Path]:
         if not folder.is_dir():
             continue
         prepared = folder.name.endswith("-init")
-        whole = folder in keep or (not prepared and not (folder / MEASURES).is_file())
-        if prepared and not whole:
+        unmeasured = not prepared and not (folder / MEASURES).is_file()  # still training, or not yet measured
+        weights = folder in keep or unmeasured
+        if prepared and not weights:
             continue  # starting weights of runs that are finished: nothing reads them again
         for f in sorted(folder.rglob("*")):
             if f.is_symlink() or not f.is_file() or f.name.startswith("."):  # no links, no temporary files
                 continue
             rel = f.relative_to(folder)
-            if not whole and (f.suffix in WEIGHT_SUFFIXES or rel.parts[0] == "checkpoints"):
+            if f.suffix in DRAWN or (rel.parts[0] == "checkpoints" and not unmeasured) or \
+                    (f.suffix in WEIGHT_SUFFIXES and not weights):
                 continue
             files.append(f)
     return files
