@@ -13,7 +13,6 @@ and owners, so the same state gives the same bytes.
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import shutil
 import tarfile
@@ -107,26 +106,27 @@ def load_state(path: PathLike, root: PathLike) -> Dict[str, object]:
     """Restore the archive's runs into ``root``: every file ``root`` lacks (a file already there wins: the
     folder may be further on). Refuses, before writing anything, an archive that is not one, or holds a link,
     a path outside ``runs/`` or more than it should unpack to. Returns the counts and the code versions of the
-    archive's runs."""
+    archive's runs as they now stand in ``root``."""
     path, root = Path(path), Path(root)
     try:
         with tarfile.open(path, "r:gz") as tar:
             members = tar.getmembers()
             _check(path, members)
             restored = skipped = 0
+            codes = set()
             for m in members:
                 if m.isdir():
                     continue
                 dest = root.joinpath(*PurePosixPath(m.name).parts)
                 if dest.exists():
                     skipped += 1
-                    continue
-                src = tar.extractfile(m)
-                with atomic_path(dest) as tmp, open(tmp, "wb") as out:
-                    shutil.copyfileobj(src, out)
-                restored += 1
-            codes = sorted({code_id(run_code(json.load(io.TextIOWrapper(tar.extractfile(m), "utf-8"))))
-                            for m in members if m.isfile() and PurePosixPath(m.name).name == PROVENANCE})
+                else:
+                    with atomic_path(dest) as tmp, open(tmp, "wb") as out:
+                        shutil.copyfileobj(tar.extractfile(m), out)
+                    restored += 1
+                if dest.name == PROVENANCE:  # the code version of the run as it is now in root
+                    codes.add(code_id(run_code(json.loads(dest.read_text()))))
+            codes = sorted(codes)
     except (tarfile.TarError, EOFError, OSError, ValueError, UnicodeDecodeError) as err:
         if isinstance(err, DataError):
             raise
@@ -146,12 +146,3 @@ def _check(path: Path, members: List[tarfile.TarInfo]) -> None:
     if total > MAX_BYTES:
         raise DataError(f"{path}: would unpack to {total / 2**30:.1f} GiB, more than a campaign state holds "
                         f"({MAX_BYTES / 2**30:.0f} GiB)")
-
-
-def describe(info: Mapping[str, int]) -> str:
-    return (f"{info['finished_runs']} finished runs, {info['weight_files']} weight files, "
-            f"{info['bytes'] / 2**20:.1f} MiB")
-
-
-def unresolved_parents(arms: Mapping[str, Arm]) -> List[str]:
-    return sorted({a.parent for a in arms.values() if a.parent})
