@@ -303,3 +303,25 @@ def test_training_records_and_pins_the_backend(tmp_path, monkeypatch):
     assert res["backend"]["declared"] == "gemm=aten,attention=explicit,int8=x86"
     assert json.loads((tmp_path / "run" / "results.json").read_text())["backend"] == res["backend"]
     assert backend.current() == backend.AUTO  # the run's backend ended with the run
+
+
+def test_a_recipe_that_pins_kernels_wins_over_the_environment_and_the_command_line_wins_over_it(
+        tmp_path, monkeypatch, capsys):
+    """train.backend in a recipe is what the run computes with, whatever $VITKIT_BACKEND says (with a one-line
+    warning naming both); an explicit --backend on the training command replaces the recipe's."""
+    from _synthetic import write_npz, write_recipe
+    from vitkit.errors import VitkitWarning
+    from vitkit.train import load_recipe, train
+
+    data = write_npz(tmp_path / "data.npz")
+    path = write_recipe(tmp_path, data)
+    recipe = load_recipe(path, {"train.backend": "gemm=aten,attention=explicit", "schedule.epochs": 1,
+                                "train.ema": 0.0})
+    monkeypatch.setenv(backend.ENV, "gemm=onednn,attention=fused")
+    with pytest.warns(VitkitWarning, match=r"pins train.backend=gemm=aten,attention=explicit,int8=auto.*"
+                                           r"gemm=onednn,attention=fused,int8=auto, from VITKIT_BACKEND"):
+        res = train(recipe, tmp_path / "run", progress=False)
+    assert res["backend"]["declared"] == "gemm=aten,attention=explicit,int8=auto"
+    assert main(["train", "--recipe", str(path), "--set", "train.backend=attention=explicit",
+                 "--backend", "gemm=onednn", "--print"]) == 0
+    assert "backend: gemm=onednn\n" in capsys.readouterr().out

@@ -258,3 +258,13 @@ def test_fp16_is_refused_off_cuda_with_the_fix(tmp_path):
         Trainer(recipe, tmp_path / "run", progress=False)
     with pytest.raises(vitkit.ConfigError, match="fp32, bf16 or fp16"):
         load_recipe("fmnist-fast", overrides={"train.precision": "fp8"})
+
+
+def test_demo_recipe_pins_the_kernels():
+    """make demo computes the same function on every machine kind: ATen's GEMMs and the fused attention,
+    whatever the machine's measurement would pick (the README's accuracy holds everywhere)."""
+    from vitkit.models.backend import PLAIN, Backend
+
+    r = load_recipe("fmnist-demo")
+    b = Backend.parse(r.train.backend)
+    assert (b.gemm, b.attention) == (PLAIN.gemm, PLAIN.attention)

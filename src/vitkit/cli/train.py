@@ -73,7 +73,8 @@ def overrides_of(args) -> dict:
     """The recipe overrides of a training command: ``--set`` pairs plus the shortcut options."""
     ov = parse_overrides(args.set)
     for flag, key in (("data", "data.dataset"), ("epochs", "schedule.epochs"), ("steps", "schedule.steps"),
-                      ("lr", "optim.lr"), ("batch_size", "optim.batch_size"), ("device", "train.device")):
+                      ("lr", "optim.lr"), ("batch_size", "optim.batch_size"), ("device", "train.device"),
+                      ("backend", "train.backend")):  # the command line wins over a recipe that pins kernels
         v = getattr(args, flag, None)
         if v is not None:
             ov[key] = v

@@ -86,7 +86,8 @@ class TrainConfig:
     log_every: int = 50  # steps between metric lines
     deterministic: bool = False  # torch deterministic algorithms (exact resume on GPU too); pins the backend
     # the kernels (vitkit.models.backend): e.g. "gemm=aten,attention=fused"; null = the one in force when the run
-    # starts (--backend, $VITKIT_BACKEND, else auto). The run folder's recipe.yaml records the spec it ran with.
+    # starts ($VITKIT_BACKEND, else auto). A set value wins over the environment; the training commands' --backend
+    # sets this field. The run folder's recipe.yaml records the spec it ran with.
     backend: Optional[str] = None
     threads: Optional[int] = None  # torch intra-op threads on CPU
     distributed: str = "ddp"  # ddp | fsdp (used when launched with torchrun)

@@ -30,6 +30,7 @@ GPU with ``train.deterministic``).
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
@@ -38,10 +39,11 @@ import torch
 from ..data.augment import BatchAugment, Normalize
 from ..data.datasets import Dataset
 from ..data.loader import EpochSampler, Loader
-from ..errors import ConfigError, TrainingDiverged
+from ..errors import ConfigError, TrainingDiverged, VitkitWarning
 from ..models import VisionTransformer
 from ..models.backend import Backend, use_backend
 from ..models.backend import current as current_backend
+from ..models.backend import record as backend_record
 from ..models.precision import settle_attention
 from ..utils import PathLike, remove_stale_temps
 from . import distributed as D
@@ -75,7 +77,12 @@ class Trainer:
             torch.set_num_threads(int(t.threads))
         if t.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
-        self.backend = Backend.parse(t.backend if t.backend is not None else current_backend().spec)
+        in_force = current_backend()
+        self.backend = Backend.parse(t.backend if t.backend is not None else in_force.spec)
+        if t.backend is not None and in_force != Backend() and in_force != self.backend:
+            warnings.warn(f"the recipe pins train.backend={self.backend.spec}, so the backend in force "
+                          f"({in_force.spec}, from {backend_record()['source']}) is not used by this run; "
+                          "pass --backend (or train.backend) to change it", VitkitWarning, stacklevel=2)
         if t.deterministic:
             self.backend = self.backend.pinned()
         t.backend = self.backend.spec  # recipe.yaml records what the run computes with (resume reuses it)
