@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -322,6 +323,11 @@ def test_a_recipe_that_pins_kernels_wins_over_the_environment_and_the_command_li
                                            r"gemm=onednn,attention=fused,int8=auto, from VITKIT_BACKEND"):
         res = train(recipe, tmp_path / "run", progress=False)
     assert res["backend"]["declared"] == "gemm=aten,attention=explicit,int8=auto"
+    monkeypatch.setenv(backend.ENV, "gemm=aten")  # agrees with the pin where it fixes anything: no warning
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        train(recipe, tmp_path / "run2", progress=False)
+    assert not [w for w in seen if "pins train.backend" in str(w.message)]
     assert main(["train", "--recipe", str(path), "--set", "train.backend=attention=explicit",
                  "--backend", "gemm=onednn", "--print"]) == 0
     assert "backend: gemm=onednn\n" in capsys.readouterr().out

@@ -79,7 +79,8 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=True)
         in_force = current_backend()
         self.backend = Backend.parse(t.backend if t.backend is not None else in_force.spec)
-        if t.backend is not None and in_force != Backend() and in_force != self.backend:
+        overridden = [k for k, v in in_force.__dict__.items() if v != "auto" and v != getattr(self.backend, k)]
+        if t.backend is not None and overridden:  # a fixed choice in force that the recipe's pin replaces
             warnings.warn(f"the recipe pins train.backend={self.backend.spec}, so the backend in force "
                           f"({in_force.spec}, from {backend_record()['source']}) is not used by this run; "
                           "pass --backend (or train.backend) to change it", VitkitWarning, stacklevel=2)
