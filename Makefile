@@ -16,16 +16,17 @@ PYTEST_ARGS ?=
 	test-extras test-extras-core peers api-docs clean
 FMNIST ?= /usr/share/datasets/fashion-mnist
 
-# The demo needs only the core and matplotlib (about a minute to install); the tests add their extras
-# (scipy, scikit-image, transformers, onnx: about another minute) on top of the same environment.
+# The demo needs only the core and matplotlib; the tests add their extras (scipy, scikit-image,
+# transformers, onnx) on top of the same environment. --no-compile: pip does not byte-compile every module
+# of every package at install time (most of torch's are never imported); Python compiles what is imported,
+# on first use. It keeps the demo's install short (the demo is timed with it).
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q $(TORCH_PIN)
-	$(BIN)/pip install -q -e '.[plots]'
+	$(BIN)/pip install -q --no-compile $(TORCH_PIN) -e '.[plots]'
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-compile -e '.[test]'
 	touch $@
 
 venv: $(VENV)/.installed
