@@ -64,9 +64,10 @@ browser:
 # The main job: train a small ViT from scratch on Fashion-MNIST, evaluate it on the 10,000 test images,
 # save the model (runs/demo/model), the curves and a few predictions, print the test accuracy.
 DEMO_OUT ?= runs/demo
+DEMO_ARGS ?=
 demo: venv data
 	rm -rf $(DEMO_OUT)
-	$(BIN)/vitkit train --recipe fmnist-demo --out $(DEMO_OUT)
+	$(BIN)/vitkit train --recipe fmnist-demo --out $(DEMO_OUT) $(DEMO_ARGS)
 
 # The analysis figures of docs/analysis.md (rollout, attention distance, position-embedding similarity,
 # embedding filters, few-shot) from the demo model; `make demo` first.

@@ -2,6 +2,7 @@
 training run and its test evaluation; writes docs/figures/training/fmnist-demo.json.
 
     python3 benchmarks/make_demo.py                 # clones HEAD of this checkout into a temporary folder
+    python3 benchmarks/make_demo.py --backend gemm=onednn --out docs/figures/training/fmnist-demo-onednn.json
 
 The JSON holds the wall time of the whole `make demo` (install included), the run's results.json (validation
 scores, the exported weights, the one test evaluation) and the machine line. Fashion-MNIST must be
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -27,6 +27,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keep", action="store_true", help="keep the clone (its runs/demo/model for the figures)")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--backend", metavar="SPEC", help="other kernels than the recipe's pinned ones: passed to the "
+                    "demo's `vitkit train --backend` (make demo DEMO_ARGS=...)")
     args = ap.parse_args(argv)
     subprocess.run(["make", "-s", "data"], cwd=ROOT, check=True)
     work = Path(tempfile.mkdtemp(prefix="vitkit-demo-"))
@@ -35,7 +37,8 @@ def main(argv=None) -> int:
                             check=True).stdout.strip()
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     t0 = time.perf_counter()
-    proc = subprocess.run(["make", "demo"], cwd=clone, capture_output=True, text=True)
+    make = ["make", "demo"] + ([f"DEMO_ARGS=--backend {args.backend}"] if args.backend else [])
+    proc = subprocess.run(make, cwd=clone, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     sys.stdout.write(proc.stdout[-3000:])
     if proc.returncode:
@@ -47,8 +50,8 @@ def main(argv=None) -> int:
         [str(clone / ".venv" / "bin" / "python"), "-c",
          "import json; from vitkit.bench.machine import machine_info; print(json.dumps(machine_info()))"],
         capture_output=True, text=True, check=True).stdout)
-    pinned = os.environ.get("VITKIT_BACKEND")
-    command = (f"VITKIT_BACKEND={pinned} " if pinned else "") + "make demo (fresh clone, new .venv)"
+    command = " ".join(make[:2] + [f"DEMO_ARGS='--backend {args.backend}'"] if args.backend else make) + \
+        " (fresh clone, new .venv)"
     summary = {"command": command, "commit": commit, "wall_s": round(wall, 1),
                "wall_min": round(wall / 60, 2), "test_top1": res.get("test_top1"), "test_top5": res.get("test_top5"),
                "exported_weights": res.get("exported_weights"), "selected_by": res.get("selected_by"),
