@@ -125,7 +125,9 @@ def test_b16_forward_is_35_1_gflop():
 
 def test_gemm_rate_and_roofline_arithmetic():
     r = gemm_rate(Gemm("t", 64, 32, 48), "fp32", repeats=1)
-    assert r.flops_per_s > 0 and r.impl == "native"
+    # the fastest candidate wins (which one depends on the machine and its load); its rate is the one reported
+    assert r.flops_per_s > 0 and r.impl in r.all_rates and r.all_rates[r.impl] == r.flops_per_s
+    assert "native" in r.all_rates
     rb = gemm_rate(Gemm("t", 64, 32, 48, groups=2), "bf16", repeats=1)
     assert set(rb.all_rates) >= {"native"} | ({"fp32_units"} if not precision.cpu_has_native_bf16() else set())
     cfg = create_model("Ti/16", depth=1, img_size=32).config
