@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -50,8 +51,7 @@ def main(argv=None) -> int:
         [str(clone / ".venv" / "bin" / "python"), "-c",
          "import json; from vitkit.bench.machine import machine_info; print(json.dumps(machine_info()))"],
         capture_output=True, text=True, check=True).stdout)
-    command = " ".join(make[:2] + [f"DEMO_ARGS='--backend {args.backend}'"] if args.backend else make) + \
-        " (fresh clone, new .venv)"
+    command = shlex.join(make) + " (fresh clone, new .venv)"
     summary = {"command": command, "commit": commit, "wall_s": round(wall, 1),
                "wall_min": round(wall / 60, 2), "test_top1": res.get("test_top1"), "test_top5": res.get("test_top5"),
                "exported_weights": res.get("exported_weights"), "selected_by": res.get("selected_by"),
