@@ -32,19 +32,21 @@ def _macs(arm: Arm) -> int:
 def passes(arm: Arm, b: Budget) -> Tuple[float, float]:
     """(training images seen, images evaluated forward only) of one run of ``arm`` under ``b``: the
     evaluations include the validation curve, the final validation and test passes and the probes' features."""
-    n = TRAIN_IMAGES // 2 if arm.classes else TRAIN_IMAGES
+    val = b.val_size or VAL_IMAGES
+    pool = TRAIN_IMAGES + VAL_IMAGES - val  # the training split after the hold-out
+    n = pool // 2 if arm.classes else pool
     n_main = min(n, b.train_images or n)
-    final = VAL_IMAGES + TEST_IMAGES + VAL_IMAGES  # validation, test, and the probes' validation features
+    final = val + TEST_IMAGES + val  # validation, test, and the probes' validation features
     if arm.length in ("main", "finetune"):
         epochs = b.epochs if arm.length == "main" else b.finetune_epochs
-        return n_main * epochs, (VAL_IMAGES * int(epochs) if b.curves else 0) + final
+        return n_main * epochs, (val * int(epochs) if b.curves else 0) + final
     if arm.length == "data":
         return b.data_steps * BATCH, final
     if arm.length == "mpp":
-        return TRAIN_IMAGES * b.mpp_epochs, 0
+        return pool * b.mpp_epochs, 0
     if arm.length == "few_labels":
-        return b.few_labels * b.few_label_epochs, VAL_IMAGES * (10 if b.curves else 0) + final
-    return 0.0, VAL_IMAGES  # an untrained model: measured only
+        return b.few_labels * b.few_label_epochs, val * (10 if b.curves else 0) + final
+    return 0.0, val  # an untrained model: measured only
 
 
 def run_list(b: Budget) -> List[Tuple[Arm, int]]:
