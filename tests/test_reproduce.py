@@ -91,7 +91,8 @@ def test_rowcol_excess_sees_2d_structure():
 def tiny_budget(data):
     return get_budget("quick").with_(
         name="tiny", seeds=(0, 1), train_images=100, epochs=1, finetune_epochs=1, data_steps=2,
-        data_sizes=(50, 100, 200), mpp_epochs=0.5, few_label_epochs=1, few_labels=100, val_size=100, fewshot_shots=(5,),
+        data_sizes=(50, 100, 200), mpp_epochs=0.5, few_label_epochs=1, few_labels=100, val_size=100, test_images=40,
+        fewshot_shots=(5,),
         lr_sweep=(3e-3,), curves=False,
         fewshot_seeds=(0,), analysis_images=8,
         data_note="4 synthetic classes (the bright quadrant), 500 training and 100 test images",
@@ -267,6 +268,10 @@ def test_reproduce_end_to_end_tiny(tmp_path, tiny_data):
     rep = reproduce(out, ids, budget, command="test", log=lambda s: None)
     saved = json.loads((out / "report.json").read_text())
     assert [c["id"] for c in saved["claims"]] == ids and saved["version"] == 2
+    # the budget's test images: the same fixed subset read by every run, said in the report
+    assert saved["test"].startswith("40 test images")
+    tested = [json.loads(p.read_text()).get("test_images") for p in (out / "runs").glob("*/seed*/results.json")]
+    assert set(tested) - {None} == {40} and tested.count(40) > 10  # (MPP pre-training has no test)
     for c in saved["claims"]:
         assert c["verdict"] in stats.VERDICTS and c["tests"]
         assert (out / f"claim{c['id']}.png").is_file()

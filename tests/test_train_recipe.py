@@ -268,3 +268,27 @@ def test_demo_recipe_pins_the_kernels():
     r = load_recipe("fmnist-demo")
     b = Backend.parse(r.train.backend)
     assert (b.gemm, b.attention) == (PLAIN.gemm, PLAIN.attention)
+
+
+def test_test_subset_is_fixed_stratified_and_checked(tmp_path):
+    """data.test_subset: the same class-stratified test images whatever the training seed; a size beyond the
+    split is refused by name."""
+    from _synthetic import write_npz
+    from vitkit.errors import ConfigError
+    from vitkit.train.rundata import open_run_data
+
+    data = write_npz(tmp_path / "d.npz", n_test=200)
+    base = {"model": {"img_size": 16, "patch_size": 4, "width": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64},
+            "data.dataset": f"tensors:{data}", "data.val_size": 40}
+    full = open_run_data(load_recipe("fmnist-demo", base)).test
+    runs = [open_run_data(load_recipe("fmnist-demo", {**base, "data.test_subset": 50, "train.seed": s})).test
+            for s in (0, 3)]
+    assert len(full) == 200 and [len(t) for t in runs] == [50, 50]
+    assert torch.equal(runs[0].labels, runs[1].labels)
+    (x0, _), (x1, _) = (t.gather(torch.arange(50)) for t in runs)
+    assert torch.equal(x0, x1)
+    # stratified: each class keeps its share of the split within one image
+    share = torch.bincount(full.labels, minlength=4).float() * 50 / 200
+    assert (torch.bincount(runs[0].labels, minlength=4).float() - share).abs().max() <= 1.0
+    with pytest.raises(ConfigError, match="data.test_subset=500 but the test split has 200"):
+        open_run_data(load_recipe("fmnist-demo", {**base, "data.test_subset": 500}))

@@ -36,7 +36,7 @@ def passes(arm: Arm, b: Budget) -> Tuple[float, float]:
     pool = TRAIN_IMAGES + VAL_IMAGES - val  # the training split after the hold-out
     n = pool // 2 if arm.classes else pool
     n_main = min(n, b.train_images or n)
-    final = val + TEST_IMAGES + val  # validation, test, and the probes' validation features
+    final = val + (b.test_images or TEST_IMAGES) + val  # validation, test, and the probes' validation features
     if arm.length in ("main", "finetune"):
         epochs = b.epochs if arm.length == "main" else b.finetune_epochs
         return n_main * epochs, (val * int(epochs) if b.curves else 0) + final

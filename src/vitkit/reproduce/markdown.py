@@ -58,7 +58,8 @@ def _head(report: Dict[str, Any]) -> List[str]:
              f"Budget: **{report['budget']}**: {report['budget_note']}.  ", compute_line(report.get("compute")), "",
              f"Data: {report['data']}. The validation split ({report['validation']}) chooses everything that is "
              "chosen (learning rates, claim 2's read-out rates, raw or EMA weights) and is what the probes read; "
-             "the test split is read once per final model, by the trainer, with the exported weights. "
+             f"the test split ({report.get('test', 'the whole test split')}) is read once per final model, by the "
+             "trainer, with the exported weights. "
              "'Validation gain in the last quarter' (where shown) is the validation accuracy at the end of a run "
              "minus the best before its last quarter: clearly above zero, the arm was still improving when its "
              "schedule ended." + (f" Every curve: [{report['curves_file']}]({report['curves_file']})."

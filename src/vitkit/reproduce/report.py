@@ -59,6 +59,8 @@ def build(claims: Sequence[Claim], arms: Dict[str, Arm], alias: Dict[str, str],
         "data": budget.data_note, "validation": (f"{budget.val_size:,} images held out of the training split"
                                                  if budget.val_size else "the recipes' 5,000 training images, 500 "
                                                  "per class, the same for every seed and for MPP"),
+        "test": (f"{budget.test_images:,} test images (a class-stratified subset, the same for every run)"
+                 if budget.test_images else "the whole test split"),
         "sweeps": sweeps or {}, "values": values, "code": code, "curves": curves, "missing_seeds": missing,
         "allow_mixed_code": allow_mixed_code, "allow_missing_seeds": allow_missing_seeds, "claims": []}
     for c in claims:

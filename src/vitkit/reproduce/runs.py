@@ -21,7 +21,7 @@ import torch
 from ..errors import ConfigError
 from ..models.backend import current as current_backend
 from ..utils import PathLike, exclusive
-from .budget import Budget, validation_overrides
+from .budget import Budget, evaluation_overrides, validation_overrides
 from .claims import HALVES, Arm
 from .measure import record_provenance
 
@@ -69,6 +69,7 @@ def recipe_overrides(arm: Arm, seed: int, budget: Budget, root: Path, classes: O
         ov["model"] = model
     ov.update(_length(arm, budget))
     ov.update(validation_overrides(budget.val_size))
+    ov.update(evaluation_overrides(budget.test_images))
     ov.update({"train.seed": seed, "train.ckpt_every": 0, "train.predictions": 0, "name": f"reproduce-{arm.name}"})
     # every run of a campaign computes with the same kernels, on any machine: the declared backend's fixed fields,
     # the rest pinned (gemm=aten,attention=fused,int8=x86), never a per-machine measurement

@@ -63,6 +63,13 @@ def open_run_data(recipe: Recipe, given: Optional[Dict[str, Dataset]] = None) ->
         if dc.train_subset < n:
             _, keep = split_indices(n, dc.train_subset / n, r.train.seed + 1, train.labels)
             train = train.subset(keep, "train")
+    if dc.test_subset and test is not None:  # a short run's test: the same seeded stratified images every run
+        n = len(test)
+        if not 0 < dc.test_subset <= n:
+            raise ConfigError(f"data.test_subset={dc.test_subset} but the test split has {n} images")
+        if dc.test_subset < n:
+            _, keep = split_indices(n, dc.test_subset / n, 0, test.labels)
+            test = test.subset(keep, "test")
     return RunData(list(train_full.classes), train, val, test, load_size)
 
 

@@ -33,6 +33,7 @@ class DataConfig:
     workers: int = 0  # decoding processes for file datasets (at most the usable cores)
     cache: bool = False  # decode a file dataset once into memory (small datasets)
     train_subset: Optional[int] = None  # train on a seeded, class-stratified subset of this many images
+    test_subset: Optional[int] = None  # test on a fixed class-stratified subset (seed 0, the same for every run)
     eval_batch_size: int = 500
 
 
@@ -140,7 +141,7 @@ RANGES = {
                          "optim.accum_steps", "optim.eps", "schedule.epochs", "schedule.steps", "schedule.minutes",
                          "train.log_every", "init.num_heads", "distill.num_heads", "distill.tau", "mpp.bits")},
     # 0 means "off" or "the default" for these
-    **{k: ">=0" for k in ("data.train_subset", "optim.clip_grad", "train.threads")},
+    **{k: ">=0" for k in ("data.train_subset", "data.test_subset", "optim.clip_grad", "train.threads")},
     **{k: ">=0" for k in ("data.val_size", "data.val_seed", "data.workers", "optim.weight_decay", "optim.momentum",
                           "schedule.warmup_steps", "schedule.warmup_epochs", "schedule.min_lr", "train.seed",
                           "train.eval_every", "train.ckpt_every", "train.predictions", "mpp.eval_images",
