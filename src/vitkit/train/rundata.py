@@ -57,20 +57,21 @@ def open_run_data(recipe: Recipe, given: Optional[Dict[str, Dataset]] = None) ->
     # labels must still leave out exactly the validation images its fine-tunes are selected on
     train, val = hold_out(train_full, dc.val_size, dc.val_fraction, dc.val_seed)
     if dc.train_subset:  # few labels: a seeded, class-stratified subset of the training images
-        n = len(train)
-        if not 0 < dc.train_subset <= n:
-            raise ConfigError(f"data.train_subset={dc.train_subset} but the training split has {n} images")
-        if dc.train_subset < n:
-            _, keep = split_indices(n, dc.train_subset / n, r.train.seed + 1, train.labels)
-            train = train.subset(keep, "train")
-    if dc.test_subset and test is not None:  # a short run's test: the same seeded stratified images every run
-        n = len(test)
-        if not 0 < dc.test_subset <= n:
-            raise ConfigError(f"data.test_subset={dc.test_subset} but the test split has {n} images")
-        if dc.test_subset < n:
-            _, keep = split_indices(n, dc.test_subset / n, 0, test.labels)
-            test = test.subset(keep, "test")
+        train = _stratified_subset(train, dc.train_subset, r.train.seed + 1, "data.train_subset", "train")
+    if dc.test_subset and test is not None:  # a short run's test: the same stratified images in every run
+        test = _stratified_subset(test, dc.test_subset, 0, "data.test_subset", "test")
     return RunData(list(train_full.classes), train, val, test, load_size)
+
+
+def _stratified_subset(ds: Dataset, k: int, seed: int, key: str, split: str) -> Dataset:
+    """A seeded, class-stratified subset of ``k`` of ``ds``'s images (all of them when ``k`` is its size)."""
+    n = len(ds)
+    if not 0 < k <= n:
+        raise ConfigError(f"{key}={k} but the {'training' if split == 'train' else split} split has {n} images")
+    if k == n:
+        return ds
+    _, keep = split_indices(n, k / n, seed, ds.labels)
+    return ds.subset(keep, split)
 
 
 def eval_preprocessing(dc: DataConfig, config: ViTConfig, in_memory: bool, load_size: int) -> Dict[str, Any]:
