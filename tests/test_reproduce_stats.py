@@ -223,6 +223,11 @@ def test_budget_costs_estimated_from_the_committed_report():
     committed = json.loads((ref.parents[1] / "budgets.json").read_text())
     assert committed == json.loads(json.dumps(budgets_json(ref))), "regenerate: python -m vitkit.reproduce.estimate"
     assert quick["wall_hours"] <= 0.75 and full["wall_hours"] <= 12.0, (quick, full)
+    # the estimate fitted to the quick run measured on the AMD EPYC AVX2 kind is derived from its report
+    kind = ref.parents[1] / "quick-amd-avx2"
+    assert json.loads((kind / "estimate.json").read_text()) == json.loads(json.dumps(budgets_json(
+        kind / "report.json", name="docs/reproduction/quick-amd-avx2/report.json"))), \
+        "regenerate: python -m vitkit.reproduce.estimate docs/reproduction/quick-amd-avx2/report.json"
     assert len(get_budget("full").seeds) >= 5 and len(get_budget("full").lr_sweep) >= 3
     # every (arm, seed) of the campaign is counted once: the sweep's run at the chosen rate is reused
     from collections import Counter
@@ -234,6 +239,48 @@ def test_budget_costs_estimated_from_the_committed_report():
         per_run[arm.name] += k
     assert set(per_run.values()) == {len(b.seeds), len(b.sweep_seeds)}
     assert per_run["vit@lr1e-3"] == len(b.seeds) and per_run["vit@lr4e-3"] == len(b.sweep_seeds)
+
+
+def test_budget_cost_fitted_to_a_complete_v2_report_on_its_machine(tmp_path):
+    """A v2 report (one invocation of a whole budget) fits its machine's rate to each run's training time and
+    charges the rest of its wall time as a per-run overhead: constructed from a known rate and overhead, the
+    fit recovers both and the estimate of the same budget gives back its wall time; a partial or foreign
+    report is refused."""
+    import json
+
+    from vitkit.errors import DataError
+    from vitkit.reproduce import get_budget
+    from vitkit.reproduce.estimate import _macs, budgets_json, estimate, fit, passes, run_list
+
+    b = get_budget("quick")
+    rate, overhead, jobs = 2.5e-10, 7.0, 2
+    train_s, total, n = {}, 0.0, 0
+    for arm, k in run_list(b):
+        seen, ev = passes(arm, b)
+        t = rate * 3 * _macs(arm) * seen
+        seeds = train_s.setdefault(arm.name, {})  # the sweep's run at the chosen rate is one of the arm's seeds
+        seeds.update({str(len(seeds) + i): t for i in range(k)})
+        total += k * (t + rate * _macs(arm) * ev + overhead)
+        n += k
+    report = {"budget": "quick", "compute": {"complete": True, "train_s": train_s, "wall_s": total / jobs,
+                                             "jobs": jobs, "runs": n, "machines": {"AMD EPYC x2 cores": n}}}
+    r, o = fit(report)
+    assert r == pytest.approx(rate, rel=1e-9) and o == pytest.approx(overhead, rel=1e-6)
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    est = estimate("quick", path, jobs)
+    assert est["wall_s"] == pytest.approx(total / jobs, rel=1e-9) and est["runs"] == n
+    full = estimate("full", path, jobs)
+    assert full["overhead_s_per_run"] == pytest.approx(overhead) and full["wall_s"] > 10 * est["wall_s"]
+    doc = budgets_json(path, jobs, name="quick-x/report.json")
+    assert doc["machine"] == "AMD EPYC x2 cores" and doc["measured"]["wall_s"] == pytest.approx(total / jobs, rel=1e-3)
+    assert doc["budgets"]["quick"]["wall_s"] == pytest.approx(total / jobs, rel=1e-3)
+    # half the wall time than the training alone needs: no negative overhead
+    assert fit({**report, "compute": {**report["compute"], "wall_s": total / jobs / 10}})[1] == 0.0
+    with pytest.raises(DataError, match="compute.complete is false"):
+        fit({**report, "compute": {**report["compute"], "complete": False}})
+    with pytest.raises(DataError, match="not a run of budget quick"):
+        fit({**report, "compute": {**report["compute"], "train_s": {**train_s, "nonesuch@lr1e-3": {"0": 1.0}}}})
 
 
 def test_two_names_of_one_run_are_not_two_arms_and_missing_seeds_are_said():

@@ -2,10 +2,16 @@
 
 Training cost is modelled as proportional to 3 x forward multiply-adds x images seen (forward and backward;
 evaluations on the 5,000 validation images are forward only); the seconds per multiply-add are fitted to the
-reference report's summed training time (a v1 report.json records the total only, so one rate serves every
-arm; a v2 one records each run's time). With ``jobs`` runs at a time on as many cores, wall time is the sum
-divided by ``jobs`` (the reference ran that way too); waits for a parent run or for the sweep, and each run's
-start-up (a few seconds), are not counted.
+reference report's summed training time. With ``jobs`` runs at a time on as many cores, wall time is the sum
+divided by ``jobs`` (the reference ran that way too).
+
+Two kinds of reference: the committed v1 report.json records the training total only (one rate serves every
+arm; each run's start-up, probes and waits are not counted). A complete v2 report (one invocation that trained
+every run, e.g. ``--budget quick`` on the machine in question) records each run's training time and the wall
+time of the whole: the rate is fitted to the training times, and what the wall time holds beyond training and
+the evaluations' forwards (start-up, probes, attention statistics, waits for a parent or for the sweep) is
+charged as a fixed overhead per run. That is how a budget's cost on one machine kind is estimated from a
+short run there.
 """
 from __future__ import annotations
 
@@ -21,12 +27,18 @@ from .claims import Arm
 TRAIN_IMAGES, VAL_IMAGES, TEST_IMAGES, BATCH = 55000, 5000, 10000, 100  # Fashion-MNIST; fmnist-1k's batch
 
 
+_MACS: Dict[str, int] = {}
+
+
 def _macs(arm: Arm) -> int:
     from ..models.cost import cost
     from ..train import load_recipe
 
-    r = load_recipe(arm.recipe, {"model": arm.full_model()} if arm.model is not None else {})
-    return cost(r.model_config(num_classes=10, in_chans=1)).macs
+    key = json.dumps([arm.recipe, arm.full_model()], sort_keys=True, default=str)
+    if key not in _MACS:
+        r = load_recipe(arm.recipe, {"model": arm.full_model()} if arm.model is not None else {})
+        _MACS[key] = cost(r.model_config(num_classes=10, in_chans=1)).macs
+    return _MACS[key]
 
 
 def passes(arm: Arm, b: Budget) -> Tuple[float, float]:
@@ -81,8 +93,55 @@ def _v1_runs(report: Dict[str, Any]) -> List[Tuple[int, float]]:
     return out
 
 
+def _run_arms(b: Budget) -> Dict[str, Arm]:
+    """Every run name a campaign of ``b`` can have (each arm, and each at every swept rate) -> its arm."""
+    from . import plan
+
+    _, arms, _ = plan(None, b)
+    out: Dict[str, Arm] = {}
+    for a in arms.values():
+        out[a.name] = a
+        for lr in b.lr_sweep:
+            out.setdefault(a.at_lr(lr).name, a.at_lr(lr))
+    return out
+
+
+def is_v2(report: Dict[str, Any]) -> bool:
+    return isinstance(report.get("compute", {}).get("train_s"), dict)
+
+
+def fit(report: Dict[str, Any], where: str = "report") -> Tuple[float, float]:
+    """(seconds per multiply-add, overhead seconds per run) of a complete v2 report: the rate from its runs'
+    training times, the overhead from its wall time x jobs less the training and evaluation it accounts for."""
+    c = report["compute"]
+    if not c.get("complete"):
+        raise DataError(f"{where}: not one invocation that trained every run (compute.complete is false), so its "
+                        f"wall time does not cover the campaign; fit to a run of a whole budget")
+    b = get_budget(report["budget"])
+    arms = _run_arms(b)
+    unknown = sorted(set(c["train_s"]) - set(arms))
+    if unknown:
+        raise DataError(f"{where}: run {unknown[0]} is not a run of budget {b.name} in this code version")
+    train_s = work = evals = 0.0
+    n = 0
+    for run, seeds in c["train_s"].items():
+        seen, ev = passes(arms[run], b)
+        for s in seeds.values():
+            train_s += float(s)
+            work += 3 * _macs(arms[run]) * seen
+            evals += _macs(arms[run]) * ev
+            n += 1
+    if work <= 0 or train_s <= 0:
+        raise DataError(f"{where}: no training time recorded")
+    rate = train_s / work
+    overhead = (float(c["wall_s"]) * int(c["jobs"]) - train_s - rate * evals) / n
+    return rate, max(0.0, overhead)
+
+
 def seconds_per_mac(reference: PathLike) -> float:
     report = json.loads(Path(reference).read_text())
+    if is_v2(report):
+        return fit(report, str(reference))[0]
     runs = _v1_runs(report)
     if len(runs) != report["compute"]["runs"]:
         raise DataError(f"{reference}: {len(runs)} runs reconstructed, the report counts {report['compute']['runs']}")
@@ -92,27 +151,42 @@ def seconds_per_mac(reference: PathLike) -> float:
 REFERENCE = "docs/reproduction/v1/report.json"  # the committed v1 report (93 runs of the v1 full budget)
 
 
-def estimate(budget: Any, reference: PathLike, jobs: int = 2, rate: Optional[float] = None) -> Dict[str, Any]:
-    """Runs, summed run time and wall time (hours) of a whole campaign of ``budget``."""
+def estimate(budget: Any, reference: PathLike, jobs: int = 2, rate: Optional[float] = None,
+             overhead_s: Optional[float] = None) -> Dict[str, Any]:
+    """Runs, summed run time and wall time (hours) of a whole campaign of ``budget``; the rate (and, from a
+    v2 reference, the per-run overhead) fitted to ``reference`` unless given."""
     b = get_budget(budget) if isinstance(budget, str) else budget
-    rate = rate if rate is not None else seconds_per_mac(reference)
+    if rate is None:
+        report = json.loads(Path(reference).read_text())
+        rate, fitted = fit(report, str(reference)) if is_v2(report) else (seconds_per_mac(reference), 0.0)
+        overhead_s = fitted if overhead_s is None else overhead_s
+    overhead_s = overhead_s or 0.0
     total, n = 0.0, 0
     for arm, k in run_list(b):
         seen, evals = passes(arm, b)
-        total += k * rate * _macs(arm) * (3 * seen + evals)
+        total += k * (rate * _macs(arm) * (3 * seen + evals) + overhead_s)
         n += k
     return {"budget": b.name, "runs": n, "run_hours": total / 3600, "wall_hours": total / 3600 / jobs,
-            "wall_s": total / jobs, "jobs": jobs, "seconds_per_gmac": rate * 1e9}
+            "wall_s": total / jobs, "jobs": jobs, "seconds_per_gmac": rate * 1e9, "overhead_s_per_run": overhead_s}
 
 
-def budgets_json(reference: PathLike, jobs: int = 2) -> Dict[str, Any]:
-    """Both budgets' estimates (docs/reproduction/budgets.json: ``python -m vitkit.reproduce.estimate``)."""
-    return {"reference": str(REFERENCE), "jobs": jobs,
-            "budgets": {name: {k: (float(f"{v:.4g}") if isinstance(v, float) else v)
-                               for k, v in estimate(name, reference, jobs).items()} for name in ("quick", "full")}}
+def budgets_json(reference: PathLike = REFERENCE, jobs: int = 2, name: Optional[str] = None) -> Dict[str, Any]:
+    """Both budgets' estimates (docs/reproduction/budgets.json: ``python -m vitkit.reproduce.estimate``),
+    with the reference's machine, and for a v2 reference its measured wall time beside the estimate."""
+    report = json.loads(Path(reference).read_text())
+    out: Dict[str, Any] = {"reference": str(name or REFERENCE), "jobs": jobs}
+    machines = report.get("compute", {}).get("machines") or {}
+    out["machine"] = (next(iter(machines)) if machines else "") or report.get("machine", "")
+    if is_v2(report):
+        out["measured"] = {"budget": report["budget"], "wall_s": float(f"{report['compute']['wall_s']:.4g}"),
+                           "runs": report["compute"]["runs"], "jobs": report["compute"]["jobs"]}
+    out["budgets"] = {b: {k: (float(f"{v:.4g}") if isinstance(v, float) else v)
+                          for k, v in estimate(b, reference, jobs).items()} for b in ("quick", "full")}
+    return out
 
 
 if __name__ == "__main__":
     import sys
 
-    print(json.dumps(budgets_json(sys.argv[1] if len(sys.argv) > 1 else REFERENCE), indent=1))
+    ref = sys.argv[1] if len(sys.argv) > 1 else REFERENCE
+    print(json.dumps(budgets_json(ref, name=ref), indent=1))
