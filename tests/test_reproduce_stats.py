@@ -250,17 +250,17 @@ def test_budget_cost_fitted_to_a_complete_v2_report_on_its_machine(tmp_path):
 
     from vitkit.errors import DataError
     from vitkit.reproduce import get_budget
-    from vitkit.reproduce.estimate import _macs, budgets_json, estimate, fit, passes, run_list
+    from vitkit.reproduce.estimate import arm_macs, budgets_json, estimate, fit, passes, run_list
 
     b = get_budget("quick")
     rate, overhead, jobs = 2.5e-10, 7.0, 2
     train_s, total, n = {}, 0.0, 0
     for arm, k in run_list(b):
         seen, ev = passes(arm, b)
-        t = rate * 3 * _macs(arm) * seen
+        t = rate * 3 * arm_macs(arm) * seen
         seeds = train_s.setdefault(arm.name, {})  # the sweep's run at the chosen rate is one of the arm's seeds
         seeds.update({str(len(seeds) + i): t for i in range(k)})
-        total += k * (t + rate * _macs(arm) * ev + overhead)
+        total += k * (t + rate * arm_macs(arm) * ev + overhead)
         n += k
     report = {"budget": "quick", "compute": {"complete": True, "train_s": train_s, "wall_s": total / jobs,
                                              "jobs": jobs, "runs": n, "machines": {"AMD EPYC x2 cores": n}}}

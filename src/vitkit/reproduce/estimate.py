@@ -30,7 +30,8 @@ TRAIN_IMAGES, VAL_IMAGES, TEST_IMAGES, BATCH = 55000, 5000, 10000, 100  # Fashio
 _MACS: Dict[str, int] = {}
 
 
-def _macs(arm: Arm) -> int:
+def arm_macs(arm: Arm) -> int:
+    """Forward multiply-adds of one image through the arm's model (10 classes, 1 channel), cached per model."""
     from ..models.cost import cost
     from ..train import load_recipe
 
@@ -128,8 +129,8 @@ def fit(report: Dict[str, Any], where: str = "report") -> Tuple[float, float]:
         seen, ev = passes(arms[run], b)
         for s in seeds.values():
             train_s += float(s)
-            work += 3 * _macs(arms[run]) * seen
-            evals += _macs(arms[run]) * ev
+            work += 3 * arm_macs(arms[run]) * seen
+            evals += arm_macs(arms[run]) * ev
             n += 1
     if work <= 0 or train_s <= 0:
         raise DataError(f"{where}: no training time recorded")
@@ -164,7 +165,7 @@ def estimate(budget: Any, reference: PathLike, jobs: int = 2, rate: Optional[flo
     total, n = 0.0, 0
     for arm, k in run_list(b):
         seen, evals = passes(arm, b)
-        total += k * (rate * _macs(arm) * (3 * seen + evals) + overhead_s)
+        total += k * (rate * arm_macs(arm) * (3 * seen + evals) + overhead_s)
         n += k
     return {"budget": b.name, "runs": n, "run_hours": total / 3600, "wall_hours": total / 3600 / jobs,
             "wall_s": total / jobs, "jobs": jobs, "seconds_per_gmac": rate * 1e9, "overhead_s_per_run": overhead_s}
