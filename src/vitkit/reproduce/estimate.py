@@ -139,10 +139,17 @@ def fit(report: Dict[str, Any], where: str = "report") -> Tuple[float, float]:
     return rate, max(0.0, overhead)
 
 
-def seconds_per_mac(reference: PathLike) -> float:
+def rates(reference: PathLike) -> Tuple[float, float]:
+    """(seconds per multiply-add, overhead seconds per run) fitted to ``reference`` (v1: no overhead)."""
     report = json.loads(Path(reference).read_text())
-    if is_v2(report):
-        return fit(report, str(reference))[0]
+    return fit(report, str(reference)) if is_v2(report) else (_v1_rate(report, reference), 0.0)
+
+
+def seconds_per_mac(reference: PathLike) -> float:
+    return rates(reference)[0]
+
+
+def _v1_rate(report: Dict[str, Any], reference: PathLike) -> float:
     runs = _v1_runs(report)
     if len(runs) != report["compute"]["runs"]:
         raise DataError(f"{reference}: {len(runs)} runs reconstructed, the report counts {report['compute']['runs']}")
@@ -158,8 +165,7 @@ def estimate(budget: Any, reference: PathLike, jobs: int = 2, rate: Optional[flo
     v2 reference, the per-run overhead) fitted to ``reference`` unless given."""
     b = get_budget(budget) if isinstance(budget, str) else budget
     if rate is None:
-        report = json.loads(Path(reference).read_text())
-        rate, fitted = fit(report, str(reference)) if is_v2(report) else (seconds_per_mac(reference), 0.0)
+        rate, fitted = rates(reference)
         overhead_s = fitted if overhead_s is None else overhead_s
     overhead_s = overhead_s or 0.0
     total, n = 0.0, 0
@@ -181,8 +187,9 @@ def budgets_json(reference: PathLike = REFERENCE, jobs: int = 2, name: Optional[
     if is_v2(report):
         out["measured"] = {"budget": report["budget"], "wall_s": float(f"{report['compute']['wall_s']:.4g}"),
                            "runs": report["compute"]["runs"], "jobs": report["compute"]["jobs"]}
+    rate, overhead = rates(reference)  # fitted once for both budgets
     out["budgets"] = {b: {k: (float(f"{v:.4g}") if isinstance(v, float) else v)
-                          for k, v in estimate(b, reference, jobs).items()} for b in ("quick", "full")}
+                          for k, v in estimate(b, reference, jobs, rate, overhead).items()} for b in ("quick", "full")}
     return out
 
 
