@@ -585,3 +585,29 @@ def test_inference_path_equals_training_path(tiny_cfg, variant):
         torch.testing.assert_close(out, ref.detach(), rtol=tol, atol=tol * scale)
         for a, b in zip(inter["intermediates"], ref_inter["intermediates"]):
             torch.testing.assert_close(a, b.detach(), rtol=tol, atol=tol * 10)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_explicit_attention_in_low_precision_is_the_fp32_softmax_rounded(dtype):
+    """For bf16/fp16 q/k/v the explicit path's softmax accumulates in fp32 and writes the low precision: its
+    weights are the fp32 softmax of the same logits rounded once, but for rare weights one rounding step
+    apart; a softmax in the low precision itself (or a missing rounding) would miss by far more."""
+    from vitkit.models.precision import explicit_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(4, 6, 197, 64, generator=g).to(dtype) for _ in range(3))
+    out, w = explicit_attention(q, k, v)
+    assert w.dtype == dtype and out.dtype == dtype
+    logits = (q * 64 ** -0.5) @ k.transpose(-2, -1)
+    ref = logits.float().softmax(-1)
+    rounded = ref.to(dtype)
+    step = torch.finfo(dtype).eps * ref.abs().clamp_min(torch.finfo(dtype).tiny)  # one rounding step at each weight
+    off = (w != rounded)
+    assert off.float().mean() < 1e-4
+    assert ((w.float() - rounded.float()).abs() <= 1.01 * step).all()
+    torch.testing.assert_close(w.float().sum(-1), torch.ones(4, 6, 197), atol=0.02, rtol=0)
+    # a float mask promotes the logits to fp32: the weights still come back in q's dtype
+    mask = torch.zeros(197, 197)
+    mask[:, -5:] = float("-inf")
+    out, w = explicit_attention(q, k, v, mask)
+    assert w.dtype == dtype and (w[..., -5:] == 0).all()

@@ -140,15 +140,16 @@ backend.on_forget(forget)
 def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor] = None,
                        dropout_p: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
     """softmax(Q K^T / sqrt(d) + mask) V with the weights materialised: (output, weights [.., T, T]). The
-    one explicit definition: the weights returned for rollout and the explicit kernel path are this. The
-    softmax runs in fp32 for bf16/fp16 q/k/v, as the fused kernels do; the weights come back in q's dtype."""
+    one explicit definition: the weights returned for rollout and the explicit kernel path are this. For
+    bf16/fp16 q/k/v the softmax accumulates in fp32 (ATen's softmax kernels do for these dtypes, on the CPU
+    and on CUDA) and writes q's dtype: no fp32 copy of the [.., T, T] weights, which made the explicit path
+    several times slower on an AMD EPYC with torch 2.14 (``benchmarks/cpu_kernels.py``'s attention rows). The
+    weights equal the fp32 softmax rounded to q's dtype but for rare ones a rounding step apart (a test
+    bounds it)."""
     logits = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
     if mask is not None:
         logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
-    if q.dtype in (torch.float16, BF16):
-        weights = logits.softmax(-1, dtype=torch.float32).to(q.dtype)
-    else:
-        weights = logits.softmax(-1)
+    weights = logits.softmax(-1).to(q.dtype)  # a float mask promotes the logits; the weights stay in q's dtype
     return (F.dropout(weights, dropout_p) if dropout_p else weights) @ v, weights
 
 
