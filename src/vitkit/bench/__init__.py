@@ -70,6 +70,7 @@ def run_bench(what: Sequence[str], models: Sequence[str], *, img_sizes: Sequence
     notes = list(dict.fromkeys(notes))
     after = machine_info(opts.device)
     info["load_avg_after"] = after.get("load_avg")
+    info["paths"] = after["paths"]  # the kernels the runs chose (the first call that needs one measures it)
     warn = busy_warning(after)
     if warn:
         notes.append(warn)

@@ -50,6 +50,9 @@ class BenchOptions:
 
 @dataclass
 class Contender:
+    """One library's callable; ``info`` goes into its rows, a callable value read after the timing (what the
+    timed calls chose, e.g. the kernels, is known only then)."""
+
     library: str
     fn: Callable[[torch.Tensor], Any]
     info: Dict[str, Any]
@@ -84,7 +87,7 @@ def inference_contenders(model, dtype: str, compiled: bool, opts: BenchOptions) 
     dt, dev = resolve_dtype(dtype), opts.device
     notes: List[str] = []
     fast = prepare_inference(clone(model), dt, device=dev, compile=compiled, compile_mode=opts.compile_mode)
-    out = [Contender("vitkit", fast, {"engine": inference_summary(fast), "weights": "reference"})]
+    out = [Contender("vitkit", fast, {"engine": lambda: inference_summary(fast), "weights": "reference"})]
     if opts.vitkit_module:
         plain = clone(model).to(device=dev, dtype=dt).eval()
         fn = torch.compile(plain, mode=opts.compile_mode) if compiled else plain
@@ -128,7 +131,7 @@ def _row(kind: str, label: str, cfg, img: int, batch: int, dtype: str, compiled:
     return {"kind": kind, "model": label, "img_size": img, "batch": batch, "dtype": dtype, "compile": compiled,
             "library": library, "images_per_s": batch / stats.median, "ms_per_batch": 1e3 * stats.median,
             "spread": stats.spread, "gflop_per_image": c.flops / 1e9, "params": c.params,
-            "stats": stats.to_dict(), **info}
+            "stats": stats.to_dict(), **{k: v() if callable(v) else v for k, v in info.items()}}
 
 
 def _grid(models: List[str], img_sizes: List[Optional[int]], dtypes: List[str], opts: BenchOptions
