@@ -324,3 +324,40 @@ def test_model_inference_with_either_kernel_equals_training_path(tiny_cfg, kern)
         ref = model(x)
         with torch.inference_mode():
             assert rel_err(model(x), ref.detach()) < 1e-5
+
+
+def test_a_training_layer_falls_back_to_a_mix_without_the_product_that_loses_inside_it(fresh_cache, monkeypatch):
+    """Every product won alone, but the layer with all three on oneDNN is not faster than F.linear: the layer
+    tries the mixes with one product back on ATen, the weight gradient first, and takes the first that wins."""
+    monkeypatch.setattr(kernels, "onednn_ok", lambda dtype: True)
+    ratio = {"linear": 1.3, "grad_input": 1.2, "grad_weight": 1.12, "training onednn/onednn/onednn": 1.01,
+             "training onednn/onednn/aten": 1.2, "training onednn/aten/onednn": 1.3, "training aten/onednn/onednn": 1.3}
+    asked = []
+
+    def measure(dtype, op, rounds=7):
+        asked.append(op)
+        return {"aten_s": ratio[op], "onednn_s": 1.0, "ratio": ratio[op]}
+    monkeypatch.setattr(kernels, "measure", measure)
+    cpu, f32 = torch.device("cpu"), torch.float32
+    assert kernels.layer_candidates(("onednn", "onednn", "onednn")) == [
+        ("onednn", "onednn", "onednn"), ("onednn", "onednn", "aten"), ("onednn", "aten", "onednn"),
+        ("aten", "onednn", "onednn")]
+    assert kernels.layer_candidates(("onednn", "aten", "aten")) == [("onednn", "aten", "aten")]
+    assert kernels.layer_candidates(("aten",) * 3) == []
+    assert kernels.training_kernels(f32, cpu) == ("onednn", "onednn", "aten")
+    assert asked[-2:] == ["training onednn/onednn/onednn", "training onednn/onednn/aten"]  # stops at the first win
+    assert kernels.summary(f32)["training"]["kernel"] == "onednn/onednn/aten"
+    kernels.forget()
+    n = len(asked)
+    assert kernels.training_kernels(f32, cpu) == ("onednn", "onednn", "aten") and len(asked) == n  # from the cache
+    kernels.forget()
+    backend.set_cache_file(fresh_cache.parent / "other.json")  # another machine: the weight gradient helps here
+    ratio["training onednn/onednn/aten"] = 1.0
+    ratio["training onednn/aten/onednn"] = 1.05
+    assert kernels.training_kernels(f32, cpu) == ("aten", "onednn", "onednn")
+    kernels.forget()
+    backend.set_cache_file(fresh_cache.parent / "third.json")
+    for k in list(ratio):
+        if k.startswith("training"):
+            ratio[k] = 1.0
+    assert kernels.training_kernels(f32, cpu) is None  # no mix beats F.linear: the layer stays F.linear

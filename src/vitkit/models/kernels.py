@@ -14,8 +14,8 @@ and for the two products of a training step's backward pass (:func:`vitkit.model
 
 In training a dense layer runs torch's own ``F.linear`` unless oneDNN won one of ``linear``, ``grad_input`` or
 ``grad_weight`` *and* a whole dense layer's forward + backward with each product on its winner
-(:class:`ChosenLinear`) then beats ``F.linear``'s by :data:`MIN_GAIN` at the same shape: a faster product alone
-does not make a faster layer. With ``gemm=onednn`` every product runs on oneDNN; with ``gemm=aten`` none.
+(:class:`ChosenLinear`), or with one of them back on ATen (:func:`layer_candidates`), then beats ``F.linear``'s
+by :data:`MIN_GAIN` at the same shape: a faster product alone does not make a faster layer. With ``gemm=onednn`` every product runs on oneDNN; with ``gemm=aten`` none.
 
 A measurement times both kernels on a ViT-B/16 MLP-shaped product ([2048 x 768] @ [768 x 3072]) in
 alternating rounds (about a second) and takes oneDNN only when it is faster in the median of the paired
@@ -157,9 +157,26 @@ def training_kernels(dtype: torch.dtype, device: torch.device) -> Optional[Tuple
     key = ("training", dtype, torch.get_num_threads())  # called for every dense layer: decided once
     if key not in _CHOICE:
         chosen = tuple(gemm_kernel(dtype, device, op) for op in TRAINING_OPS)
-        faster = "onednn" in chosen and gemm_kernel(dtype, device, _training_op(chosen)) == "onednn"
-        _CHOICE[key] = chosen if faster else None
+        _CHOICE[key] = next((c for c in layer_candidates(chosen)
+                             if gemm_kernel(dtype, device, _training_op(c)) == "onednn"), None)
     return _CHOICE[key]
+
+
+def layer_candidates(chosen: Tuple[str, ...]) -> list:
+    """The mixes of libraries a training layer tries, in order, against ``F.linear``: the products' own
+    winners ``chosen``, then the same with one oneDNN product back on ATen, the weight gradient first. A
+    product that wins alone by a little can lose inside a layer: on an AMD EPYC (AVX512-BF16) the weight
+    gradient once won alone at the calibration shape, the layer with all three on oneDNN then lost to
+    ``F.linear``, and training ran all on ATen, while the layer with the weight gradient on ATen was 1.09-1.25x
+    faster at every ViT-S/16 shape (``benchmarks/cpu_kernels.py``'s training rows). The first mix that beats
+    ``F.linear`` by :data:`MIN_GAIN` is taken."""
+    out = [chosen] if "onednn" in chosen else []
+    for i in reversed(range(len(chosen))):
+        if chosen[i] == "onednn":
+            alt = chosen[:i] + ("aten",) + chosen[i + 1:]
+            if "onednn" in alt and alt not in out:
+                out.append(alt)
+    return out
 
 
 def _training_op(chosen) -> str:
