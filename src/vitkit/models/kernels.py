@@ -15,7 +15,8 @@ and for the two products of a training step's backward pass (:func:`vitkit.model
 In training a dense layer runs torch's own ``F.linear`` unless oneDNN won one of ``linear``, ``grad_input`` or
 ``grad_weight`` *and* a whole dense layer's forward + backward with each product on its winner
 (:class:`ChosenLinear`), or with one of them back on ATen (:func:`layer_candidates`), then beats ``F.linear``'s
-by :data:`MIN_GAIN` at the same shape: a faster product alone does not make a faster layer. With ``gemm=onednn`` every product runs on oneDNN; with ``gemm=aten`` none.
+by :data:`MIN_GAIN` at the same shape: a faster product alone does not make a faster layer. With
+``gemm=onednn`` every product runs on oneDNN; with ``gemm=aten`` none.
 
 A measurement times both kernels on a ViT-B/16 MLP-shaped product ([2048 x 768] @ [768 x 3072]) in
 alternating rounds (about a second) and takes oneDNN only when it is faster in the median of the paired
