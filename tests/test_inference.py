@@ -279,7 +279,15 @@ def test_calibration_chooses_onednn_only_beyond_the_noise_and_caches_per_machine
     assert kernels.gemm_kernel(f32, cpu, "linear") == "onednn"
     assert kernels.gemm_kernel(torch.bfloat16, cpu, "linear") == "onednn"  # another dtype: measured again
     assert kernels.gemm_kernel(f32, torch.device("meta")) == "aten"  # not a CPU: aten (cuBLAS on CUDA)
-    assert "threads" in key and "torch" in key
+    assert "threads" in key and "torch" in key and f"paths {backend.PATHS_REVISION}" in key
+    # a verdict measured on an earlier implementation of the paths is not reused: measured again
+    revision = backend.PATHS_REVISION
+    try:
+        backend.PATHS_REVISION = revision + 1
+        assert backend.cached_choice("gemm linear float32", kernels.KERNELS) is None
+    finally:
+        backend.PATHS_REVISION = revision
+    assert backend.cached_choice("gemm linear float32", kernels.KERNELS) == "onednn"
     assert kernels.summary(f32)["linear"]["kernel"] == "onednn"
     assert set(kernels.summary(f32)) == set(kernels.OPS) | {"training"}
     # training: the products' winners, if a dense layer's forward + backward with them beats F.linear's

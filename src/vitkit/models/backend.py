@@ -213,10 +213,18 @@ def _cpu_id() -> str:
     return f"{model}{f' ({ident})' if ident else ''} [{flags}]"
 
 
+# The revision of the measured paths' implementations: raised whenever a kernel path vitkit times changes what
+# it runs (2: the explicit attention's softmax in q's dtype), so a cached verdict about the former code is not
+# reused for the new one.
+PATHS_REVISION = 2
+
+
 def cache_key(what: str) -> str:
     """The cache entry of one measured choice (``what``, e.g. ``gemm linear float32``) on this CPU, torch
-    build and thread count: another machine, torch or thread count measures again."""
-    return f"{_cpu_id()} | torch {torch.__version__} | threads {torch.get_num_threads()} | {what}"
+    build, thread count and :data:`PATHS_REVISION`: another machine, torch, thread count or path
+    implementation measures again."""
+    return (f"{_cpu_id()} | torch {torch.__version__} | threads {torch.get_num_threads()} | paths {PATHS_REVISION} "
+            f"| {what}")
 
 
 _CACHE_FILE: Optional[Path] = None
