@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vitkit import VisionTransformer, create_model
-from vitkit.models import backend, kernels, layers, precision
+from vitkit.models import backend, kernels, layers, precision, tune
 from vitkit.models.inference import Prepared, inference_summary, prepare_inference
 
 
@@ -259,14 +259,13 @@ def test_model_training_step_with_onednn_products_equals_the_aten_step(tiny_cfg,
 
 def test_calibration_chooses_onednn_only_beyond_the_noise_and_caches_per_machine(fresh_cache, monkeypatch):
     monkeypatch.setattr(kernels, "onednn_ok", lambda dtype: True)
-    ratio = {"linear": 1.05, "grad_input": 1.02, "grad_weight": 0.7,
-             "training onednn/aten/aten": 1.04, "training onednn/aten/onednn": 1.25}
+    ratio = {"linear": 1.05}
     monkeypatch.setattr(kernels, "measure", lambda dtype, op, rounds=7: {"aten_s": ratio[op], "onednn_s": 1.0,
                                                                          "ratio": ratio[op]})
     cpu, f32 = torch.device("cpu"), torch.float32
     assert kernels.summary(f32)["linear"]["why"] == "not measured yet"  # a report never measures
     assert kernels.gemm_kernel(f32, cpu, "linear") == "aten"  # a 5% win is within the noise
-    assert kernels.training_kernels(f32, cpu) is None  # all three training products on ATen: F.linear
+    assert kernels.training_kernels(f32, cpu) is None  # a training layer outside an encoder: F.linear
     key = backend.cache_key("gemm linear float32")
     entry = json.loads(fresh_cache.read_text())[key]
     assert entry["choice"] == "aten" and entry["min_gain"] == kernels.MIN_GAIN
@@ -289,20 +288,14 @@ def test_calibration_chooses_onednn_only_beyond_the_noise_and_caches_per_machine
         backend.PATHS_REVISION = revision
     assert backend.cached_choice("gemm linear float32", kernels.KERNELS) == "onednn"
     assert kernels.summary(f32)["linear"]["kernel"] == "onednn"
-    assert set(kernels.summary(f32)) == set(kernels.OPS) | {"training"}
-    # training: the products' winners, if a dense layer's forward + backward with them beats F.linear's
-    assert kernels.training_kernels(f32, cpu) is None and kernels.summary(f32)["training"]["kernel"] == "aten"
-    ratio["grad_weight"] = 1.3
-    kernels.calibrate(f32, "grad_weight")
-    assert kernels.training_kernels(f32, cpu) == ("onednn", "aten", "onednn")  # each product on its winner
-    assert kernels.summary(f32)["training"]["kernel"] == "onednn/aten/onednn"
-    assert kernels.training_kernels(f32, torch.device("meta")) is None
+    assert set(kernels.summary(f32)) == set(kernels.OPS)
+    assert kernels.training_kernels(f32, cpu) is None and kernels.training_kernels(f32, torch.device("meta")) is None
     # a declared library overrides every measurement, both ways
     with backend.use_backend(gemm="aten"):
         assert kernels.gemm_kernel(f32, cpu, "linear") == "aten" and kernels.training_kernels(f32, cpu) is None
         assert kernels.summary(f32)["linear"] == {"kernel": "aten", "why": "declared"}
     with backend.use_backend(gemm="onednn"):
-        assert kernels.gemm_kernel(f32, cpu, "grad_input") == "onednn"
+        assert kernels.gemm_kernel(f32, cpu, "linear") == "onednn"
         assert kernels.training_kernels(f32, cpu) == ("onednn",) * 3
     # measured while other work loaded the CPU: used by this process, never cached for the next ones
     monkeypatch.setattr(backend, "busy", lambda: True)
@@ -314,10 +307,10 @@ def test_calibration_chooses_onednn_only_beyond_the_noise_and_caches_per_machine
 def test_measure_times_both_kernels():
     if not kernels.onednn_ok(torch.float32):
         pytest.skip("no oneDNN linear")
-    for op in kernels.OPS + ("training onednn/aten/onednn",):
+    for op in kernels.OPS:
         r = kernels.measure(torch.float32, op, rounds=1, shape=(32, 16, 24))
         assert r["aten_s"] > 0 and r["onednn_s"] > 0 and r["ratio"] > 0
-    for bad in ("conv", "training onednn/aten", "training mkl/aten/aten"):
+    for bad in ("conv", "grad_weight", "training onednn/aten/onednn"):
         with pytest.raises(ValueError, match="operation"):
             kernels.measure(torch.float32, bad)
 
@@ -334,38 +327,93 @@ def test_model_inference_with_either_kernel_equals_training_path(tiny_cfg, kern)
             assert rel_err(model(x), ref.detach()) < 1e-5
 
 
-def test_a_training_layer_falls_back_to_a_mix_without_the_product_that_loses_inside_it(fresh_cache, monkeypatch):
-    """Every product won alone, but the layer with all three on oneDNN is not faster than F.linear: the layer
-    tries the mixes with one product back on ATen, the weight gradient first, and takes the first that wins."""
+def test_an_encoder_in_training_takes_the_mix_its_blocks_ran_fastest_with(fresh_cache, monkeypatch):
+    """The training products' libraries are chosen by timing encoder blocks of the model's shape, forward +
+    backward: the fastest mix when it beats F.linear by tune.MIN_GAIN, else F.linear; cached per shape and
+    machine; a declared library overrides it; off the CPU and under a graph consumer, F.linear."""
     monkeypatch.setattr(kernels, "onednn_ok", lambda dtype: True)
-    ratio = {"linear": 1.3, "grad_input": 1.2, "grad_weight": 1.12, "training onednn/onednn/onednn": 1.01,
-             "training onednn/onednn/aten": 1.2, "training onednn/aten/onednn": 1.3, "training aten/onednn/onednn": 1.3}
+    ratios = {"onednn/onednn/onednn": 1.01, "onednn/onednn/aten": 1.08, "onednn/aten/aten": 1.05}
     asked = []
 
-    def measure(dtype, op, rounds=7):
-        asked.append(op)
-        return {"aten_s": ratio[op], "onednn_s": 1.0, "ratio": ratio[op]}
-    monkeypatch.setattr(kernels, "measure", measure)
+    def measure(dtype, *shape):
+        asked.append(shape)
+        mixes = {k: {"s": 1.0 / v, "ratio": v} for k, v in ratios.items()}
+        best = max(mixes, key=lambda k: mixes[k]["ratio"])
+        return {"aten_s": 1.0, "mixes": mixes, "best": best, "ratio": mixes[best]["ratio"]}
+    monkeypatch.setattr(tune, "measure_training_blocks", measure)
     cpu, f32 = torch.device("cpu"), torch.float32
-    assert kernels.layer_candidates(("onednn", "onednn", "onednn")) == [
-        ("onednn", "onednn", "onednn"), ("onednn", "onednn", "aten"), ("onednn", "aten", "onednn"),
-        ("aten", "onednn", "onednn")]
-    assert kernels.layer_candidates(("onednn", "aten", "aten")) == [("onednn", "aten", "aten")]
-    assert kernels.layer_candidates(("aten",) * 3) == []
-    assert kernels.training_kernels(f32, cpu) == ("onednn", "onednn", "aten")
-    assert asked[-2:] == ["training onednn/onednn/onednn", "training onednn/onednn/aten"]  # stops at the first win
-    assert kernels.summary(f32)["training"]["kernel"] == "onednn/onednn/aten"
-    kernels.forget()
-    n = len(asked)
-    assert kernels.training_kernels(f32, cpu) == ("onednn", "onednn", "aten") and len(asked) == n  # from the cache
-    kernels.forget()
-    backend.set_cache_file(fresh_cache.parent / "other.json")  # another machine: the weight gradient helps here
-    ratio["training onednn/onednn/aten"] = 1.0
-    ratio["training onednn/aten/onednn"] = 1.05
-    assert kernels.training_kernels(f32, cpu) == ("aten", "onednn", "onednn")
-    kernels.forget()
-    backend.set_cache_file(fresh_cache.parent / "third.json")
-    for k in list(ratio):
-        if k.startswith("training"):
-            ratio[k] = 1.0
-    assert kernels.training_kernels(f32, cpu) is None  # no mix beats F.linear: the layer stays F.linear
+    shape = (384, 6, 1536, 197, tune.TRAINING_IMAGES, "exact")
+    assert tune.encoder_training_gemms(f32, cpu, *shape) == ("onednn", "onednn", "aten")
+    what = tune.training_what(f32, *shape)
+    entry = json.loads(fresh_cache.read_text())[backend.cache_key(what)]
+    assert entry["choice"] == "onednn/onednn/aten" and entry["min_gain"] == tune.MIN_GAIN
+    assert backend.decisions()[what]["choice"] == "onednn/onednn/aten"
+    tune.forget()
+    assert tune.encoder_training_gemms(f32, cpu, *shape) == ("onednn", "onednn", "aten") and len(asked) == 1
+    other = (768, 12, 3072, 197, tune.TRAINING_IMAGES, "exact")  # another shape: timed on its own
+    ratios.update({k: 1.02 for k in ratios})  # no mix beats F.linear beyond the noise
+    assert tune.encoder_training_gemms(f32, cpu, *other) is None and len(asked) == 2
+    assert json.loads(fresh_cache.read_text())[backend.cache_key(tune.training_what(f32, *other))]["choice"] == "aten"
+    assert tune.encoder_training_gemms(f32, torch.device("meta"), *shape) is None
+    with backend.use_backend(gemm="aten"):
+        assert tune.encoder_training_gemms(f32, cpu, *shape) is None
+    with backend.use_backend(gemm="onednn"):
+        assert tune.encoder_training_gemms(f32, cpu, *other) == ("onednn",) * 3
+    assert len(asked) == 2
+    # inside the encoder's context the layers take the mix; outside, F.linear; another dtype is not covered
+    with kernels.training_gemms(f32, ("onednn", "aten", "aten")):
+        assert kernels.training_kernels(f32, cpu) == ("onednn", "aten", "aten")
+        assert kernels.training_kernels(torch.bfloat16, cpu) is None
+        with kernels.training_gemms(f32, None):
+            assert kernels.training_kernels(f32, cpu) is None
+    assert kernels.training_kernels(f32, cpu) is None
+    with pytest.raises(ValueError, match="mix"):
+        with kernels.training_gemms(f32, ("onednn", "mkl", "aten")):
+            pass
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_training_model_runs_its_blocks_products_on_the_encoders_mix(tiny_cfg, monkeypatch, checkpointing):
+    """The blocks' dense layers run the mix chosen for the model's shape (also when gradient checkpointing
+    recomputes them in the backward pass); the head outside the encoder runs F.linear; numbers equal F.linear's."""
+    if not kernels.onednn_ok(torch.float32):
+        pytest.skip("no oneDNN linear")
+    seen = []
+    monkeypatch.setattr(tune, "encoder_training_gemms", lambda dtype, device, *shape: seen.append(shape) or
+                        ("onednn", "onednn", "aten"))
+    calls = []
+    real = kernels.ChosenLinear.apply
+    monkeypatch.setattr(kernels.ChosenLinear, "apply", lambda *a: calls.append(a[3]) or real(*a))
+    base = noisy(VisionTransformer(tiny_cfg), std=0.1).train()
+    x, y = torch.randn(3, 3, 32, 32), torch.tensor([0, 1, 2])
+
+    def step(declared):
+        model = copy.deepcopy(base)
+        model.set_grad_checkpointing(checkpointing)
+        with backend.use_backend(gemm=declared):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+        return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+    (l1, g1) = step("auto")
+    assert seen and seen[0] == tune.training_shape(tiny_cfg)
+    per_forward = 4 * tiny_cfg.depth  # qkv, proj, fc1, fc2 per block; patch embedding and head: F.linear
+    assert calls == [("onednn", "onednn", "aten")] * per_forward * (2 if checkpointing else 1)
+    (l2, g2) = step("aten")
+    assert abs(l1.item() - l2.item()) < 1e-5 and g1.keys() == g2.keys()
+    assert all(rel_err(g1[n], g2[n]) < 1e-4 for n in g2 if g2[n] is not None and g2[n].abs().max() > 0)
+    calls.clear()
+    with torch.no_grad():
+        base(x)
+    assert not calls
+
+
+def test_training_block_timing_times_every_mix():
+    if not kernels.onednn_ok(torch.float32):
+        pytest.skip("no oneDNN linear")
+    r = tune.measure_training_blocks(torch.float32, 32, 2, 64, 17, 2, rounds=1)
+    assert set(r["mixes"]) == {kernels.mix_name(m) for m in tune.TRAINING_MIXES}
+    assert r["aten_s"] > 0 and all(v["s"] > 0 and v["ratio"] > 0 for v in r["mixes"].values())
+    assert r["best"] in r["mixes"] and r["ratio"] == r["mixes"][r["best"]]["ratio"]
+    assert kernels.parse_mix(kernels.mix_name(("onednn", "aten", "aten"))) == ("onednn", "aten", "aten")
+    assert kernels.parse_mix("aten") is None and kernels.mix_name(None) == "aten"

@@ -3,32 +3,30 @@
 torch offers two CPU GEMM libraries for a dense layer: ATen's ``addmm`` (MKL in fp32, oneDNN in bf16) and
 oneDNN's linear primitive (``torch.ops.mkldnn._linear_pointwise``). Which is faster depends on the CPU and the
 torch build (the committed benchmarks under benchmarks/results/ hold the measurements per machine kind), so
-the declared backend's ``gemm`` field (:mod:`vitkit.models.backend`) is ``aten``, ``onednn`` or ``auto``. Under
-``auto`` vitkit measures, separately for the operations the model uses:
+the declared backend's ``gemm`` field (:mod:`vitkit.models.backend`) is ``aten``, ``onednn`` or ``auto``.
 
-- ``linear``: y = x W^T + b (qkv, fc1, the patch embedding; in training every dense layer's forward);
-and for the two products of a training step's backward pass (:func:`vitkit.models.precision.linear`):
+Under ``auto`` the choice is made where the products run, by timing what runs there:
 
-- ``grad_input``: dx = g W (the gradient flowing to the layer's input);
-- ``grad_weight``: dW = g^T x (the weight's gradient, a reduction over all rows of the batch).
+- inside a model's encoder in inference, by timing encoder blocks of the model's shape
+  (:func:`vitkit.models.tune.encoder_gemm`, set with :func:`inference_gemms`). There the MLP's first layer and
+  its GELU are one call (:func:`gemm_gelu`): ATen's ``addmm`` then GELU in place, or oneDNN's linear with the
+  GELU fused as a post-op;
+- inside a model's encoder in training, by timing encoder blocks' forward + backward with each mix of
+  libraries for a dense layer's three products (:func:`vitkit.models.tune.encoder_training_gemms`, set with
+  :func:`training_gemms`): the forward product y = x W^T + b, the input gradient dx = g W and the weight
+  gradient dW = g^T x, on :class:`ChosenLinear`; ``F.linear`` (all three on ATen) unless a mix is faster;
+- elsewhere in inference (a head, the patch embedding, a module outside a ViT), by timing the product alone
+  on a ViT-B/16 MLP-shaped product ([2048 x 768] @ [768 x 3072]) in alternating rounds (about a second): oneDNN
+  only when it is faster in the median of the paired per-round ratios by at least :data:`MIN_GAIN`; elsewhere
+  in training ``F.linear`` (these layers hold a few percent of a ViT's products).
 
-In training a dense layer runs torch's own ``F.linear`` unless oneDNN won one of ``linear``, ``grad_input`` or
-``grad_weight`` *and* a whole dense layer's forward + backward with each product on its winner
-(:class:`ChosenLinear`), or with one of them back on ATen (:func:`layer_candidates`), then beats ``F.linear``'s
-by :data:`MIN_GAIN` at the same shape: a faster product alone does not make a faster layer. With
-``gemm=onednn`` every product runs on oneDNN; with ``gemm=aten`` none.
-
-A measurement times both kernels on a ViT-B/16 MLP-shaped product ([2048 x 768] @ [768 x 3072]) in
-alternating rounds (about a second) and takes oneDNN only when it is faster in the median of the paired
-per-round ratios by at least :data:`MIN_GAIN`; otherwise the simpler ATen call. It runs the first time a model
-call needs the choice (or on demand: :func:`calibrate`, ``vitkit backend --measure``) and is cached by
-:mod:`vitkit.models.backend`. Graph consumers (compile, export, tracing, the FLOP counter) always get ATen.
-
-Inside a model's encoder in inference the products do not take these per-product answers: the encoder's library is
-chosen by timing encoder blocks of the model's shape (:mod:`vitkit.models.tune`, set with :func:`inference_gemms`),
-because a product timed alone can misjudge what each library does inside the model. There the MLP's first layer
-and its GELU are one call (:func:`gemm_gelu`): ATen's ``addmm`` then GELU in place, or oneDNN's linear with the
-GELU fused as a post-op.
+A product timed alone can misjudge what each library does inside the model (there every layer has its own
+weights, cold in the caches, and a product that wins alone can lose inside a layer's backward pass): on an AMD
+EPYC with AVX512-BF16 the layer-level decision taken at the B/16 calibration shape kept ViT-S/16 training on
+ATen while mixes with oneDNN were 1.04-1.42x faster at S/16's own shapes (``benchmarks/cpu_kernels.py``).
+Measurements run the first time a model call needs them (or on demand: ``vitkit backend --measure``) and are
+cached by :mod:`vitkit.models.backend`. Graph consumers (compile, export, tracing, the FLOP counter) always get
+ATen.
 
 Weights are used as they are stored (no pre-packed copies), so nothing needs invalidating when they change.
 """
@@ -46,12 +44,13 @@ from ..errors import ConfigError
 from . import backend
 
 KERNELS = ("aten", "onednn")
-OPS = ("linear", "grad_input", "grad_weight")
+OPS = ("linear",)  # the products chosen alone (outside an encoder, in inference)
 TRAINING_OPS = ("linear", "grad_input", "grad_weight")  # forward, dx, dW of a dense layer in training
 MIN_GAIN = 1.10  # oneDNN must be >= 10% faster in the median paired round to be chosen
 SHAPE = (2048, 768, 3072)  # rows, in, out: the MLP of ViT-B/16, one inference chunk
 _CHOICE: Dict[tuple, object] = {}
 _ENCODER: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("vitkit_encoder_gemm", default=None)
+_TRAINING: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar("vitkit_training_gemms", default=None)
 
 
 @contextlib.contextmanager
@@ -92,25 +91,15 @@ def gemm_what(dtype: torch.dtype, op: str) -> str:
 def measure(dtype: torch.dtype, op: str = "linear", rounds: int = 7, shape=SHAPE) -> dict:
     """Time both kernels for ``op`` on ``shape``, alternating the order each round; returns per-kernel
     median seconds and the median paired ratio aten / onednn (> 1: oneDNN faster)."""
-    training = _training_products(op)
-    if op not in OPS and training is None:
+    if op not in OPS:
         raise ConfigError(f"unknown GEMM operation {op!r}: use one of {', '.join(OPS)}")
     m, k, n = shape
     g = torch.Generator().manual_seed(0)
     x = torch.randn(m, k, generator=g).to(dtype)
     w = torch.randn(n, k, generator=g).mul_(k ** -0.5).to(dtype)
     b = torch.randn(n, generator=g).to(dtype)
-    grad = torch.randn(m, n, generator=g).to(dtype)
-    if op == "linear":
-        fns = {kern: (lambda kern=kern: _gemm(kern, x, w, b)) for kern in KERNELS}
-    elif op == "grad_input":
-        fns = {kern: (lambda kern=kern: _grad_input(kern, grad, w)) for kern in KERNELS}
-    elif op == "grad_weight":
-        fns = {kern: (lambda kern=kern: _grad_weight(kern, grad, x)) for kern in KERNELS}
-    else:  # a dense layer's forward + backward: F.linear's autograd ("aten") vs the chosen products ("onednn")
-        fns = {kern: (lambda kern=kern: layer_step(None if kern == "aten" else training, x, w, b, grad))
-               for kern in KERNELS}
-    times = backend.paired_rounds(fns, rounds, autograd=training is not None)
+    fns = {kern: (lambda kern=kern: _gemm(kern, x, w, b)) for kern in KERNELS}
+    times = backend.paired_rounds(fns, rounds)
     ratios = [a / o for a, o in zip(times["aten"], times["onednn"])]
     return {"aten_s": statistics.median(times["aten"]), "onednn_s": statistics.median(times["onednn"]),
             "ratio": statistics.median(ratios), "rounds": rounds, "shape": list(shape)}
@@ -122,8 +111,6 @@ def calibrate(dtype: torch.dtype, op: str = "linear", rounds: int = 7) -> str:
     result = measure(dtype, op, rounds)
     choice = "onednn" if result["ratio"] >= MIN_GAIN else "aten"
     _CHOICE[(dtype, op, torch.get_num_threads())] = choice
-    for key in [k for k in _CHOICE if k[0] == "training"]:  # decided on the products' former choices
-        del _CHOICE[key]
     return backend.remember(gemm_what(dtype, op), {**result, "min_gain": MIN_GAIN}, choice)
 
 
@@ -149,67 +136,58 @@ def gemm_kernel(dtype: torch.dtype, device: torch.device, op: str = "linear") ->
 
 def training_kernels(dtype: torch.dtype, device: torch.device) -> Optional[Tuple[str, str, str]]:
     """The kernels of a training step's dense-layer products (forward, grad_input, grad_weight) in ``dtype``
-    on ``device``, or None where all three are ATen (the layer then runs ``F.linear``)."""
+    on ``device``, or None where all three are ATen (the layer then runs ``F.linear``): the declared library,
+    or under ``auto`` the mix an encoder's training blocks were timed fastest with (:func:`training_gemms`,
+    set by the model around its blocks); outside an encoder (patch embedding, head, other modules) F.linear."""
     if device.type != "cpu" or backend.graph_capture() or not onednn_ok(dtype):  # capture first: no probe traced
         return None
     declared = backend.current().gemm
     if declared != "auto":
         return None if declared == "aten" else ("onednn",) * 3
-    key = ("training", dtype, torch.get_num_threads())  # called for every dense layer: decided once
-    if key not in _CHOICE:
-        chosen = tuple(gemm_kernel(dtype, device, op) for op in TRAINING_OPS)
-        _CHOICE[key] = next((c for c in layer_candidates(chosen)
-                             if gemm_kernel(dtype, device, _training_op(c)) == "onednn"), None)
-    return _CHOICE[key]
+    inside = _TRAINING.get()
+    return inside[1] if inside is not None and inside[0] == dtype else None
 
 
-def layer_candidates(chosen: Tuple[str, ...]) -> list:
-    """The mixes of libraries a training layer tries, in order, against ``F.linear``: the products' own
-    winners ``chosen``, then the same with one oneDNN product back on ATen, the weight gradient first. A
-    product that wins alone by a little can lose inside a layer: on an AMD EPYC (AVX512-BF16) the weight
-    gradient once won alone at the calibration shape, the layer with all three on oneDNN then lost to
-    ``F.linear``, and training ran all on ATen, while the layer with the weight gradient on ATen was 1.09-1.25x
-    faster at every ViT-S/16 shape (``benchmarks/cpu_kernels.py``'s training rows). The first mix that beats
-    ``F.linear`` by :data:`MIN_GAIN` is taken."""
-    out = [chosen] if "onednn" in chosen else []
-    for i in reversed(range(len(chosen))):
-        if chosen[i] == "onednn":
-            alt = chosen[:i] + ("aten",) + chosen[i + 1:]
-            if "onednn" in alt and alt not in out:
-                out.append(alt)
-    return out
+@contextlib.contextmanager
+def training_gemms(dtype: torch.dtype, mix: Optional[Tuple[str, ...]]) -> Iterator[None]:
+    """Within: the training products of ``dtype`` run on ``mix`` (forward, grad_input, grad_weight), an
+    encoder's choice (:func:`vitkit.models.tune.encoder_training_gemms`); None: ``F.linear``."""
+    if mix is not None and (len(mix) != len(TRAINING_OPS) or not set(mix) <= set(KERNELS)):
+        raise ConfigError(f"training GEMM mix {mix!r}: three of {', '.join(KERNELS)}")
+    token = _TRAINING.set((dtype, None if mix is None else tuple(mix)))
+    try:
+        yield
+    finally:
+        _TRAINING.reset(token)
 
 
-def _training_op(chosen) -> str:
-    return "training " + "/".join(chosen)
+def mix_name(mix: Optional[Tuple[str, ...]]) -> str:
+    """``aten`` for F.linear (None), else the three products' libraries joined by ``/``."""
+    return "aten" if mix is None else "/".join(mix)
 
 
-def _training_products(op: str) -> Optional[Tuple[str, ...]]:
-    """The winners named by a ``training a/b/c`` operation, or None for any other name."""
-    name, _, products = op.partition(" ")
-    chosen = tuple(products.split("/"))
-    return chosen if name == "training" and len(chosen) == 3 and set(chosen) <= set(KERNELS) else None
+def parse_mix(name: str) -> Optional[Tuple[str, ...]]:
+    """The inverse of :func:`mix_name`."""
+    return None if name == "aten" else tuple(name.split("/"))
 
 
 def summary(dtype: torch.dtype, device: str = "cpu") -> dict:
-    """The kernel each operation in ``dtype`` runs now, without measuring: ``fixed``, ``measured`` (this
-    process or the cache), or ``not measured yet`` (the first model call that needs it measures)."""
+    """The kernel each product chosen alone in ``dtype`` runs now, without measuring: ``fixed``, ``measured``
+    (this process or the cache), or ``not measured yet`` (the first model call that needs it measures).
+    Encoders' choices: :func:`vitkit.models.backend.decisions`."""
     dev = torch.device(device)
     declared = backend.current().gemm
     out = {}
-    for op in OPS + ("training",):
+    for op in OPS:
         if dev.type != "cpu" or not onednn_ok(dtype):
             out[op] = {"kernel": "aten", "why": "only ATen runs this dtype here"}
         elif declared != "auto":
             out[op] = {"kernel": declared, "why": "declared"}
         else:
-            entry = backend.read_cache().get(backend.cache_key(gemm_what(dtype, op))) if op != "training" else None
-            key = ("training", dtype, torch.get_num_threads()) if op == "training" else \
-                (dtype, op, torch.get_num_threads())
+            entry = backend.read_cache().get(backend.cache_key(gemm_what(dtype, op)))
+            key = (dtype, op, torch.get_num_threads())
             if key in _CHOICE:
-                value = _CHOICE[key]
-                kern = value if isinstance(value, str) else "aten" if value is None else "/".join(value)
-                out[op] = {"kernel": kern, "why": "measured"}
+                out[op] = {"kernel": _CHOICE[key], "why": "measured"}
             elif entry:
                 out[op] = {"kernel": entry["choice"], "why": "cached measurement",
                            "aten_over_onednn": round(entry["ratio"], 3)}
@@ -331,7 +309,7 @@ def _grad_weight(kernel: str, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def layer_step(chosen: Optional[Tuple[str, ...]], x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor],
                grad: torch.Tensor) -> None:
     """One dense layer's forward + backward on fresh leaves: ``F.linear`` (chosen None) or :class:`ChosenLinear`
-    with the products on ``chosen`` (what the ``training`` calibration and benchmarks/cpu_kernels.py time)."""
+    with the products on ``chosen`` (what benchmarks/cpu_kernels.py times per layer)."""
     xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
     br = None if b is None else b.detach().requires_grad_()
     y = F.linear(xr, wr, br) if chosen is None else ChosenLinear.apply(xr, wr, br, chosen)

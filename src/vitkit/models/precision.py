@@ -33,7 +33,7 @@ def _autocast_on(device_type: str) -> bool:
     return torch.is_autocast_enabled(device_type)
 
 
-def _product_dtype(x: torch.Tensor) -> torch.dtype:
+def product_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype a dense layer multiplies in: the CPU autocast dtype inside an autocast region, else x's."""
     if x.is_floating_point() and _autocast_on(x.device.type):
         return torch.get_autocast_dtype(x.device.type) if hasattr(torch, "get_autocast_dtype") \
@@ -46,7 +46,7 @@ def widen_bf16(x: torch.Tensor) -> bool:
     bf16 tensors (a model converted with ``.to(torch.bfloat16)``)."""
     if x.device.type != "cpu" or not x.is_floating_point():
         return False
-    return (x.dtype == BF16 or _product_dtype(x) == BF16) and not cpu_has_native_bf16()
+    return (x.dtype == BF16 or product_dtype(x) == BF16) and not cpu_has_native_bf16()
 
 
 def _exact(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -90,7 +90,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
         return _WidenedLinear.apply(x, weight, bias)
     if x.device.type == "cpu" and torch.is_grad_enabled() and (
             x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
-        dtype = _product_dtype(x)
+        dtype = product_dtype(x)
         chosen = training_kernels(dtype, x.device)
         if chosen is not None:
             x, weight = x.to(dtype), weight.to(dtype)  # autocast's casts, recorded for the backward pass

@@ -16,7 +16,6 @@ def _gemm_rows(dtype: torch.dtype, measure: bool) -> List[Dict[str, Any]]:
     if measure and declared == "auto" and kernels.onednn_ok(dtype):
         for op in kernels.OPS:
             kernels.calibrate(dtype, op)
-        kernels.training_kernels(dtype, torch.device("cpu"))
     rows = []
     for op, v in kernels.summary(dtype, "cpu").items():
         entry = backend.read_cache().get(backend.cache_key(kernels.gemm_what(dtype, op))) or {}
@@ -55,25 +54,37 @@ def _attention_rows(model: str, batch: int, dtype: torch.dtype, measure: bool) -
 
 
 def _encoder_rows(model: str, dtype: torch.dtype, measure: bool) -> List[Dict[str, Any]]:
-    """The library of ``model``'s encoder GEMMs in inference (timed on blocks of its shape)."""
+    """The libraries of ``model``'s encoder GEMMs in inference and in training (timed on blocks of its shape)."""
     cfg = config_from_name(model)
-    shape = tune.encoder_shape(cfg, dtype)
-    what = tune.encoder_what(dtype, *shape)
-    entry = backend.read_cache().get(backend.cache_key(what))
-    if backend.current().gemm != "auto" or not kernels.onednn_ok(dtype):
-        choice, why = tune.encoder_gemm(dtype, torch.device("cpu"), *shape) or "aten", "declared"
-    elif measure or entry:
-        choice = tune.encoder_gemm(dtype, torch.device("cpu"), *shape)  # measures (and caches) when nothing is known
-        why = "cached measurement" if entry else "measured"
-        entry = backend.read_cache().get(backend.cache_key(what)) or entry
-    else:
-        choice, why = None, "not measured yet"
-    if not kernels.onednn_ok(dtype):
-        why = "only ATen runs this dtype here"
-    meas = (f"ATen/oneDNN time of {entry.get('depth', tune.DEPTH)} blocks {entry['ratio']:.2f}x, needs >= "
-            f"{tune.MIN_GAIN}x for oneDNN" if entry and "ratio" in entry else None)
-    return [{"what": f"gemm encoder {str(dtype).replace('torch.', '')} inference {model}", "choice": choice,
-             "why": why, "measurement": meas}]
+    name = str(dtype).replace("torch.", "")
+    rows = []
+    for mode, shape, what, decide, gain in (
+            ("inference", tune.encoder_shape(cfg, dtype), tune.encoder_what(dtype, *tune.encoder_shape(cfg, dtype)),
+             lambda s: tune.encoder_gemm(dtype, torch.device("cpu"), *s) or "aten", tune.MIN_GAIN),
+            ("training", tune.training_shape(cfg), tune.training_what(dtype, *tune.training_shape(cfg)),
+             lambda s: kernels.mix_name(tune.encoder_training_gemms(dtype, torch.device("cpu"), *s)), tune.MIN_GAIN)):
+        entry = backend.read_cache().get(backend.cache_key(what))
+        if backend.current().gemm != "auto" or not kernels.onednn_ok(dtype):
+            choice, why = decide(shape), "declared"
+        elif measure or entry:
+            choice = decide(shape)  # measures (and caches) when nothing is known
+            why = "cached measurement" if entry else "measured"
+            entry = backend.read_cache().get(backend.cache_key(what)) or entry
+        else:
+            choice, why = None, "not measured yet"
+        if not kernels.onednn_ok(dtype):
+            why = "only ATen runs this dtype here"
+        meas = None
+        if entry and "ratio" in entry:
+            if mode == "inference":
+                meas = (f"ATen/oneDNN time of {entry.get('depth', tune.DEPTH)} blocks {entry['ratio']:.2f}x, "
+                        f"needs >= {gain}x for oneDNN")
+            else:
+                meas = ("F.linear/mix time of a block's forward + backward: " + ", ".join(
+                    f"{k} {v['ratio']:.2f}x" for k, v in entry.get("mixes", {}).items()) + f"; needs >= {gain}x")
+        rows.append({"what": f"gemm encoder {name} {mode} {model}", "choice": choice, "why": why,
+                     "measurement": meas})
+    return rows
 
 
 def resolve_backend(model: str = "B/16", batch: int = 16, measure: bool = False) -> Dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The inference GEMM library of a model's encoder, chosen by timing encoder blocks of the model's shape.
+"""The GEMM libraries of a model's encoder, chosen by timing encoder blocks of the model's shape.
 
 A dense layer timed alone (:func:`kernels.measure`) can misjudge what each library does inside the model:
 inside, every layer has its own weights (cold in the caches), the products run beside LayerNorm, attention and
@@ -9,22 +9,37 @@ images the model runs at a time (each block with its own random weights; both li
 :func:`backend.paired_rounds`). oneDNN is taken when its median paired speed-up reaches :data:`MIN_GAIN`. The
 choice is cached per CPU, torch build, thread count and shape (:mod:`vitkit.models.backend`), recorded in
 :func:`backend.decisions`, and a declared ``gemm`` skips the measurement.
+
+In training (autograd on) the same holds for the three products of every dense layer (forward, input gradient,
+weight gradient): :func:`encoder_training_gemms` times :data:`TRAINING_DEPTH` block(s) of the model's shape,
+forward + backward on :data:`TRAINING_IMAGES` images (fp32, or bf16 under autocast as the trainer runs it), with
+``F.linear`` and with each mix in :data:`TRAINING_MIXES`, and takes the fastest mix when its median paired
+speed-up over ``F.linear`` reaches :data:`MIN_GAIN`. The mixes are the ones a product-level measurement found
+worth trying on the machine kinds measured: all three on oneDNN (AMD EPYC Zen 5, fp32), the weight gradient
+back on ATen (AMD EPYC Zen 4, fp32: oneDNN's weight gradient is slow on tall-skinny reductions), and only the
+forward product on oneDNN (bf16 on the AVX512-BF16 kinds).
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 from typing import Dict, Optional, Tuple
 
 import torch
+from torch import nn
 
 from . import backend, kernels
 from .layers import Block, chunk_images
+from .precision import product_dtype
 
 DEPTH = 3  # blocks per timed call: distinct weights, as in a model
 TIMING_BATCH = 16  # the blocks run on the chunk of images a batch of this many runs in (the model's chunking)
 ROUNDS = 5
 MIN_GAIN = 1.03  # oneDNN must run the blocks >= 3% faster (median paired round) to be chosen
-_CHOICE: Dict[Tuple, str] = {}
+TRAINING_MIXES = (("onednn", "onednn", "onednn"), ("onednn", "onednn", "aten"), ("onednn", "aten", "aten"))
+TRAINING_IMAGES = 16  # images per timed training call: fixed, so one choice per run (a last partial batch too)
+TRAINING_DEPTH = 1
+_CHOICE: Dict[Tuple, str] = {}  # inference: library; training: mix name
 
 
 def forget() -> None:
@@ -98,3 +113,95 @@ def encoder_gemm(dtype: torch.dtype, device: torch.device, width: int, heads: in
                                       "onednn" if result["ratio"] >= MIN_GAIN else "aten")
         _CHOICE[key] = choice
     return choice
+
+
+def training_what(dtype: torch.dtype, width: int, heads: int, mlp_dim: int, tokens: int, images: int,
+                  gelu: str) -> str:
+    """The name of an encoder's training GEMM choice (its decision's and cache entry's key)."""
+    return (f"gemm encoder {str(dtype).replace('torch.', '')} training width={width} heads={heads} mlp={mlp_dim} "
+            f"tokens={tokens} images={images} gelu={gelu}")
+
+
+def training_shape(config) -> Tuple:
+    """(width, heads, MLP size, tokens, images, gelu) of a model's encoder as :func:`encoder_training_gemms`
+    times it: the configured token count (whatever patch dropout or masking leaves), :data:`TRAINING_IMAGES`."""
+    tokens = config.num_patches + config.num_prefix_tokens
+    return config.width, config.num_heads, config.mlp_dim, tokens, TRAINING_IMAGES, config.gelu
+
+
+def measure_training_blocks(dtype: torch.dtype, width: int, heads: int, mlp_dim: int, tokens: int, images: int,
+                            gelu: str = "exact", rounds: int = ROUNDS, depth: int = TRAINING_DEPTH,
+                            mixes=TRAINING_MIXES) -> dict:
+    """Time a training step's forward + backward through ``depth`` fresh encoder blocks of this shape with
+    ``F.linear`` ("aten") and each mix of libraries; per candidate median seconds and median paired ratio
+    aten / candidate (> 1: the mix faster). bf16 runs fp32 blocks under CPU autocast, as the trainer does."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        blocks = [Block(width, heads, mlp_dim, gelu=gelu).train() for _ in range(depth)]
+        x = torch.randn(images, tokens, width)
+        grad = torch.randn(images, tokens, width)
+    params = [p for b in blocks for p in b.parameters()]
+    autocast = dtype != torch.float32
+
+    def run(mix) -> None:
+        leaf = x.detach().requires_grad_()
+        with kernels.training_gemms(dtype, mix), torch.autocast("cpu", dtype=dtype, enabled=autocast):
+            y = leaf
+            for block in blocks:
+                y = block(y)[0]
+        y.float().backward(grad)
+        for p in params:
+            p.grad = None
+
+    fns = {kernels.mix_name(m): (lambda m=m: run(m)) for m in (None,) + tuple(mixes)}
+    times = backend.paired_rounds(fns, rounds, autograd=True)
+    out = {"aten_s": statistics.median(times["aten"]), "rounds": rounds, "depth": depth, "mixes": {},
+           "shape": {"width": width, "heads": heads, "mlp": mlp_dim, "tokens": tokens, "images": images}}
+    for name in list(fns)[1:]:
+        ratios = [a / m for a, m in zip(times["aten"], times[name])]
+        out["mixes"][name] = {"s": statistics.median(times[name]), "ratio": statistics.median(ratios)}
+    best = max(out["mixes"], key=lambda n: out["mixes"][n]["ratio"])
+    out["best"], out["ratio"] = best, out["mixes"][best]["ratio"]
+    return out
+
+
+def encoder_training_gemms(dtype: torch.dtype, device: torch.device, width: int, heads: int, mlp_dim: int,
+                           tokens: int, images: int, gelu: str = "exact") -> Optional[Tuple[str, ...]]:
+    """The libraries of the dense layers' (forward, input gradient, weight gradient) products for an encoder of
+    this shape in training: None (``F.linear``) off the CPU, for a dtype oneDNN cannot run, under a graph
+    consumer, with ``gemm=aten`` or where no mix won; with ``gemm=onednn`` all three on oneDNN; under ``auto``
+    the cached (or, the first time, a fresh) block timing."""
+    if device.type != "cpu" or backend.graph_capture() or not kernels.onednn_ok(dtype):
+        return None
+    declared = backend.current().gemm
+    if declared != "auto":
+        return None if declared == "aten" else ("onednn",) * 3
+    key = ("training", dtype, width, heads, mlp_dim, tokens, images, gelu, torch.get_num_threads())
+    if key not in _CHOICE:
+        what = training_what(dtype, width, heads, mlp_dim, tokens, images, gelu)
+        names = ["aten"] + [kernels.mix_name(m) for m in TRAINING_MIXES]
+        choice = backend.cached_choice(what, names)
+        if choice is None:
+            result = measure_training_blocks(dtype, width, heads, mlp_dim, tokens, images, gelu)
+            choice = backend.remember(what, {**result, "min_gain": MIN_GAIN},
+                                      result["best"] if result["ratio"] >= MIN_GAIN else "aten")
+        _CHOICE[key] = choice
+    return kernels.parse_mix(_CHOICE[key])
+
+
+def training_gemms_of(config, x: torch.Tensor, blocks: nn.Module) -> Optional[tuple]:
+    """(dtype, mix) of the training products in an encoder of ``config``'s shape running ``blocks`` on ``x``
+    (:func:`encoder_training_gemms`), or None where no autograd graph is recorded through them."""
+    if x.device.type != "cpu" or not torch.is_grad_enabled() or backend.graph_capture() or not (
+            x.requires_grad or any(p.requires_grad for p in blocks.parameters())):
+        return None
+    dtype = product_dtype(x)
+    return dtype, encoder_training_gemms(dtype, x.device, *training_shape(config))
+
+
+def block_on(blk: nn.Module, gemms: Optional[tuple], x: torch.Tensor, bias: Optional[torch.Tensor],
+             need_weights: bool = False, **kw):
+    """One encoder block with its training products on ``gemms`` ((dtype, mix) or None: each layer's default);
+    a function of its own so that gradient checkpointing recomputes the block on the same products."""
+    with kernels.training_gemms(*gemms) if gemms is not None else contextlib.nullcontext():
+        return blk(x, bias, need_weights, **kw)

@@ -23,7 +23,7 @@ from .posemb import (
     sincos_table,
 )
 from .resnet import HybridEmbed
-from .tune import encoder_gemm, encoder_shape, widest_row
+from .tune import block_on, encoder_gemm, encoder_shape, training_gemms_of, widest_row
 
 Grid = Tuple[int, int]
 
@@ -268,14 +268,13 @@ class VisionTransformer(nn.Module):
         keep = set(keep)
         ckpt = self.grad_checkpointing and self.training and torch.is_grad_enabled() and not need_weights
         axial = {"grid": grid} if cfg.attention == "axial" else {}  # axial blocks attend along the grid
+        gemms = training_gemms_of(cfg, x, self.blocks)  # the training products' libraries (tune.py)
         for i, blk in enumerate(self.blocks):
             if pe is not None and every:
                 x = x + pe[i if pe.shape[0] > 1 else 0]
             bias = None if biases is None else biases[i if len(biases) > 1 else 0]
-            if ckpt:
-                x, w = checkpoint(blk, x, bias, False, use_reentrant=False, **axial)
-            else:
-                x, w = blk(x, bias, need_weights and i in keep, **axial)
+            x, w = (checkpoint(block_on, blk, gemms, x, bias, use_reentrant=False, **axial) if ckpt
+                    else block_on(blk, gemms, x, bias, need_weights and i in keep, **axial))
             if i in keep:
                 saved[i] = x
                 if w is not None:
