@@ -15,8 +15,8 @@ Each choice is timed both ways in the same process, alternating, median of ``--r
 - GEMM library of the training products (forward with bias, gradient of the input, gradient of the weight)
   at ViT-S/16's shapes, ATen vs oneDNN's linear on the operands as autograd has them (transposed views),
   and where oneDNN wins a product, the dense layer's forward + backward with each product on its winner
-  (``kernels.ChosenLinear``) against ``F.linear``'s: what vitkit's training calibration decides on
-  (:func:`vitkit.models.kernels.training_kernels`, at a ViT-B/16 MLP shape);
+  (``kernels.ChosenLinear``) against ``F.linear``'s, layer by layer (vitkit's training choice times whole
+  encoder blocks of the model's shape with each mix: :func:`vitkit.models.tune.encoder_training_gemms`);
 - GELU after the first MLP product: vitkit's product then ``gelu_`` in place vs oneDNN's linear with GELU as
   its post-op (one pass over the hidden activations instead of two), fp32 and bf16;
 - the inference chunk size of one ViT-B/16 block at batch 64: vitkit's rule (chunks of whole images whose
