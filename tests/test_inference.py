@@ -199,7 +199,7 @@ def test_both_gemm_kernels_compute_the_same_products(dtype):
             assert rel_err(kernels._grad_weight(kern, out0, x), out0.double().t() @ x.double()) < tol  # g^T x
 
 
-CHOICES = [("onednn", "onednn", "onednn"), ("aten", "onednn", "aten"), ("onednn", "aten", "onednn")]
+CHOICES = list(tune.TRAINING_MIXES)  # every mix auto can choose (gemm=onednn: the first)
 
 
 @pytest.mark.parametrize("chosen", CHOICES, ids="-".join)
