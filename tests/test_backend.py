@@ -275,11 +275,14 @@ def test_cli_backend_command_and_flag(capsys, monkeypatch):
     assert main(["backend", "--model", "Ti/16", "--batch", "2", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["declared"] == "gemm=auto,attention=auto,int8=auto"
-    assert {r["what"] for r in report["choices"]} >= {"gemm linear float32", "int8 engine"}
+    assert {r["what"] for r in report["choices"]} >= {"gemm linear float32", "int8 engine",
+                                                      "gemm encoder float32 inference Ti/16",
+                                                      "gemm encoder float32 training Ti/16"}
     assert main(["--backend", "gemm=aten,attention=explicit", "backend", "--model", "Ti/16", "--measure"]) == 0
     out = capsys.readouterr().out
     assert "declared   gemm=aten,attention=explicit,int8=auto" in out
     assert "gemm linear float32                            aten       declared" in out
+    assert "gemm encoder float32 training Ti/16            aten       declared" in out
     monkeypatch.setenv(backend.ENV, "gemm=onednn")
     assert main(["backend", "--model", "Ti/16"]) == 0
     assert "$VITKIT_BACKEND='gemm=onednn' fixes gemm=onednn" in capsys.readouterr().out
