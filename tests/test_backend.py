@@ -334,3 +334,32 @@ def test_a_recipe_that_pins_kernels_wins_over_the_environment_and_the_command_li
     assert main(["train", "--recipe", str(path), "--set", "train.backend=attention=explicit",
                  "--backend", "gemm=onednn", "--print"]) == 0
     assert "backend: gemm=onednn\n" in capsys.readouterr().out
+
+
+def test_a_timing_whose_threads_waited_for_the_cpu_is_used_but_not_cached(fresh_cache, monkeypatch):
+    """paired_rounds measures how long its threads waited for a CPU (Linux schedstat); remember caches a verdict
+    only when that share of the timed thread-time is at most MAX_CPU_WAIT, whatever the load average says."""
+    rounds = backend.paired_rounds({"a": lambda: sum(range(2000)), "b": lambda: sum(range(1000))}, 3)
+    assert set(rounds) == {"a", "b"} and all(len(v) == 3 for v in rounds.values())
+    if backend.run_delay_s() is not None:  # Linux: a share of the timed thread-time, never negative
+        assert rounds.cpu_wait is not None and rounds.cpu_wait >= 0
+    waits = iter([0.0, 5.0])  # 5 s of waiting during rounds that took milliseconds: other work held the CPU
+    monkeypatch.setattr(backend, "run_delay_s", lambda: next(waits))
+    assert backend.paired_rounds({"a": lambda: None}, 2).cpu_wait > 1
+    monkeypatch.setattr(backend, "run_delay_s", lambda: 1.0)  # no waiting at all
+    assert backend.paired_rounds({"a": lambda: None}, 2).cpu_wait == 0
+    monkeypatch.setattr(backend, "run_delay_s", lambda: None)  # not Linux: unknown, the load average decides
+    assert backend.paired_rounds({"a": lambda: None}, 2).cpu_wait is None
+    monkeypatch.setattr(backend, "busy", lambda: False)
+    for what, wait, cached in (("x waited", 0.3, False), ("x quiet", 0.01, True), ("x unknown", None, True),
+                               ("x at the limit", backend.MAX_CPU_WAIT, True)):
+        assert backend.remember(what, {"ratio": 1.5, "cpu_wait": wait}, "onednn") == "onednn"
+        assert backend.decisions()[what]["choice"] == "onednn"  # used by this process either way
+        written = json.loads(fresh_cache.read_text()) if fresh_cache.exists() else {}
+        assert (backend.cache_key(what) in written) is cached
+    # a measured kernel choice records its threads' wait and is cached on a quiet machine
+    monkeypatch.setattr(kernels, "onednn_ok", lambda dtype: True)
+    monkeypatch.setattr(backend, "run_delay_s", lambda: 2.0)
+    kernels.calibrate(torch.float32, "linear", rounds=1)
+    entry = json.loads(fresh_cache.read_text())[backend.cache_key(kernels.gemm_what(torch.float32, "linear"))]
+    assert entry["cpu_wait"] == 0

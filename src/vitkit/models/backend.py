@@ -277,11 +277,40 @@ def busy() -> bool:
     return load > (os.cpu_count() or 1) + 0.5
 
 
+MAX_CPU_WAIT = 0.05  # a timing whose threads waited for a CPU > 5% of their time is not cached
+
+
+def run_delay_s() -> Optional[float]:
+    """Seconds this process's threads have spent runnable but waiting for a CPU (Linux schedstat), or None
+    where the kernel does not say."""
+    total = 0
+    try:
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/schedstat") as f:
+                    total += int(f.read().split()[1])
+            except FileNotFoundError:  # a thread that ended meanwhile
+                continue
+    except (OSError, ValueError, IndexError):
+        return None
+    return total / 1e9
+
+
+class Rounds(dict):
+    """:func:`paired_rounds`' seconds per call by name; ``cpu_wait``: the share of the timing's thread-time
+    spent waiting for a CPU that other work held (None where unknown)."""
+    cpu_wait: Optional[float] = None
+
+
 def remember(what: str, result: dict, choice: str) -> str:
-    """Record a measured choice: in :func:`decisions` and, on a quiet machine, in the cache file."""
+    """Record a measured choice: in :func:`decisions` and, on a quiet machine, in the cache file. Quiet: the
+    1-minute load within the cores (:func:`busy`) and the timing's threads seldom kept from a CPU (its
+    ``cpu_wait`` at most :data:`MAX_CPU_WAIT`): a load average lags, and other work that starts or stops during
+    a timing can fake a gain (an encoder block timed beside CI showed 1.57x where the quiet machine gave 1.01x)."""
     entry = {**result, "choice": choice, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
              "load": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
-    if not busy():
+    waited = result.get("cpu_wait")
+    if not busy() and (waited is None or waited <= MAX_CPU_WAIT):
         write_cache(cache_key(what), entry)
     note(what, choice, "measured now")
     return choice
@@ -324,20 +353,25 @@ def forget() -> None:
         fn()
 
 
-def paired_rounds(fns: Dict[str, "object"], rounds: int, autograd: bool = False) -> Dict[str, list]:
+def paired_rounds(fns: Dict[str, "object"], rounds: int, autograd: bool = False) -> Rounds:
     """Seconds per call of each function, one call each per round, the order reversed every other round
     (after one untimed call each), under ``inference_mode`` (with autograd on where ``autograd``): the
-    measurement behind every ``auto`` choice."""
+    measurement behind every ``auto`` choice. Its ``cpu_wait``: how much of the timed rounds' thread-time
+    (wall time x torch's thread count) the threads spent waiting for a CPU."""
     names = list(fns)
-    times: Dict[str, list] = {n: [] for n in names}
+    times = Rounds({n: [] for n in names})
     with torch.enable_grad() if autograd else torch.inference_mode():
         for n in names:
             fns[n]()
+        waited0, start = run_delay_s(), time.perf_counter()
         for r in range(rounds):
             for n in (names if r % 2 == 0 else names[::-1]):
                 t0 = time.perf_counter()
                 fns[n]()
                 times[n].append(time.perf_counter() - t0)
+        waited1, wall = run_delay_s(), time.perf_counter() - start
+    if waited0 is not None and waited1 is not None and wall > 0:
+        times.cpu_wait = round(max(0.0, waited1 - waited0) / (wall * max(1, torch.get_num_threads())), 4)
     return times
 
 
@@ -355,7 +389,6 @@ def describe(back: Optional[Backend] = None) -> str:
     return f"backend {back.spec}" + (f" ({made})" if made else "")
 
 
-__all__ = ["AUTO", "Backend", "CHOICES", "ENV", "PLAIN", "cache_path", "cpu_has_native_bf16", "current",
-           "decisions", "describe", "forget", "from_environment", "graph_capture", "on_forget", "paired_rounds",
-           "record", "set_backend",
-           "set_cache_file", "use_backend"]
+__all__ = ["AUTO", "Backend", "CHOICES", "ENV", "MAX_CPU_WAIT", "PLAIN", "Rounds", "cache_path", "cpu_has_native_bf16",
+           "current", "decisions", "describe", "forget", "from_environment", "graph_capture", "on_forget",
+           "paired_rounds", "record", "run_delay_s", "set_backend", "set_cache_file", "use_backend"]

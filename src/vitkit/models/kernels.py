@@ -102,7 +102,7 @@ def measure(dtype: torch.dtype, op: str = "linear", rounds: int = 7, shape=SHAPE
     times = backend.paired_rounds(fns, rounds)
     ratios = [a / o for a, o in zip(times["aten"], times["onednn"])]
     return {"aten_s": statistics.median(times["aten"]), "onednn_s": statistics.median(times["onednn"]),
-            "ratio": statistics.median(ratios), "rounds": rounds, "shape": list(shape)}
+            "ratio": statistics.median(ratios), "rounds": rounds, "shape": list(shape), "cpu_wait": times.cpu_wait}
 
 
 def calibrate(dtype: torch.dtype, op: str = "linear", rounds: int = 7) -> str:
@@ -227,7 +227,7 @@ def measure_int8(rounds: int = 7, shape=SHAPE) -> dict:
                                                            dtype=torch.qint8), e)
     times = backend.paired_rounds({e: (lambda e=e: layers[e](x)) for e in engines}, rounds)
     med = {e: statistics.median(v) for e, v in times.items()}
-    return {"seconds": med, "default": default, "rounds": rounds, "shape": list(shape),
+    return {"seconds": med, "default": default, "rounds": rounds, "shape": list(shape), "cpu_wait": times.cpu_wait,
             "ratio": {e: statistics.median([a / b for a, b in zip(times[default], times[e])])
                       for e in engines if default in times}}
 

@@ -231,7 +231,7 @@ def measure_attention(heads: int, q_tokens: int, k_tokens: int, head_dim: int, d
         times = backend.paired_rounds({p: (lambda p=p: run(p)) for p in ("fused", "explicit")}, rounds, autograd=grad)
     ratios = [f / e for f, e in zip(times["fused"], times["explicit"])]
     return {"fused_s": statistics.median(times["fused"]), "explicit_s": statistics.median(times["explicit"]),
-            "ratio": statistics.median(ratios), "rounds": rounds, "images": images}
+            "ratio": statistics.median(ratios), "rounds": rounds, "images": images, "cpu_wait": times.cpu_wait}
 
 
 def split_heads(qkv: torch.Tensor, n: int, t: int, heads: int, head_dim: int

@@ -88,7 +88,7 @@ def measure_blocks(dtype: torch.dtype, width: int, heads: int, mlp_dim: int, tok
     times = backend.paired_rounds({k: (lambda k=k: run(k)) for k in kernels.KERNELS}, rounds)
     ratios = [a / o for a, o in zip(times["aten"], times["onednn"])]
     return {"aten_s": statistics.median(times["aten"]), "onednn_s": statistics.median(times["onednn"]),
-            "ratio": statistics.median(ratios), "rounds": rounds, "depth": depth,
+            "ratio": statistics.median(ratios), "rounds": rounds, "depth": depth, "cpu_wait": times.cpu_wait,
             "shape": {"width": width, "heads": heads, "mlp": mlp_dim, "tokens": tokens, "images": images}}
 
 
@@ -156,6 +156,7 @@ def measure_training_blocks(dtype: torch.dtype, width: int, heads: int, mlp_dim:
     fns = {kernels.mix_name(m): (lambda m=m: run(m)) for m in (None,) + tuple(mixes)}
     times = backend.paired_rounds(fns, rounds, autograd=True)
     out = {"aten_s": statistics.median(times["aten"]), "rounds": rounds, "depth": depth, "mixes": {},
+           "cpu_wait": times.cpu_wait,
            "shape": {"width": width, "heads": heads, "mlp": mlp_dim, "tokens": tokens, "images": images}}
     for name in list(fns)[1:]:
         ratios = [a / m for a, m in zip(times["aten"], times[name])]
