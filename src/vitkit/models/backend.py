@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import platform
+import statistics
 import tempfile
 import threading
 import time
@@ -300,6 +301,14 @@ class Rounds(dict):
     """:func:`paired_rounds`' seconds per call by name; ``cpu_wait``: the share of the timing's thread-time
     spent waiting for a CPU that other work held (None where unknown)."""
     cpu_wait: Optional[float] = None
+
+    def median(self, name: str) -> float:
+        """The median seconds per call of ``name``."""
+        return statistics.median(self[name])
+
+    def ratio(self, base: str, other: str) -> float:
+        """The median over rounds of ``base``'s time / ``other``'s in the same round (> 1: ``other`` faster)."""
+        return statistics.median([a / b for a, b in zip(self[base], self[other])])
 
 
 def remember(what: str, result: dict, choice: str) -> str:

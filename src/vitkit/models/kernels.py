@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import statistics
 from typing import Dict, Iterator, Optional, Tuple
 
 import torch
@@ -100,9 +99,8 @@ def measure(dtype: torch.dtype, op: str = "linear", rounds: int = 7, shape=SHAPE
     b = torch.randn(n, generator=g).to(dtype)
     fns = {kern: (lambda kern=kern: _gemm(kern, x, w, b)) for kern in KERNELS}
     times = backend.paired_rounds(fns, rounds)
-    ratios = [a / o for a, o in zip(times["aten"], times["onednn"])]
-    return {"aten_s": statistics.median(times["aten"]), "onednn_s": statistics.median(times["onednn"]),
-            "ratio": statistics.median(ratios), "rounds": rounds, "shape": list(shape), "cpu_wait": times.cpu_wait}
+    return {"aten_s": times.median("aten"), "onednn_s": times.median("onednn"), "ratio": times.ratio("aten", "onednn"),
+            "rounds": rounds, "shape": list(shape), "cpu_wait": times.cpu_wait}
 
 
 def calibrate(dtype: torch.dtype, op: str = "linear", rounds: int = 7) -> str:
@@ -226,10 +224,9 @@ def measure_int8(rounds: int = 7, shape=SHAPE) -> dict:
             layers[e] = pack_int8(lambda: quantize_dynamic(nn.Sequential(copy.deepcopy(lin)), {nn.Linear},
                                                            dtype=torch.qint8), e)
     times = backend.paired_rounds({e: (lambda e=e: layers[e](x)) for e in engines}, rounds)
-    med = {e: statistics.median(v) for e, v in times.items()}
-    return {"seconds": med, "default": default, "rounds": rounds, "shape": list(shape), "cpu_wait": times.cpu_wait,
-            "ratio": {e: statistics.median([a / b for a, b in zip(times[default], times[e])])
-                      for e in engines if default in times}}
+    return {"seconds": {e: times.median(e) for e in times}, "default": default, "rounds": rounds,
+            "shape": list(shape), "cpu_wait": times.cpu_wait,
+            "ratio": {e: times.ratio(default, e) for e in engines if default in times}}
 
 
 def pack_int8(build, engine: str):

@@ -14,7 +14,6 @@ bf16) they are the plain module calls, so fp32 numerics are untouched.
 """
 from __future__ import annotations
 
-import statistics
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -229,9 +228,8 @@ def measure_attention(heads: int, q_tokens: int, k_tokens: int, head_dim: int, d
 
     with backend.use_backend(attention="fused"):  # no nested decision while timing
         times = backend.paired_rounds({p: (lambda p=p: run(p)) for p in ("fused", "explicit")}, rounds, autograd=grad)
-    ratios = [f / e for f, e in zip(times["fused"], times["explicit"])]
-    return {"fused_s": statistics.median(times["fused"]), "explicit_s": statistics.median(times["explicit"]),
-            "ratio": statistics.median(ratios), "rounds": rounds, "images": images, "cpu_wait": times.cpu_wait}
+    return {"fused_s": times.median("fused"), "explicit_s": times.median("explicit"),
+            "ratio": times.ratio("fused", "explicit"), "rounds": rounds, "images": images, "cpu_wait": times.cpu_wait}
 
 
 def split_heads(qkv: torch.Tensor, n: int, t: int, heads: int, head_dim: int

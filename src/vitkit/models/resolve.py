@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -58,11 +58,12 @@ def _encoder_rows(model: str, dtype: torch.dtype, measure: bool) -> List[Dict[st
     cfg = config_from_name(model)
     name = str(dtype).replace("torch.", "")
     rows = []
-    for mode, shape, what, decide, gain in (
-            ("inference", tune.encoder_shape(cfg, dtype), tune.encoder_what(dtype, *tune.encoder_shape(cfg, dtype)),
-             lambda s: tune.encoder_gemm(dtype, torch.device("cpu"), *s) or "aten", tune.MIN_GAIN),
-            ("training", tune.training_shape(cfg), tune.training_what(dtype, *tune.training_shape(cfg)),
-             lambda s: kernels.mix_name(tune.encoder_training_gemms(dtype, torch.device("cpu"), *s)), tune.MIN_GAIN)):
+    cpu = torch.device("cpu")
+    for mode, shape, decide in (
+            ("inference", tune.encoder_shape(cfg, dtype), lambda s: tune.encoder_gemm(dtype, cpu, *s) or "aten"),
+            ("training", tune.training_shape(cfg),
+             lambda s: kernels.mix_name(tune.encoder_training_gemms(dtype, cpu, *s)))):
+        what = tune.encoder_what(dtype, *shape, mode=mode)
         entry = backend.read_cache().get(backend.cache_key(what))
         if backend.current().gemm != "auto" or not kernels.onednn_ok(dtype):
             choice, why = decide(shape), "declared"
@@ -74,17 +75,20 @@ def _encoder_rows(model: str, dtype: torch.dtype, measure: bool) -> List[Dict[st
             choice, why = None, "not measured yet"
         if not kernels.onednn_ok(dtype):
             why = "only ATen runs this dtype here"
-        meas = None
-        if entry and "ratio" in entry:
-            if mode == "inference":
-                meas = (f"ATen/oneDNN time of {entry.get('depth', tune.DEPTH)} blocks {entry['ratio']:.2f}x, "
-                        f"needs >= {gain}x for oneDNN")
-            else:
-                meas = ("F.linear/mix time of a block's forward + backward: " + ", ".join(
-                    f"{k} {v['ratio']:.2f}x" for k, v in entry.get("mixes", {}).items()) + f"; needs >= {gain}x")
         rows.append({"what": f"gemm encoder {name} {mode} {model}", "choice": choice, "why": why,
-                     "measurement": meas})
+                     "measurement": _encoder_measurement(mode, entry)})
     return rows
+
+
+def _encoder_measurement(mode: str, entry: Optional[dict]) -> Optional[str]:
+    """The block timing behind an encoder's GEMM choice, in words (None where nothing was timed)."""
+    if not entry or "ratio" not in entry:
+        return None
+    if mode == "inference":
+        return (f"ATen/oneDNN time of {entry.get('depth', tune.DEPTH)} blocks {entry['ratio']:.2f}x, "
+                f"needs >= {tune.MIN_GAIN}x for oneDNN")
+    mixes = ", ".join(f"{k} {v['ratio']:.2f}x" for k, v in entry.get("mixes", {}).items())
+    return f"F.linear/mix time of a block's forward + backward: {mixes}; needs >= {tune.MIN_GAIN}x"
 
 
 def resolve_backend(model: str = "B/16", batch: int = 16, measure: bool = False) -> Dict[str, Any]:

@@ -22,7 +22,6 @@ forward product on oneDNN (bf16 on the AVX512-BF16 kinds).
 from __future__ import annotations
 
 import contextlib
-import statistics
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -51,10 +50,17 @@ backend.on_forget(forget)
 
 
 def encoder_what(dtype: torch.dtype, width: int, heads: int, mlp_dim: int, tokens: int, images: int,
-                 gelu: str) -> str:
-    """The name of an encoder's inference GEMM choice (its decision's and cache entry's key)."""
-    return (f"gemm encoder {str(dtype).replace('torch.', '')} width={width} heads={heads} mlp={mlp_dim} "
-            f"tokens={tokens} images={images} gelu={gelu}")
+                 gelu: str, mode: str = "inference") -> str:
+    """The name of an encoder's GEMM choice in ``mode`` (inference or training): its decision's and cache
+    entry's key."""
+    return (f"gemm encoder {str(dtype).replace('torch.', '')}{' training' if mode == 'training' else ''} "
+            f"width={width} heads={heads} mlp={mlp_dim} tokens={tokens} images={images} gelu={gelu}")
+
+
+def training_what(dtype: torch.dtype, width: int, heads: int, mlp_dim: int, tokens: int, images: int,
+                  gelu: str) -> str:
+    """The name of an encoder's training GEMM choice (:func:`encoder_what` in training)."""
+    return encoder_what(dtype, width, heads, mlp_dim, tokens, images, gelu, mode="training")
 
 
 def widest_row(config, dtype: torch.dtype) -> int:
@@ -66,7 +72,10 @@ def widest_row(config, dtype: torch.dtype) -> int:
 def encoder_shape(config, dtype: torch.dtype) -> Tuple:
     """(width, heads, MLP size, tokens, images, gelu) of a model's encoder as :func:`encoder_gemm` times it."""
     tokens = config.num_patches + config.num_prefix_tokens
-    images = chunk_images(TIMING_BATCH, tokens, widest_row(config, dtype))
+    return _shape(config, tokens, chunk_images(TIMING_BATCH, tokens, widest_row(config, dtype)))
+
+
+def _shape(config, tokens: int, images: int) -> Tuple:
     return config.width, config.num_heads, config.mlp_dim, tokens, images, config.gelu
 
 
@@ -86,9 +95,8 @@ def measure_blocks(dtype: torch.dtype, width: int, heads: int, mlp_dim: int, tok
                 y = block(y)[0]
 
     times = backend.paired_rounds({k: (lambda k=k: run(k)) for k in kernels.KERNELS}, rounds)
-    ratios = [a / o for a, o in zip(times["aten"], times["onednn"])]
-    return {"aten_s": statistics.median(times["aten"]), "onednn_s": statistics.median(times["onednn"]),
-            "ratio": statistics.median(ratios), "rounds": rounds, "depth": depth, "cpu_wait": times.cpu_wait,
+    return {"aten_s": times.median("aten"), "onednn_s": times.median("onednn"), "ratio": times.ratio("aten", "onednn"),
+            "rounds": rounds, "depth": depth, "cpu_wait": times.cpu_wait,
             "shape": {"width": width, "heads": heads, "mlp": mlp_dim, "tokens": tokens, "images": images}}
 
 
@@ -102,31 +110,31 @@ def encoder_gemm(dtype: torch.dtype, device: torch.device, width: int, heads: in
     declared = backend.current().gemm
     if declared != "auto":
         return declared
-    key = (dtype, width, heads, mlp_dim, tokens, images, gelu, torch.get_num_threads())
-    choice = _CHOICE.get(key)
-    if choice is None:
-        what = encoder_what(dtype, width, heads, mlp_dim, tokens, images, gelu)
-        choice = backend.cached_choice(what, kernels.KERNELS)
+    shape = (dtype, width, heads, mlp_dim, tokens, images, gelu)
+    return _decide("inference", shape, kernels.KERNELS, measure_blocks, "onednn")
+
+
+def _decide(mode: str, shape: tuple, allowed, measure, best) -> str:
+    """This process's, the cache's or (the first time) a fresh measurement's choice for an encoder of ``shape``
+    (dtype, width, heads, mlp, tokens, images, gelu) in ``mode``: ``best`` (a name, or ``"best"``: the result's
+    best candidate) where the measured ratio reaches :data:`MIN_GAIN`, else ``aten``."""
+    key = (mode, *shape, torch.get_num_threads())
+    if key not in _CHOICE:
+        what = encoder_what(*shape, mode=mode)
+        choice = backend.cached_choice(what, allowed)
         if choice is None:
-            result = measure_blocks(dtype, width, heads, mlp_dim, tokens, images, gelu)
+            result = measure(*shape)
+            winner = result["best"] if best == "best" else best
             choice = backend.remember(what, {**result, "min_gain": MIN_GAIN},
-                                      "onednn" if result["ratio"] >= MIN_GAIN else "aten")
+                                      winner if result["ratio"] >= MIN_GAIN else "aten")
         _CHOICE[key] = choice
-    return choice
-
-
-def training_what(dtype: torch.dtype, width: int, heads: int, mlp_dim: int, tokens: int, images: int,
-                  gelu: str) -> str:
-    """The name of an encoder's training GEMM choice (its decision's and cache entry's key)."""
-    return (f"gemm encoder {str(dtype).replace('torch.', '')} training width={width} heads={heads} mlp={mlp_dim} "
-            f"tokens={tokens} images={images} gelu={gelu}")
+    return _CHOICE[key]
 
 
 def training_shape(config) -> Tuple:
     """(width, heads, MLP size, tokens, images, gelu) of a model's encoder as :func:`encoder_training_gemms`
     times it: the configured token count (whatever patch dropout or masking leaves), :data:`TRAINING_IMAGES`."""
-    tokens = config.num_patches + config.num_prefix_tokens
-    return config.width, config.num_heads, config.mlp_dim, tokens, TRAINING_IMAGES, config.gelu
+    return _shape(config, config.num_patches + config.num_prefix_tokens, TRAINING_IMAGES)
 
 
 def measure_training_blocks(dtype: torch.dtype, width: int, heads: int, mlp_dim: int, tokens: int, images: int,
@@ -155,12 +163,11 @@ def measure_training_blocks(dtype: torch.dtype, width: int, heads: int, mlp_dim:
 
     fns = {kernels.mix_name(m): (lambda m=m: run(m)) for m in (None,) + tuple(mixes)}
     times = backend.paired_rounds(fns, rounds, autograd=True)
-    out = {"aten_s": statistics.median(times["aten"]), "rounds": rounds, "depth": depth, "mixes": {},
+    out = {"aten_s": times.median("aten"), "rounds": rounds, "depth": depth, "mixes": {},
            "cpu_wait": times.cpu_wait,
            "shape": {"width": width, "heads": heads, "mlp": mlp_dim, "tokens": tokens, "images": images}}
     for name in list(fns)[1:]:
-        ratios = [a / m for a, m in zip(times["aten"], times[name])]
-        out["mixes"][name] = {"s": statistics.median(times[name]), "ratio": statistics.median(ratios)}
+        out["mixes"][name] = {"s": times.median(name), "ratio": times.ratio("aten", name)}
     best = max(out["mixes"], key=lambda n: out["mixes"][n]["ratio"])
     out["best"], out["ratio"] = best, out["mixes"][best]["ratio"]
     return out
@@ -177,17 +184,9 @@ def encoder_training_gemms(dtype: torch.dtype, device: torch.device, width: int,
     declared = backend.current().gemm
     if declared != "auto":
         return None if declared == "aten" else ("onednn",) * 3
-    key = ("training", dtype, width, heads, mlp_dim, tokens, images, gelu, torch.get_num_threads())
-    if key not in _CHOICE:
-        what = training_what(dtype, width, heads, mlp_dim, tokens, images, gelu)
-        names = ["aten"] + [kernels.mix_name(m) for m in TRAINING_MIXES]
-        choice = backend.cached_choice(what, names)
-        if choice is None:
-            result = measure_training_blocks(dtype, width, heads, mlp_dim, tokens, images, gelu)
-            choice = backend.remember(what, {**result, "min_gain": MIN_GAIN},
-                                      result["best"] if result["ratio"] >= MIN_GAIN else "aten")
-        _CHOICE[key] = choice
-    return kernels.parse_mix(_CHOICE[key])
+    names = ["aten"] + [kernels.mix_name(m) for m in TRAINING_MIXES]
+    return kernels.parse_mix(_decide("training", (dtype, width, heads, mlp_dim, tokens, images, gelu), names,
+                                     measure_training_blocks, "best"))
 
 
 def training_gemms_of(config, x: torch.Tensor, blocks: nn.Module) -> Optional[tuple]:
