@@ -110,6 +110,15 @@ def make_deployment(max_batch: int = 16, max_wait_ms: float = 5.0, replicas: int
             self.batcher = RayBatcher(self, opts.max_batch, opts.max_queue, opts.max_wait_ms)
             self.service = Service(load_model(weights, img_size=img_size, device=opts.device), opts,
                                    batcher_factory=lambda service: self.batcher)
+            # warm up here, on the inference thread: Ray counts a replica as running once this returns, so
+            # serve.run (and deploy) return with every replica ready, and a model that cannot be made ready
+            # fails the deployment with its error instead of answering 503 for ever
+            self.batcher.executor.submit(self.service.prepare).result()
+
+        def check_health(self) -> None:
+            """Ray Serve's periodic replica check: a service that failed is unhealthy (Ray replaces it)."""
+            if self.service.failed:
+                raise RuntimeError(f"the model could not be made ready: {self.service.failed}")
 
         def __serve_build_asgi_app__(self):
             from .app import build_app

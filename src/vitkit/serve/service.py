@@ -67,7 +67,8 @@ class Service:
                                    max_queue=o.max_queue, on_batch=self._on_batch)
         self.batcher.start()
         try:
-            await self.batcher.call(self.prepare)
+            if self.engine is None:  # a host that warmed the model up before serving (Ray) has an engine
+                await self.batcher.call(self.prepare)
         except Exception as err:  # noqa: BLE001 - reported by /readyz and the log, and stops the server
             self.failed = f"{type(err).__name__}: {err}"
             log.error("the model could not be made ready: %s", self.failed)
