@@ -363,3 +363,18 @@ def test_a_timing_whose_threads_waited_for_the_cpu_is_used_but_not_cached(fresh_
     kernels.calibrate(torch.float32, "linear", rounds=1)
     entry = json.loads(fresh_cache.read_text())[backend.cache_key(kernels.gemm_what(torch.float32, "linear"))]
     assert entry["cpu_wait"] == 0
+
+
+def test_the_cache_file_comes_from_the_environment_for_started_processes(tmp_path, monkeypatch):
+    code = "from vitkit.models import backend; print(backend.cache_path())"
+    # the suite's processes measure into the suite's file (conftest sets the variable), not the user's
+    seen = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert seen == str(backend.cache_path()) and "kernel-cache" in seen
+    mine = tmp_path / "elsewhere" / "k.json"
+    env = dict(os.environ, **{backend.CACHE_ENV: str(mine)})
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env=env).stdout.strip() == str(mine)
+    env.pop(backend.CACHE_ENV)
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env=env).stdout.strip() == str(tmp_path / "xdg" / "vitkit" / "kernels.json")

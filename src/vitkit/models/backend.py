@@ -231,10 +231,16 @@ def cache_key(what: str) -> str:
 _CACHE_FILE: Optional[Path] = None
 
 
+CACHE_ENV = "VITKIT_KERNEL_CACHE"
+
+
 def cache_path() -> Path:
-    """The measurement cache: :func:`set_cache_file`'s, else ``$XDG_CACHE_HOME/vitkit/kernels.json``."""
+    """The measurement cache: :func:`set_cache_file`'s, else ``$VITKIT_KERNEL_CACHE`` (a file; what a test suite
+    sets so that the processes it starts measure into its file too), else ``$XDG_CACHE_HOME/vitkit/kernels.json``."""
     if _CACHE_FILE is not None:
         return _CACHE_FILE
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
     root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(root) / "vitkit" / "kernels.json"
 
@@ -398,6 +404,6 @@ def describe(back: Optional[Backend] = None) -> str:
     return f"backend {back.spec}" + (f" ({made})" if made else "")
 
 
-__all__ = ["AUTO", "Backend", "CHOICES", "ENV", "MAX_CPU_WAIT", "PLAIN", "Rounds", "cache_path", "cpu_has_native_bf16",
-           "current", "decisions", "describe", "forget", "from_environment", "graph_capture", "on_forget",
-           "paired_rounds", "record", "run_delay_s", "set_backend", "set_cache_file", "use_backend"]
+__all__ = ["AUTO", "Backend", "CACHE_ENV", "CHOICES", "ENV", "MAX_CPU_WAIT", "PLAIN", "Rounds", "cache_path",
+           "cpu_has_native_bf16", "current", "decisions", "describe", "forget", "from_environment", "graph_capture",
+           "on_forget", "paired_rounds", "record", "run_delay_s", "set_backend", "set_cache_file", "use_backend"]
