@@ -6,7 +6,19 @@ import pytest
 import torch
 
 from _synthetic import write_npz
-from vitkit.reproduce import arms_table, claims_table, get_budget, measure, plan, reproduce, runner, runs, stats, sweep
+from vitkit.reproduce import (
+    arms_table,
+    claims_table,
+    get_budget,
+    markdown,
+    measure,
+    plan,
+    reproduce,
+    runner,
+    runs,
+    stats,
+    sweep,
+)
 from vitkit.reproduce.claims import AtBest, Best
 
 
@@ -60,6 +72,17 @@ def test_the_sweep_chooses_each_familys_rate_on_validation_and_aliases_runs():
            "res-pre20@lr3e-3": [0.7, 0.7], "few-mpp@lr1e-3": [0.6, 0.6], "few-mpp@lr3e-3": [0.61, 0.6]}
     chosen = sweep.choose(fams, arms, budget, val)
     assert {f: c["lr"] for f, c in chosen.items()} == {"vit": 1e-3, "res-pre20": 1e-3, "few-mpp": 3e-3}
+    # on a two-point grid every choice is an end of it; with a middle point, the middle is no edge
+    assert {f: c["edge"] for f, c in chosen.items()} == {"vit": "smallest", "res-pre20": "smallest",
+                                                         "few-mpp": "largest"}
+    three = budget.with_(lr_sweep=(1e-3, 2e-3, 3e-3))
+    mid = sweep.choose(["vit"], arms, three, {"vit@lr1e-3": [0.8, 0.8], "vit@lr2e-3": [0.9, 0.9],
+                                              "vit@lr3e-3": [0.85, 0.85]})
+    assert mid["vit"]["lr"] == 2e-3 and mid["vit"]["edge"] is None
+    lines = markdown.sweep_edges({**chosen, "other": mid["vit"]})
+    assert "2 of 4 families chose the smallest rate swept (vit, res-pre20)" in lines[1]
+    assert "1 of 4 families chose the largest rate swept (few-mpp)" in lines[1]
+    assert markdown.sweep_edges({"other": mid["vit"]}) == []
     table, alias = sweep.resolve(arms, chosen)
     assert alias["vit"] == "vit@lr1e-3" and alias["pe-none"] == "pe-none@lr1e-3"
     assert alias["gap-lr1e-3"] == "vit@lr1e-3"  # one configuration, one run

@@ -77,11 +77,25 @@ def _head(report: Dict[str, Any]) -> List[str]:
                                                    for k in next(iter(report["sweeps"].values()))["val_top1"]) + " |",
                   "|---" * (2 + len(next(iter(report["sweeps"].values()))["val_top1"])) + "|"]
         for f, s in report["sweeps"].items():
-            lines.append(f"| {f} | {s['lr']:.0e} | ".replace("e-0", "e-") + " | ".join(
+            mark = f" ({s['edge']} swept)" if s.get("edge") else ""
+            lines.append(f"| {f} | {s['lr']:.0e}{mark} | ".replace("e-0", "e-") + " | ".join(
                 "/".join(f"{100 * v:.2f}" for v in vals) for vals in s["val_top1"].values()) + " |")
+        lines += sweep_edges(report["sweeps"])
     lines += ["", "| claim | verdict |", "|---|---|"] + [f"| {c['id']}. {c['title']} | {c['verdict']} |"
                                                         for c in report["claims"]]
     return lines
+
+
+def sweep_edges(sweeps: Dict[str, Any]) -> List[str]:
+    """A sentence on the families whose chosen rate is an end of the grid (the sweep cannot place their best)."""
+    ends = {e: [f for f, s in sweeps.items() if s.get("edge") == e] for e in ("largest", "smallest")}
+    said = [f"{len(fs)} of {len(sweeps)} families chose the {e} rate swept ({', '.join(fs)})"
+            for e, fs in ends.items() if fs]
+    if not said:
+        return []
+    return ["", "; ".join(said) + ": their best rate may lie beyond the grid, which the sweep cannot "
+            "tell, so their arms ran at the best rate found, not necessarily the best rate. A comparison involving "
+            "them may differ at the arms' best rates; the validation curves show whether each arm converged."]
 
 
 def _arms(c: Dict[str, Any], report: Dict[str, Any]) -> List[str]:

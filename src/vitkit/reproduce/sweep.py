@@ -48,8 +48,9 @@ def sweep_arms(fams: Sequence[str], arms: Mapping[str, Arm], budget: Budget) -> 
 
 def choose(fams: Sequence[str], arms: Mapping[str, Arm], budget: Budget,
            val: Mapping[str, Sequence[float]]) -> Dict[str, Dict[str, object]]:
-    """Per family: the chosen rate and the validation accuracy of every point (``val``: run name -> values
-    over the sweep seeds)."""
+    """Per family: the chosen rate, the validation accuracy of every point (``val``: run name -> values over
+    the sweep seeds) and ``edge``: ``"largest"`` or ``"smallest"`` where the chosen rate is the grid's end (the
+    family's best rate may lie beyond the grid), else None."""
     out: Dict[str, Dict[str, object]] = {}
     for f in fams:
         points = []
@@ -60,7 +61,11 @@ def choose(fams: Sequence[str], arms: Mapping[str, Arm], budget: Budget,
                                   f"measured")
             points.append((sum(vals) / len(vals), -lr, lr, vals))
         best = max(points)
-        out[f] = {"lr": best[2], "val_top1": {f"{p[2]:g}": p[3] for p in sorted(points, key=lambda p: p[2])}}
+        rates = sorted(budget.lr_sweep)
+        edge = None if len(rates) < 2 else "largest" if best[2] == rates[-1] else \
+            "smallest" if best[2] == rates[0] else None
+        out[f] = {"lr": best[2], "val_top1": {f"{p[2]:g}": p[3] for p in sorted(points, key=lambda p: p[2])},
+                  "edge": edge}
     return out
 
 
