@@ -115,11 +115,6 @@ def make_deployment(max_batch: int = 16, max_wait_ms: float = 5.0, replicas: int
             # fails the deployment with its error instead of answering 503 for ever
             self.batcher.executor.submit(self.service.prepare).result()
 
-        def check_health(self) -> None:
-            """Ray Serve's periodic replica check: a service that failed is unhealthy (Ray replaces it)."""
-            if self.service.failed:
-                raise RuntimeError(f"the model could not be made ready: {self.service.failed}")
-
         def __serve_build_asgi_app__(self):
             from .app import build_app
 
