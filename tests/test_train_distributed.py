@@ -58,3 +58,36 @@ def test_two_processes_match_one(single, kind):
         assert torch.allclose(a[k], b[k], atol=2e-3, rtol=1e-2), k
     res = json.loads((d / kind / "results.json").read_text())
     assert res["processes"] == 2 and (d / kind / "model" / "model.safetensors").is_file()
+
+
+def test_the_trainer_is_gone_before_the_process_group(tmp_path, monkeypatch):
+    """The trainer and its (DDP/FSDP-wrapped) model are in reference cycles: teardown collects them while the
+    interpreter is whole, before it destroys the process group (a wrapper freed at shutdown can abort a rank)."""
+    import gc
+    import weakref
+
+    import vitkit.train.distributed as D
+    import vitkit.train.trainer as T
+    from vitkit.train.recipe import load_recipe
+
+    recipe = load_recipe(write_recipe(tmp_path, write_npz(tmp_path / "q.npz")),
+                         {"schedule.steps": 8, "train.eval_every": 0})
+    made, seen = [], []
+    init = T.Trainer.__init__
+
+    def tracked(self, *a, **k):
+        init(self, *a, **k)
+        made.extend([weakref.ref(self), weakref.ref(self.model)])
+
+    monkeypatch.setattr(T.Trainer, "__init__", tracked)
+    leaving = []  # a process group exists as far as teardown can tell, and only there
+    monkeypatch.setattr(D.dist, "is_initialized", lambda: bool(leaving))
+    monkeypatch.setattr(D.dist, "destroy_process_group", lambda: seen.append([r() is None for r in made]))
+    teardown = D.teardown
+    monkeypatch.setattr(D, "teardown", lambda: (leaving.append(1), teardown()))
+    gc.disable()  # no collection by chance: only teardown's
+    try:
+        T.train(recipe, tmp_path / "run", progress=False)
+    finally:
+        gc.enable()
+    assert len(made) == 2 and seen == [[True, True]]

@@ -6,6 +6,7 @@ GPUs and gloo on CPUs. Only rank 0 writes files.
 """
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -59,7 +60,13 @@ def setup(device: str = "auto") -> Dist:
 
 
 def teardown() -> None:
+    """Leave the process group. A trainer and its DDP/FSDP-wrapped model sit in reference cycles (hooks), so they
+    outlive the caller's last reference until a garbage collection; collected only at interpreter shutdown, the
+    wrapper releases the gloo group's pending work while Python is half torn down, which can abort the process
+    ("terminate called without an active exception", seen on a torchrun rank after a finished FSDP run). So the
+    caller drops its trainer and this collects before destroying the group."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 

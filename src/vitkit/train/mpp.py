@@ -153,6 +153,7 @@ def pretrain_mpp(recipe, out: PathLike, *, resume: bool = False, progress: bool 
     try:
         return trainer.fit()
     finally:
+        del trainer  # collected by teardown, before the process group goes
         D.teardown()
 
 

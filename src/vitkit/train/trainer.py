@@ -418,4 +418,5 @@ def train(recipe: Recipe, out: PathLike, *, resume: bool = False, progress: bool
     try:
         return trainer.fit()
     finally:
+        del trainer  # collected by teardown, before the process group goes
         D.teardown()
