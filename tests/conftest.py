@@ -1,5 +1,3 @@
-import os
-
 import pytest
 import torch
 
@@ -12,15 +10,11 @@ def _own_kernel_cache(tmp_path_factory):
     """The suite measures into its own cache file, never the user's (and starts from none); so do the processes
     it starts (vitkit train, torchrun ranks, the CLI), through the environment."""
     path = tmp_path_factory.mktemp("kernel-cache") / "kernels.json"
-    before = os.environ.get(backend.CACHE_ENV)
     backend.set_cache_file(path)
-    os.environ[backend.CACHE_ENV] = str(path)
-    yield
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(backend.CACHE_ENV, str(path))
+        yield
     backend.set_cache_file(None)
-    if before is None:
-        os.environ.pop(backend.CACHE_ENV, None)
-    else:
-        os.environ[backend.CACHE_ENV] = before
 
 
 @pytest.fixture(autouse=True)

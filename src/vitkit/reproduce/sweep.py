@@ -62,8 +62,7 @@ def choose(fams: Sequence[str], arms: Mapping[str, Arm], budget: Budget,
             points.append((sum(vals) / len(vals), -lr, lr, vals))
         best = max(points)
         rates = sorted(budget.lr_sweep)
-        edge = None if len(rates) < 2 else "largest" if best[2] == rates[-1] else \
-            "smallest" if best[2] == rates[0] else None
+        edge = {rates[-1]: "largest", rates[0]: "smallest"}.get(best[2]) if len(rates) > 1 else None
         out[f] = {"lr": best[2], "val_top1": {f"{p[2]:g}": p[3] for p in sorted(points, key=lambda p: p[2])},
                   "edge": edge}
     return out
