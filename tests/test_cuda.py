@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vitkit import VisionTransformer
-from vitkit.models import kernels, layers
+from vitkit.models import kernels, layers, precision
 from vitkit.models.inference import prepare_inference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -25,21 +25,52 @@ def rel_err(a, b):
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
 
 
-def test_cuda_inference_path_equals_training_path_fp32_and_bf16(tiny_cfg, monkeypatch):
+def test_cuda_inference_kernels_equal_the_training_path_fp32_and_bf16(tiny_cfg, monkeypatch):
+    """model.eval() under inference_mode runs the dense layers through the inference kernels (cuBLAS via ATen
+    on CUDA, the fused attention kernel) and gives the training path's logits; bf16 within bf16 rounding."""
     calls = []
-    orig = layers.Block.forward_inference
-    monkeypatch.setattr(layers.Block, "forward_inference", lambda self, *a, **k: calls.append(1) or orig(self, *a, **k))
+    orig = layers.dense
+    monkeypatch.setattr(layers, "dense", lambda *a, **k: calls.append(1) or orig(*a, **k))
     model = _model(tiny_cfg, posemb="relative").cuda()
     x = torch.randn(5, 3, 48, 48, device="cuda")
     ref = model(x)  # autograd on: training path
+    assert not calls
     with torch.inference_mode():
         out = model(x)
     assert calls and rel_err(out, ref.detach()) < 1e-5
     assert kernels.gemm_kernel(torch.float32, x.device) == "aten"  # cuBLAS through ATen
+    q = torch.zeros(2, 4, 145, 16, device="cuda")
+    assert precision.attention_path(q, q, q) == "fused"
     fast = prepare_inference(copy.deepcopy(model), "bf16")
     out16 = fast(x)
     assert out16.dtype == torch.bfloat16 and out16.device.type == "cuda"
     assert rel_err(out16, ref.detach()) < 3e-2
+
+
+def test_cuda_logits_equal_timms(tmp_path):
+    """A timm ViT-B/16 state dict (random weights, 2 blocks) loaded by vitkit gives timm's logits on CUDA in
+    fp32 (TF32 off on both) to 1e-5, and in bf16 inference within bf16 rounding."""
+    timm = pytest.importorskip("timm")
+    import vitkit
+    torch.manual_seed(0)
+    ref = timm.create_model("vit_base_patch16_224", pretrained=False, depth=2, num_classes=100).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn_like(p), alpha=0.02)
+    torch.save(ref.state_dict(), tmp_path / "ref.pth")
+    ours = vitkit.create_model("vit_base_patch16_224", weights=tmp_path / "ref.pth").cuda().eval()
+    ref = ref.cuda()
+    x = torch.randn(8, 3, 224, 224, device="cuda")
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with torch.inference_mode():
+            want, got = ref(x), ours(x)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert got.shape == (8, 100) and rel_err(got, want) < 1e-5
+    fast = prepare_inference(ours, "bf16")
+    assert rel_err(fast(x), want) < 3e-2
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

@@ -86,6 +86,8 @@ def test_chunk_size_keeps_the_largest_temporary_within_the_byte_cap_in_even_chun
     assert chunk_images(16, 197, 3072 * 2) == 16  # bf16 batch 16: one chunk
     assert chunk_images(10, 100, row, chunk_tokens=250) == 2 and chunk_images(10, 100, row, chunk_tokens=1) == 1
     assert chunk_images(5, 10, 10 ** 9) == 1  # an image above the cap still runs, one at a time
+    assert chunk_images(64, 197, row, device="cpu") == 13 == chunk_images(64, 197, row, device=torch.device("cpu"))
+    assert chunk_images(64, 197, row, device="cuda") == 64 and chunk_images(5, 10, 10 ** 9, device="cuda:0") == 5
 
 
 def test_bf16_inference_is_native_where_the_cpu_has_it_and_widened_elsewhere(tiny_cfg, monkeypatch):

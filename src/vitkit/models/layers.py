@@ -5,12 +5,12 @@ and intermediates see the computation that produced the logits. Only the kernels
 without autograd (``model.eval()`` under ``torch.no_grad()`` / ``torch.inference_mode()``) the dense layers
 call :func:`precision.dense` (the declared GEMM library, no autograd bookkeeping), the MLP's first layer
 and its GELU run as one call (:func:`precision.dense_gelu`: oneDNN fuses them where chosen);
-the model runs large batches through the encoder in chunks of whole images (:func:`chunk_images`).
+on the CPU the model runs large batches through the encoder in chunks of whole images (:func:`chunk_images`).
 """
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -29,10 +29,15 @@ from .precision import attention, dense, dense_gelu, explicit_attention, linear,
 INFERENCE_CHUNK_BYTES = 32 << 20
 
 
-def chunk_images(batch: int, tokens: int, row_bytes: int, chunk_tokens: Optional[int] = None) -> int:
+def chunk_images(batch: int, tokens: int, row_bytes: int, chunk_tokens: Optional[int] = None,
+                 device: Union[None, str, torch.device] = None) -> int:
     """Images per inference chunk: as many as keep ``tokens x row_bytes`` per image within
     :data:`INFERENCE_CHUNK_BYTES` (or ``chunk_tokens`` tokens, if given), spread evenly over the chunks
-    the batch needs (a small last chunk would run the GEMMs at a poor shape)."""
+    the batch needs (a small last chunk would run the GEMMs at a poor shape). Chunks serve a CPU's caches;
+    on any other ``device`` the whole batch is one chunk (on an H200, B/16 in bf16 cut into 26-image chunks
+    ran at about half the peers' rate: benchmarks/results/nvidia-h200)."""
+    if device is not None and torch.device(device).type != "cpu":
+        return batch
     per = chunk_tokens // tokens if chunk_tokens else INFERENCE_CHUNK_BYTES // max(1, tokens * row_bytes)
     chunks = -(-batch // max(1, per))
     return -(-batch // chunks)

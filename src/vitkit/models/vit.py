@@ -300,12 +300,12 @@ class VisionTransformer(nn.Module):
         [B, prefix + N, D] (in training with patch dropout, the
         prefix tokens and the kept patch tokens). ``patch_drop``: the patch-dropout rate of this call in
         training (a schedule passes it step by step); None: ``config.patch_drop``. Evaluation never drops."""
-        if fast_inference(self):  # whole images in chunks that keep each block's temporaries in reused memory,
+        if fast_inference(self):  # whole images in chunks (CPU) that keep each block's temporaries in reused memory,
             cfg = self.config     # the products on the library that runs blocks of this shape faster
             dtype = next(p.dtype for p in self.parameters() if p.is_floating_point())
             with inference_gemms(encoder_gemm(dtype, x.device, *encoder_shape(cfg, dtype))):
                 x, grid = self.embed(x)
-                per = chunk_images(x.shape[0], x.shape[1], widest_row(cfg, dtype))
+                per = chunk_images(x.shape[0], x.shape[1], widest_row(cfg, dtype), device=x.device)
                 if per < x.shape[0]:
                     return torch.cat([self.norm(self._run_blocks(c, grid)[0]) for c in x.split(per)])
                 return self.norm(self._run_blocks(x, grid)[0])
