@@ -254,6 +254,8 @@ def test_choices_are_recorded_and_reports_never_measure(tiny_cfg, tmp_path, monk
     backend.forget()
     try:
         assert kernels.summary(torch.float32)["linear"]["why"] in ("not measured yet", "only ATen runs this dtype here")
+        on_gpu = kernels.summary(torch.float32, "cuda")["linear"]
+        assert on_gpu["kernel"] == "aten" and on_gpu["why"].startswith("off the CPU (cuda)")
         assert not (tmp_path / "kernels.json").exists() and backend.decisions() == {}
         model = noisy_model(tiny_cfg).eval()
         with torch.inference_mode():

@@ -177,7 +177,9 @@ def summary(dtype: torch.dtype, device: str = "cpu") -> dict:
     declared = backend.current().gemm
     out = {}
     for op in OPS:
-        if dev.type != "cpu" or not onednn_ok(dtype):
+        if dev.type != "cpu":
+            out[op] = {"kernel": "aten", "why": f"off the CPU ({dev.type}): the device's library through ATen"}
+        elif not onednn_ok(dtype):
             out[op] = {"kernel": "aten", "why": "only ATen runs this dtype here"}
         elif declared != "auto":
             out[op] = {"kernel": declared, "why": "declared"}
