@@ -116,3 +116,33 @@ def test_fp16_training_with_a_gradient_scaler(tmp_path):
     losses = [[r["loss"] for r in read_metrics(tmp_path / run) if r["kind"] == "train"] for run in ("full", "part")]
     assert all(torch.isfinite(torch.tensor(x)).all() for x in losses)
     assert losses[0] == pytest.approx(losses[1], rel=1e-4)
+
+
+def test_serve_on_cuda_answers_as_the_cpu_model(tmp_path):
+    """vitkit serve --device cuda: the torch engine on the GPU classifies, embeds and explains over HTTP, with the
+    probabilities and embedding of the same checkpoint run on the CPU."""
+    pytest.importorskip("fastapi")
+    httpx = pytest.importorskip("httpx")
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    import vitkit
+    from _serve import image_bytes, serving, tiny_checkpoint
+    from vitkit import load_weights
+    from vitkit.serve.app import create_app
+    ckpt = tiny_checkpoint(tmp_path / "tiny")
+    (tmp_path / "a.png").write_bytes(image_bytes("PNG", seed=1))
+    want = vitkit.classify(load_weights(ckpt), [tmp_path / "a.png"], topk=3, progress=False)[0]
+    data = (tmp_path / "a.png").read_bytes()
+    with serving(create_app(str(ckpt), engine="torch", device="cuda", engine_budget_s=0, max_wait_ms=5)) as srv:
+        got = httpx.post(srv.url + "/v1/classify?topk=3", content=data, headers={"Content-Type": "image/png"})
+        assert got.status_code == 200, got.text
+        row = got.json()["results"][0]
+        assert [t["label"] for t in row["top"]] == [t["label"] for t in want.top]
+        assert max(abs(a["prob"] - b["prob"]) for a, b in zip(row["top"], want.top)) < 1e-4
+        emb = httpx.post(srv.url + "/v1/embed", content=data, headers={"Content-Type": "image/png"})
+        exp = httpx.post(srv.url + "/v1/explain?topk=2", content=data, headers={"Content-Type": "image/png"})
+        assert emb.status_code == 200 and exp.status_code == 200, (emb.text, exp.text)
+        assert len(emb.json()["results"][0]["embedding"]) == 64 and exp.json()["results"][0]["overlay_png"]
+        info = httpx.get(srv.url + "/v1/model").json()
+        assert info["engine"]["name"] == "torch" and info["options"]["device"] == "cuda"
