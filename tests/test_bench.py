@@ -495,6 +495,28 @@ def test_a_machine_kind_raises_its_own_targets():
     assert targets_for("amd-avx2") == TARGETS == targets_for(None)
 
 
+def test_the_roofline_target_reads_the_eager_run():
+    """The roofline target is the eager model's: a later compiled run (which skips the roofline) does not hide
+    the eager run's fraction, nor does a compiled row's fraction stand in for it."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from verdict import check
+
+    def run(date, compiled, ips, fraction=None):
+        row = {"kind": "inference", "model": "B/16", "img_size": 224, "dtype": "fp32", "library": "vitkit",
+               "batch": 16, "images_per_s": ips, "spread": 0.01, "compile": compiled}
+        if fraction is not None:
+            row.update(roofline_fraction=fraction, roofline_images_per_s=ips / fraction)
+        return {"machine": {"date": date}, "rows": [row]}
+
+    lines = check([run("2026-12-04 10:00 UTC", False, 5.0, 0.80), run("2026-12-04 11:00 UTC", True, 6.0),
+                   run("2026-12-04 09:00 UTC", True, 6.0, 0.95)], kind="intel-amx")
+    roof = next(x for x in lines if x.startswith("B/16 inference fp32 roofline:"))
+    assert "5.00 img/s = 80% of the roofline" in roof and roof.endswith("NOT met")
+
+
 def test_performance_doc_quotes_the_committed_json():
     """Every verdict line that the committed results give appears word for word in docs/performance.md,
     and every machine-kind folder quoted there exists: the docs cannot drift from the JSON."""
