@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 import vitkit
+from conftest import randomize
 from vitkit.checkpoints import save_model
 from vitkit.data.preprocess import get_preset
 
@@ -24,9 +25,7 @@ def tiny_model(num_classes: int = len(LABELS), seed: int = 0, img_size: int = 32
     torch.manual_seed(seed)
     model = vitkit.create_model("Ti/16", img_size=img_size, patch_size=8 if img_size < 224 else 16, depth=2,
                                 num_classes=num_classes, width=64, num_heads=2, mlp_dim=128)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(std=0.2)
+    randomize(model, std=0.2)
     return model.eval()
 
 

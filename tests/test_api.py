@@ -11,6 +11,7 @@ from PIL import Image
 
 import vitkit
 from _http_server import FileServer
+from conftest import randomize
 from vitkit.api import default_weights
 from vitkit.checkpoints import save_model, save_weights
 from vitkit.cli import main
@@ -25,9 +26,7 @@ LABELS = ["red", "green", "blue"]
 def small(tmp_path_factory):
     torch.manual_seed(0)
     model = vitkit.create_model("Ti/16", img_size=32, depth=1, num_classes=3)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(std=0.2)
+    randomize(model, std=0.2)
     folder = save_model(model, tmp_path_factory.mktemp("m") / "model", labels=LABELS,
                         preprocessing=get_preset("hf", 32))
     return model.eval(), folder

@@ -11,6 +11,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
+from conftest import randomize
 from vitkit.cli import main
 from vitkit.models import backend, kernels
 from vitkit.models.backend import Backend, use_backend
@@ -21,11 +22,7 @@ FIXED = ["gemm=aten,attention=fused", "gemm=aten,attention=explicit", "gemm=oned
 
 
 def noisy_model(cfg, std=0.1):
-    model = vitkit.VisionTransformer(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(std=std)
-    return model
+    return randomize(vitkit.VisionTransformer(cfg), std)
 
 
 def test_parse_spec_and_errors(monkeypatch):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import vitkit
-from conftest import randomize_head
+from conftest import randomize, randomize_head
 from vitkit import VisionTransformer, cost, create_model
 from vitkit.bench import BenchOptions, compare, comparison_table, format_result, machine_info, machine_line
 from vitkit.bench.machine import busy_warning
@@ -28,10 +28,7 @@ def rel_err(a, b):
 
 def noisy(model):
     """Every parameter random (the paper's zero head / zero biases would hide mistakes)."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(std=0.2)
-    return model.eval()
+    return randomize(model, std=0.2).eval()
 
 
 # --- timing ------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import vitkit
+from conftest import randomize
 from vitkit.checkpoints import KNOWN, convert, get_known, load_weights, read_checkpoint, save_model, save_weights
 from vitkit.checkpoints.download import check_sha256
 from vitkit.checkpoints.sources import resolve_weights
@@ -16,10 +17,8 @@ from vitkit.models.posemb import resize_pos_embed
 
 @pytest.fixture
 def trained(tmp_path):
-    model = vitkit.create_model("Ti/16", img_size=32, patch_size=4, depth=2, num_classes=4, representation_size=96)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(std=0.1)
+    model = randomize(vitkit.create_model("Ti/16", img_size=32, patch_size=4, depth=2, num_classes=4,
+                                          representation_size=96))
     folder = save_model(model, tmp_path / "m", labels=["a", "b", "c", "d"], preprocessing=get_preset("hf", 32))
     return model, folder
 

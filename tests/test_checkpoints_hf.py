@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 import vitkit
+from conftest import randomize
 from vitkit.checkpoints import load_weights, read_checkpoint, save_weights
 from vitkit.models.posemb import resize_pos_embed
 
@@ -21,11 +22,7 @@ def hf_model(cls="ViTForImageClassification", seed=0, **kw):
     base.update(kw)
     cfg = transformers.ViTConfig(**base)
     cfg._attn_implementation = "eager"
-    model = getattr(transformers, cls)(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():  # non-trivial values everywhere (HF zero-inits some)
-            p.normal_(std=0.1)
-    return model
+    return randomize(getattr(transformers, cls)(cfg).eval())  # non-trivial values everywhere (HF zero-inits some)
 
 
 def rel_err(a, b):

@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 import vitkit
+from conftest import randomize
 from vitkit.checkpoints import convert, load_weights, read_checkpoint, save_weights
 
 D, M, P, C, DEPTH, HEADS, IMG = 64, 128, 4, 10, 2, 4, 32
@@ -17,9 +18,7 @@ def tiny(**kw):
     kw = {"img_size": IMG, "patch_size": P, "width": D, "depth": DEPTH, "num_heads": HEADS, "mlp_dim": M,
           "num_classes": C, **kw}
     model = vitkit.create_model("B/16", **kw).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(std=0.1)
+    randomize(model)
     return model
 
 
@@ -163,20 +162,17 @@ def rel_err(a, b):
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
-def randomize(module, std=0.05):
+def randomize_eval(module, std=0.05):
     torch.manual_seed(0)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.normal_(std=std)
-    return module.eval()
+    return randomize(module, std).eval()
 
 
 @pytest.mark.peers
 @pytest.mark.parametrize("pre_logits", [None, 48])
 def test_torchvision_logits_both_ways(tmp_path, pre_logits):
     tvm = pytest.importorskip("torchvision.models")
-    ref = randomize(tvm.VisionTransformer(image_size=IMG, patch_size=P, num_layers=DEPTH, num_heads=HEADS,
-                                          hidden_dim=D, mlp_dim=M, num_classes=C, representation_size=pre_logits))
+    ref = randomize_eval(tvm.VisionTransformer(image_size=IMG, patch_size=P, num_layers=DEPTH, num_heads=HEADS,
+                                               hidden_dim=D, mlp_dim=M, num_classes=C, representation_size=pre_logits))
     torch.save(ref.state_dict(), tmp_path / "ref.pth")
     ours = load_weights(tmp_path / "ref.pth", num_heads=HEADS)
     x = torch.randn(3, 3, IMG, IMG)
@@ -198,7 +194,7 @@ def test_torchvision_training_gradients_equal(tmp_path):
     tvm = pytest.importorskip("torchvision.models")
     kw = dict(image_size=IMG, patch_size=P, num_layers=DEPTH, num_heads=HEADS, hidden_dim=D, mlp_dim=M,
               num_classes=C, representation_size=48)
-    ref = randomize(tvm.VisionTransformer(**kw)).double().train()
+    ref = randomize_eval(tvm.VisionTransformer(**kw)).double().train()
     torch.save(ref.state_dict(), tmp_path / "ref.pth")
     ours = load_weights(tmp_path / "ref.pth", num_heads=HEADS).double().train()
     torch.manual_seed(0)
@@ -220,7 +216,7 @@ def test_torchvision_training_gradients_equal(tmp_path):
 @pytest.mark.peers
 def test_torchvision_vit_b_16_logits(tmp_path):
     tvm = pytest.importorskip("torchvision.models")
-    ref = randomize(tvm.vit_b_16(), std=0.02)
+    ref = randomize_eval(tvm.vit_b_16(), std=0.02)
     torch.save(ref.state_dict(), tmp_path / "vit_b_16.pth")
     ours = load_weights(tmp_path / "vit_b_16.pth")
     assert ours.config.num_heads == 12 and ours.meta.labels[281] == "tabby"
@@ -241,7 +237,7 @@ def test_timm_logits_both_ways(tmp_path, kind):
         kw["no_embed_class"] = True
     if kind == "gap":
         kw.update(class_token=False, global_pool="avg", fc_norm=False)
-    ref = randomize(TimmViT(**kw))
+    ref = randomize_eval(TimmViT(**kw))
     torch.save(ref.state_dict(), tmp_path / "ref.pth")
     ours = load_weights(tmp_path / "ref.pth", num_heads=HEADS)
     x = torch.randn(3, 3, IMG, IMG)
@@ -264,7 +260,7 @@ def test_timm_training_gradients_equal(tmp_path, kind):
     kw = dict(img_size=IMG, patch_size=P, embed_dim=D, depth=DEPTH, num_heads=HEADS, mlp_ratio=M / D, num_classes=C)
     if kind == "gap":
         kw.update(class_token=False, global_pool="avg", fc_norm=False)
-    ref = randomize(TimmViT(**kw))
+    ref = randomize_eval(TimmViT(**kw))
     torch.save(ref.state_dict(), tmp_path / "ref.pth")
     ours = load_weights(tmp_path / "ref.pth", num_heads=HEADS).double().train()
     ref = ref.double().train()
@@ -286,7 +282,7 @@ def test_timm_deit_distilled_logits_both_ways(tmp_path):
     pytest.importorskip("timm")
     from timm.models.deit import VisionTransformerDistilled
     kw = dict(img_size=IMG, patch_size=P, embed_dim=D, depth=DEPTH, num_heads=HEADS, mlp_ratio=M / D, num_classes=C)
-    ref = randomize(VisionTransformerDistilled(**kw))
+    ref = randomize_eval(VisionTransformerDistilled(**kw))
     torch.save(ref.state_dict(), tmp_path / "deit.pth")
     ours = load_weights(tmp_path / "deit.pth", num_heads=HEADS)
     assert ours.config.distill_token and ours.config.distill_head and ours.config.seq_len == S + 1
@@ -308,7 +304,7 @@ def test_timm_deit_distilled_logits_both_ways(tmp_path):
 @pytest.mark.peers
 def test_timm_deit_tiny_distilled_patch16_224_by_name(tmp_path):
     timm = pytest.importorskip("timm")
-    ref = randomize(timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False), std=0.02)
+    ref = randomize_eval(timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False), std=0.02)
     torch.save(ref.state_dict(), tmp_path / "deit.pth")
     ours = load_weights(tmp_path / "deit.pth")
     named = vitkit.create_model("deit_tiny_distilled_patch16_224").config
@@ -323,7 +319,7 @@ def test_timm_deit_tiny_distilled_patch16_224_by_name(tmp_path):
 @pytest.mark.peers
 def test_timm_vit_base_patch16_224_logits(tmp_path):
     timm = pytest.importorskip("timm")
-    ref = randomize(timm.create_model("vit_base_patch16_224", pretrained=False), std=0.02)
+    ref = randomize_eval(timm.create_model("vit_base_patch16_224", pretrained=False), std=0.02)
     torch.save(ref.state_dict(), tmp_path / "vit_base.pth")
     ours = load_weights(tmp_path / "vit_base.pth")
     x = torch.randn(2, 3, 224, 224)
@@ -452,7 +448,7 @@ def test_timm_folder_both_ways(tmp_path, case):
         "deit_distilled": ("deit_tiny_distilled_patch16_224", dict(num_classes=3, depth=2), {"crop_pct": 1.0}),
         "no_embed_class_160": ("vit_base_patch16_224", dict(num_classes=3, depth=1, img_size=160,
                                                             no_embed_class=True), None)}[case]
-    ref = randomize(timm.create_model(name, pretrained=False, **kw))
+    ref = randomize_eval(timm.create_model(name, pretrained=False, **kw))
     names = [f"class {i}" for i in range(kw["num_classes"])]
     save_for_hf(ref, tmp_path / "theirs", safe_serialization=True, data_config=data,
                 model_config={"label_names": names})

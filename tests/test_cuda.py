@@ -5,6 +5,7 @@ import copy
 import pytest
 import torch
 
+from conftest import perturb
 from vitkit import VisionTransformer
 from vitkit.models import kernels, layers, precision
 from vitkit.models.inference import prepare_inference
@@ -15,10 +16,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def _model(tiny_cfg, **kw):
     torch.manual_seed(0)
     model = VisionTransformer(tiny_cfg.replace(img_size=48, **kw))  # 145 tokens: the fused kernel runs
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p), alpha=0.05)
-    return model.eval()
+    return perturb(model, 0.05).eval()
 
 
 def rel_err(a, b):
@@ -53,10 +51,7 @@ def test_cuda_logits_equal_timms(tmp_path):
     timm = pytest.importorskip("timm")
     import vitkit
     torch.manual_seed(0)
-    ref = timm.create_model("vit_base_patch16_224", pretrained=False, depth=2, num_classes=100).eval()
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.add_(torch.randn_like(p), alpha=0.02)
+    ref = perturb(timm.create_model("vit_base_patch16_224", pretrained=False, depth=2, num_classes=100).eval(), 0.02)
     torch.save(ref.state_dict(), tmp_path / "ref.pth")
     ours = vitkit.create_model("vit_base_patch16_224", weights=tmp_path / "ref.pth").cuda().eval()
     ref = ref.cuda()

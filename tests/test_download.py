@@ -13,6 +13,7 @@ import torch
 
 import vitkit
 from _http_server import FileServer
+from conftest import randomize
 from vitkit.checkpoints import WeightsUnavailable, download_url, load_weights, resolve_weights, save_weights
 from vitkit.cli import main
 
@@ -21,10 +22,7 @@ from vitkit.cli import main
 def tv_bytes(tmp_path_factory):
     """A small torchvision-layout checkpoint (random weights) as bytes, and the model it came from."""
     torch.manual_seed(0)
-    model = vitkit.create_model("Ti/16", img_size=32, depth=1, num_classes=10)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(std=0.1)
+    model = randomize(vitkit.create_model("Ti/16", img_size=32, depth=1, num_classes=10))
     path = save_weights(model, tmp_path_factory.mktemp("src") / "tv.pth", "torchvision")
     return path.read_bytes(), model
 

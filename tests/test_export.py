@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import vitkit
+from conftest import randomize
 from vitkit.checkpoints import save_model
 from vitkit.cli import main
 from vitkit.export import export_onnx, export_program
@@ -14,9 +15,7 @@ from vitkit.export import export_onnx, export_program
 def model():
     torch.manual_seed(0)
     m = vitkit.create_model("Ti/16", img_size=32, patch_size=4, depth=2, num_classes=10, representation_size=64)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.normal_(std=0.1)
+    randomize(m)
     return m.eval()
 
 

@@ -17,6 +17,7 @@ import torch
 
 import vitkit
 from _http_server import COMMIT, FileServer
+from conftest import randomize
 from vitkit.checkpoints import save_weights
 from vitkit.models import backend
 
@@ -49,9 +50,7 @@ def folder_files(folder: Path):
 def test_hub_ids_download_into_the_hf_cache_and_work_offline(tmp_path):
     torch.manual_seed(0)
     model = vitkit.create_model("Ti/16", img_size=32, depth=1, num_classes=3)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(std=0.1)
+    randomize(model)
     model.meta.labels = ["cat", "dog", "cup"]
     hf = folder_files(save_weights(model, tmp_path / "hf", "hf"))
     timm = folder_files(save_weights(model, tmp_path / "timm", "timm"))
@@ -107,9 +106,7 @@ def test_a_repository_timm_downloaded_is_found_offline(tmp_path):
     pytest.importorskip("timm")
     torch.manual_seed(0)
     model = vitkit.create_model("Ti/16", img_size=32, depth=1, num_classes=3)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(std=0.1)
+    randomize(model)
     files = folder_files(save_weights(model, tmp_path / "timm", "timm"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
     env.update(HF_HOME=str(tmp_path / "hfhome"), PYTHONPATH=SRC, HF_HUB_DISABLE_TELEMETRY="1")
@@ -135,9 +132,7 @@ def test_push_to_the_hub_and_load_back(tmp_path):
     commit each, and what any loader then downloads from them computes the same logits."""
     torch.manual_seed(0)
     model = vitkit.create_model("Ti/16", img_size=32, depth=1, num_classes=3)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(std=0.1)
+    randomize(model)
     model.meta.labels = ["cat", "dog", "cup"]
     save_weights(model, tmp_path / "w", "vitkit")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
-from conftest import randomize_head
+from conftest import randomize, randomize_head
 from vitkit import ConfigError, ViTConfig, create_model, parse_model_name
 from vitkit.models.cost import cost, param_count
 from vitkit.models.resnet import HybridEmbed, ResNet, StdConv2d, pad_same, same_padding
@@ -157,10 +157,8 @@ def test_root_only_and_larger_feature_patches(tiny_cfg):
 def test_other_resolutions(tiny_hybrid):
     from vitkit.models.posemb import resize_pos_embed
 
-    model = vitkit.VisionTransformer(tiny_hybrid.replace(dynamic_img_size=True)).eval()
-    with torch.no_grad():  # random weights everywhere (zero head and zero gn3 would hide differences)
-        for p in model.parameters():
-            p.normal_(std=0.1)
+    # random weights everywhere (zero head and zero gn3 would hide differences)
+    model = randomize(vitkit.VisionTransformer(tiny_hybrid.replace(dynamic_img_size=True)).eval())
     x = torch.randn(2, 3, 64, 48)
     out = model.forward_intermediates(x)
     assert out["grid"] == (8, 6)
@@ -196,9 +194,9 @@ def test_config_and_native_round_trip(tiny_hybrid, tmp_path):
     cfg = tiny_hybrid.replace(std_conv_style="var", gn_eps=1e-5)
     assert ViTConfig.from_dict(cfg.to_dict()) == cfg and cfg.to_dict()["backbone_layers"] == [1, 1]
     model = vitkit.VisionTransformer(cfg).eval()
-    with torch.no_grad():  # every weight random: the zero-initialised gn3 of each unit and the zero head
-        for p in model.parameters():  # would hide the units' convolutions and everything before the head
-            p.normal_(std=0.1)
+    # every weight random: the zero-initialised gn3 of each unit and the zero head would hide the units'
+    # convolutions and everything before the head
+    randomize(model)
     save_model(model, tmp_path / "m")
     again = load_model(tmp_path / "m").eval()
     x = torch.randn(2, 3, 32, 32)
@@ -287,9 +285,7 @@ def test_timm_hybrid_layout_round_trips(tiny_hybrid, tmp_path):
 
     cfg = tiny_hybrid.replace(std_conv_style="var", std_conv_eps=1e-8, gn_eps=1e-5, backbone_layers=())
     model = vitkit.VisionTransformer(cfg.replace(patch_size=2)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(std=0.1)
+    randomize(model)
     save_weights(model, tmp_path / "r.pth", "timm")
     keys = set(read_tensors(tmp_path / "r.pth")[1])
     assert {"patch_embed.backbone.conv.weight", "patch_embed.backbone.norm.bias"} <= keys  # timm's bare stem

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import vitkit
+from conftest import randomize
 from vitkit.checkpoints import load_model, save_model
 from vitkit.data import find_idx_dataset, load_idx_split, read_idx
 
@@ -66,9 +67,7 @@ def test_dataset_folder_and_missing_message(tmp_path):
 
 def test_native_roundtrip(tmp_path):
     model = vitkit.create_model("Ti/16", img_size=32, patch_size=4, depth=2, num_classes=3, posemb="learn2d")
-    with torch.no_grad():  # the zero head would make every model's logits 0, and the logit check below empty
-        for p in model.parameters():
-            p.normal_(std=0.1)
+    randomize(model)  # the zero head would make every model's logits 0, and the logit check below empty
     save_model(model, tmp_path / "m", labels=["a", "b", "c"], preprocessing={"mean": [0.5], "std": [0.5]})
     loaded = load_model(tmp_path / "m")
     assert loaded.config == model.config and loaded.meta.labels == ["a", "b", "c"]

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from conftest import randomize
 from vitkit import VisionTransformer, create_model
 from vitkit.models import backend, kernels, layers, precision, tune
 from vitkit.models.inference import Prepared, inference_summary, prepare_inference
@@ -17,11 +18,7 @@ def rel_err(a, b):
 
 
 def noisy(model, std=0.2):
-    """Every parameter random (the paper's zero head and tiny biases would hide mistakes)."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(std=std)
-    return model.eval()
+    return randomize(model, std).eval()
 
 
 def test_inference_kernels_run_only_without_autograd_in_eval_mode(tiny_cfg):

@@ -8,6 +8,7 @@ import torch
 from PIL import Image
 
 import vitkit
+from conftest import randomize
 from vitkit.checkpoints import load_weights, save_model
 from vitkit.cli import main
 from vitkit.data.preprocess import ImageError, Preset, find_images, get_preset, load_image
@@ -29,10 +30,8 @@ def photos(tmp_path_factory):
 def checkpoint(tmp_path_factory):
     """A checkpoint we produced: a small random ViT at 64 px with the torchvision preset and named classes."""
     torch.manual_seed(0)
-    model = vitkit.create_model("Ti/16", img_size=64, patch_size=8, depth=2, num_classes=len(LABELS))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(std=0.2)
+    model = randomize(vitkit.create_model("Ti/16", img_size=64, patch_size=8, depth=2, num_classes=len(LABELS)),
+                      std=0.2)
     folder = tmp_path_factory.mktemp("ckpt") / "tiny-vit"
     return save_model(model, folder, labels=LABELS, preprocessing=get_preset("torchvision", 64))
 
@@ -155,10 +154,8 @@ def test_predict_errors(checkpoint, photos, tmp_path):
 
 def test_single_channel_model_gets_luma(photos):
     torch.manual_seed(1)
-    model = vitkit.create_model("Ti/16", img_size=32, patch_size=8, depth=1, num_classes=3, in_chans=1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(std=0.2)
+    model = randomize(vitkit.create_model("Ti/16", img_size=32, patch_size=8, depth=1, num_classes=3, in_chans=1),
+                      std=0.2)
     pre = get_preset("hf", 32)
     (pred,) = classify(model, [photos / "chelsea.png"], preset="hf", topk=3, progress=False)
     gray = np.asarray(Image.open(photos / "chelsea.png").resize((32, 32), Image.BILINEAR).convert("L"), np.float32)

@@ -26,6 +26,7 @@ httpx = pytest.importorskip("httpx")
 
 import vitkit  # noqa: E402
 from _serve import LABELS, free_port, image_bytes, raw_request, read_all, rss_mb, serving, tiny_checkpoint  # noqa: E402
+from conftest import randomize  # noqa: E402
 from vitkit.checkpoints import load_weights  # noqa: E402
 from vitkit.cli import main  # noqa: E402
 from vitkit.serve import Client, ServeClientError  # noqa: E402
@@ -379,9 +380,7 @@ def test_grayscale_model_matches_predict(tmp_path):
     torch.manual_seed(1)
     model = vitkit.create_model("Ti/16", img_size=28, patch_size=4, in_chans=1, depth=2, width=64, num_heads=2,
                                 mlp_dim=128, num_classes=4)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(std=0.2)
+    randomize(model, std=0.2)
     model.meta.preprocessing = {"mean": [0.286], "std": [0.353]}
     (tmp_path / "x.png").write_bytes(image_bytes(size=(28, 28), seed=4))
     want = vitkit.classify(model, [tmp_path / "x.png"], topk=4, progress=False)[0]
