@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 import vitkit
-from conftest import randomize
+from _weights import randomize
 from vitkit.checkpoints import save_model
 from vitkit.data.preprocess import get_preset
 

@@ -28,23 +28,6 @@ def tiny_cfg():
     return ViTConfig(img_size=32, patch_size=4, width=64, depth=2, num_heads=4, mlp_dim=128, num_classes=10)
 
 
-def randomize(module, std=0.1):
-    """Every parameter drawn from N(0, std): the paper's zero head, zero biases and unit LayerNorms would hide
-    mistakes in a comparison. Returns the module, in the mode it was in."""
-    with torch.no_grad():
-        for p in module.parameters():
-            p.normal_(std=std)
-    return module
-
-
-def perturb(module, std):
-    """Every parameter moved by N(0, std) noise around its initial value (LayerNorm scales stay near 1)."""
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(torch.randn_like(p), alpha=std)
-    return module
-
-
 def randomize_head(model):
     """The paper's zero head blocks gradients to the backbone; tests that need them give it weights."""
     with torch.no_grad():

@@ -11,7 +11,7 @@ from PIL import Image
 
 import vitkit
 from _http_server import FileServer
-from conftest import randomize
+from _weights import randomize
 from vitkit.api import default_weights
 from vitkit.checkpoints import save_model, save_weights
 from vitkit.cli import main

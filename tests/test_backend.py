@@ -11,7 +11,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
-from conftest import randomize
+from _weights import randomize
 from vitkit.cli import main
 from vitkit.models import backend, kernels
 from vitkit.models.backend import Backend, use_backend

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import vitkit
-from conftest import randomize
+from _weights import randomize
 from vitkit.checkpoints import KNOWN, convert, get_known, load_weights, read_checkpoint, save_model, save_weights
 from vitkit.checkpoints.download import check_sha256
 from vitkit.checkpoints.sources import resolve_weights

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 import vitkit
-from conftest import randomize
+from _weights import randomize
 from vitkit.checkpoints import load_weights, read_checkpoint, save_weights
 from vitkit.models.posemb import resize_pos_embed
 

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 import vitkit
-from conftest import randomize
+from _weights import randomize
 from vitkit.checkpoints import convert, load_weights, read_checkpoint, save_weights
 
 D, M, P, C, DEPTH, HEADS, IMG = 64, 128, 4, 10, 2, 4, 32

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from conftest import perturb
+from _weights import perturb
 from vitkit import VisionTransformer
 from vitkit.models import kernels, layers, precision
 from vitkit.models.inference import prepare_inference

@@ -13,7 +13,7 @@ import torch
 
 import vitkit
 from _http_server import FileServer
-from conftest import randomize
+from _weights import randomize
 from vitkit.checkpoints import WeightsUnavailable, download_url, load_weights, resolve_weights, save_weights
 from vitkit.cli import main
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import vitkit
-from conftest import randomize
+from _weights import randomize
 from vitkit.checkpoints import save_model
 from vitkit.cli import main
 from vitkit.export import export_onnx, export_program

@@ -17,7 +17,7 @@ import torch
 
 import vitkit
 from _http_server import COMMIT, FileServer
-from conftest import randomize
+from _weights import randomize
 from vitkit.checkpoints import save_weights
 from vitkit.models import backend
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import vitkit
-from conftest import randomize
+from _weights import randomize
 from vitkit.checkpoints import load_model, save_model
 from vitkit.data import find_idx_dataset, load_idx_split, read_idx
 

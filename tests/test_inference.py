@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import randomize
+from _weights import randomize
 from vitkit import VisionTransformer, create_model
 from vitkit.models import backend, kernels, layers, precision, tune
 from vitkit.models.inference import Prepared, inference_summary, prepare_inference

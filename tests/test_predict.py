@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 import vitkit
-from conftest import randomize
+from _weights import randomize
 from vitkit.checkpoints import load_weights, save_model
 from vitkit.cli import main
 from vitkit.data.preprocess import ImageError, Preset, find_images, get_preset, load_image

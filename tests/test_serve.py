@@ -26,7 +26,7 @@ httpx = pytest.importorskip("httpx")
 
 import vitkit  # noqa: E402
 from _serve import LABELS, free_port, image_bytes, raw_request, read_all, rss_mb, serving, tiny_checkpoint  # noqa: E402
-from conftest import randomize  # noqa: E402
+from _weights import randomize  # noqa: E402
 from vitkit.checkpoints import load_weights  # noqa: E402
 from vitkit.cli import main  # noqa: E402
 from vitkit.serve import Client, ServeClientError  # noqa: E402
