@@ -289,6 +289,9 @@ def training_contenders(model, dtype: str, compiled: bool, opts: BenchOptions
     return out, notes
 
 
+TRAIN_COMPILED_WARMUP = 3  # untimed steps of a compiled training step before its timed rounds
+
+
 def run_training(models: List[str], img_sizes: List[Optional[int]], batches: List[int], dtypes: List[str],
                  compiles: List[bool], opts: BenchOptions) -> Tuple[List[dict], List[str]]:
     """Optimiser steps per second (x batch = images/s) for vitkit and timm, alternated."""
@@ -308,7 +311,11 @@ def run_training(models: List[str], img_sizes: List[Optional[int]], batches: Lis
         t = torch.randint(0, max(cfg.num_classes, 1), (x.shape[0],),
                           generator=torch.Generator().manual_seed(opts.seed)).to(opts.device)
         cases = {c.library: (lambda s=c.fn: s(x, t)) for c in contenders}
-        return alternate(cases, warmup=max(opts.warmup, 1), repeats=opts.repeats, sync=sync)
+        # a compiled step can recompile on its first calls (after the first backward and optimiser step), each
+        # recompile seconds long: three untimed steps keep them out of the timed rounds (a compiled S/16 fp32
+        # run with one had spreads near 40% and a third of the step rate)
+        return alternate(cases, warmup=max(opts.warmup, TRAIN_COMPILED_WARMUP if compiled else 1),
+                         repeats=opts.repeats, sync=sync)
 
     # forward + backward ~ 3x the forward GEMMs (backward: two products per forward one)
     return _run("train", grid(), batches, compiles, opts, contenders_for, time_batch, factor=3.0, unit="step",
