@@ -66,8 +66,8 @@ def test_quoted_number_matches_its_artefact(doc, lineno, number, marker):
 UNIT = (r"%|[x×](?!\s?\d)|ms|s|sec|seconds?|min|minutes?|h|hours?|[KMG]i?B|images/s|img/s|steps/s")
 MEASURED = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s?(?:" + UNIT + r")(?![\w/])")
 NOT_MEASURED = re.compile(r"<!--\s*not measured:\s*\S.*?-->")
-RENDERED = {"docs/reproduction/report.md", "docs/reproduction/v1/report.md",
-            "docs/reproduction/quick-amd-avx2/report.md"}  # written by `vitkit reproduce` (own test)
+RENDERED = {"docs/reproduction/report.md", "docs/reproduction/v1/report.md"} | {  # written by `vitkit reproduce`
+    p.relative_to(ROOT).as_posix() for p in (ROOT / "docs" / "reproduction").glob("quick-*/report.md")}  # (own test)
 
 
 def unmarked_numbers(text: str):
@@ -172,13 +172,17 @@ def test_committed_reproduction_reports():
     sys.path.insert(0, str(ROOT / "tests"))
     from test_reproduce_stats import rederive
 
-    # the quick budget timed end to end on the AMD EPYC AVX2 kind: one invocation, one code version
-    quick = json.loads((folder / "quick-amd-avx2" / "report.json").read_text())
-    figs = {rec["id"]: rec["figure_file"] for rec in quick["claims"] if rec.get("figure_file")}
-    assert (folder / "quick-amd-avx2" / "report.md").read_text() == markdown(quick, figs)
-    assert rederive(quick) == {(c["id"], t["text"]): t["verdict"] for c in quick["claims"] for t in c["tests"]}
-    assert quick["budget"] == "quick" and quick["compute"]["complete"] and len(quick["compute"]["code_versions"]) == 1
-    assert all((folder / "quick-amd-avx2" / name).is_file() for name in figs.values())
+    # the quick budget timed end to end on a machine kind (quick-<kind>/): one invocation, one code version
+    kinds = sorted(folder.glob("quick-*/report.json"))
+    assert {k.parent.name for k in kinds} >= {"quick-amd-avx2", "quick-intel-amx"}
+    for path in kinds:
+        quick = json.loads(path.read_text())
+        figs = {rec["id"]: rec["figure_file"] for rec in quick["claims"] if rec.get("figure_file")}
+        assert (path.parent / "report.md").read_text() == markdown(quick, figs)
+        assert rederive(quick) == {(c["id"], t["text"]): t["verdict"] for c in quick["claims"] for t in c["tests"]}
+        assert quick["budget"] == "quick" and quick["compute"]["complete"]
+        assert len(quick["compute"]["code_versions"]) == 1 and len(quick["compute"]["machines"]) == 1
+        assert all((path.parent / name).is_file() for name in figs.values())
     if not (folder / "report.json").is_file():
         assert not (folder / "report.md").exists()
         return
