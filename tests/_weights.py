@@ -12,6 +12,13 @@ def randomize(module, std=0.1):
     return module
 
 
+def randomize_head(model):
+    """The paper's zero head blocks gradients to the backbone; tests that need them give it N(0, 0.02) weights.
+    Returns the model."""
+    randomize(model.head, std=0.02)
+    return model
+
+
 def perturb(module, std):
     """Every parameter moved by N(0, std) noise around its initial value (LayerNorm scales stay near 1)."""
     with torch.no_grad():

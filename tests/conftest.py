@@ -28,14 +28,6 @@ def tiny_cfg():
     return ViTConfig(img_size=32, patch_size=4, width=64, depth=2, num_heads=4, mlp_dim=128, num_classes=10)
 
 
-def randomize_head(model):
-    """The paper's zero head blocks gradients to the backbone; tests that need them give it weights."""
-    with torch.no_grad():
-        for p in model.head.parameters():
-            p.normal_(std=0.02)
-    return model
-
-
 @pytest.fixture(scope="session")
 def small_trained_vit():
     """A small ViT trained on Fashion-MNIST for about a minute (tests/_small_vit.py), once per session."""

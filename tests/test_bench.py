@@ -6,8 +6,7 @@ import pytest
 import torch
 
 import vitkit
-from _weights import randomize
-from conftest import randomize_head
+from _weights import randomize, randomize_head
 from vitkit import VisionTransformer, cost, create_model
 from vitkit.bench import BenchOptions, compare, comparison_table, format_result, machine_info, machine_line
 from vitkit.bench.machine import busy_warning

@@ -5,8 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
-from _weights import randomize
-from conftest import randomize_head
+from _weights import randomize, randomize_head
 from vitkit import ConfigError, ViTConfig, create_model, parse_model_name
 from vitkit.models.cost import cost, param_count
 from vitkit.models.resnet import HybridEmbed, ResNet, StdConv2d, pad_same, same_padding

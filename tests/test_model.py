@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
-from conftest import randomize_head
+from _weights import randomize_head
 from vitkit import VisionTransformer, create_model
 from vitkit.models.backend import use_backend
 
