@@ -102,7 +102,7 @@ def main() -> None:
         # rates, and a softmax over the same scores alone (the exponentials the kernel must compute too)
         attn_kernel = sum(v for k, v in ops.items() if "scaled_dot_product" in k)
         attn_roof = sum(r.gemm.flops / r.flops_per_s for r in roof.rates
-                        if r.gemm.name in ("attn_scores", "attn_values"))
+                        if r.gemm.name.endswith(("attn_scores", "attn_values")))
         softmax = softmax_seconds(cfg, args.batch, dtype, args.repeats) * cfg.depth
         rec = {"forward_s": wall, "images_per_s": args.batch / wall, "profiled_gemm_s": gemm,
                "profiled_other_s": rest, "roofline_s": roof_s, "roofline_images_per_s": roof.images_per_s,

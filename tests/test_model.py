@@ -6,6 +6,7 @@ import vitkit
 from _weights import randomize_head
 from vitkit import VisionTransformer, create_model
 from vitkit.models.backend import use_backend
+from vitkit.models.layers import patch_dropout
 
 POSEMB_VARIANTS = [
     dict(posemb="none"), dict(posemb="learn"), dict(posemb="learn2d"), dict(posemb="relative"),
@@ -189,7 +190,7 @@ def test_patch_dropout_keeps_a_sorted_random_subset_in_training_only(tiny_cfg, c
     model = VisionTransformer(cfg)
     prefix, n = cfg.num_prefix_tokens, cfg.num_patches  # 64 patches of an 8x8 grid
     x = torch.arange(4 * (prefix + n), dtype=torch.float32).view(4, prefix + n, 1).expand(-1, -1, 64)
-    out = model._drop_patches(x, cfg.patch_drop)
+    out = patch_dropout(x, prefix, cfg.patch_drop)
     assert out.shape == (4, prefix + 16, 64)
     assert torch.equal(out[:, :prefix], x[:, :prefix])
     kept = out[:, prefix:, 0]

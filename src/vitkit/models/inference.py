@@ -4,8 +4,9 @@ The fast inference path is the model itself: ``model.eval()`` called under
 ``torch.inference_mode()`` (or ``torch.no_grad()``) runs the same modules as
 training with the inference kernels (:mod:`vitkit.models.layers`: GEMMs
 without autograd on the declared library, GELU in place, chunks of whole
-images, the patch embedding as one GEMM; :mod:`vitkit.models.backend` says
-which kernels). :func:`prepare_inference` only does what a caller would
+images, the patch embedding as one GEMM, the last block only for the tokens
+the head reads: :meth:`VisionTransformer.readout_rows`;
+:mod:`vitkit.models.backend` says which kernels). :func:`prepare_inference` only does what a caller would
 otherwise type:
 
 - casts the weights to ``dtype`` (``bf16`` runs native bf16 GEMMs where the
@@ -145,7 +146,10 @@ def inference_summary(module: nn.Module) -> Dict[str, Any]:
             "dtype": str(dt).replace("torch.", ""),
             "bf16_path": None if dt != torch.bfloat16 else
             ("native" if native_low_precision_matmul(dt, dev) else "widened to fp32"),
-            "gemm": kernel_summary(dt, str(dev)), "backend": backend.record()}
+            "gemm": kernel_summary(dt, str(dev)), "backend": backend.record(),
+            # eager inference computes the last block for the tokens the head reads only (None: all of them)
+            "last_block_rows": None if isinstance(module, Prepared) and module._compiled is not None
+            else model.readout_rows()}
 
 
 __all__: List[str] = ["Prepared", "inference_summary", "native_low_precision_matmul", "prepare_inference",

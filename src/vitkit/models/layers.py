@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError
 from .backend import graph_capture
 from .precision import attention, dense, dense_gelu, explicit_attention, linear, merge_heads, split_heads
 
@@ -48,6 +48,30 @@ def fast_inference(module: nn.Module) -> bool:
     autocast the training kernels run, so autocast's casting rules hold), not watched by a graph consumer."""
     return (not module.training and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
             and not (torch.cuda.is_available() and torch.is_autocast_enabled("cuda")) and not graph_capture())
+
+
+def check_images(cfg, x: torch.Tensor) -> None:
+    """An InputError unless ``x`` is a batch of images [B, C, H, W] the model of ``cfg`` takes."""
+    if x.ndim != 4:
+        raise InputError(
+            f"expected a batch of images [batch, channels, height, width], got a {x.ndim}-D tensor of "
+            f"shape {tuple(x.shape)}" + (": add a batch axis with x.unsqueeze(0)" if x.ndim == 3 else ""))
+    if x.shape[1] != cfg.in_chans:
+        raise InputError(
+            f"the model takes {cfg.in_chans}-channel images, got {x.shape[1]} channels (shape "
+            f"{tuple(x.shape)}): convert the images (e.g. grayscale to RGB with x.expand(-1, 3, -1, -1)) "
+            f"or build the model with in_chans={x.shape[1]}")
+    (h, w), (ph, pw) = x.shape[-2:], cfg.patch_size
+    if (h % ph or w % pw) and not cfg.dynamic_img_pad:
+        raise InputError(
+            f"image {h}x{w} is not divisible by patch {ph}x{pw}: resize or crop it to a multiple of "
+            f"{ph}x{pw}, or build the model with dynamic_img_pad=True")
+    if (h, w) != cfg.img_size and not cfg.dynamic_img_size:
+        bh, bw = cfg.img_size
+        raise InputError(
+            f"the model was built for {bh}x{bw} images, got {h}x{w}: resize the input, call "
+            f"model.set_img_size(({h}, {w})) to resize the position embeddings once, or build the model "
+            f"with dynamic_img_size=True to resize them on the fly")
 
 
 class PatchEmbed(nn.Module):
@@ -112,7 +136,11 @@ class Attention(nn.Module):
             need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The attention of Eq. 2 on projected q/k/v rows [n * t, 3D] (or [n, t, 3D]) -> [n * t, D] heads
         concatenated, before the output projection."""
-        q, k, v = split_heads(qkv, n, t, self.num_heads, self.head_dim)
+        return self.attend(*split_heads(qkv, n, t, self.num_heads, self.head_dim), bias, need_weights)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor] = None,
+               need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Heads q [n, heads, tq, dh], k/v [n, heads, tk, dh] -> (rows [n * tq, D], weights or None)."""
         drop = self.attn_drop if self.training else 0.0
         weights = None
         if need_weights:
@@ -121,12 +149,20 @@ class Attention(nn.Module):
             out = attention(q, k, v, None if bias is None else bias.to(q.dtype), drop)
         return merge_heads(out), weights
 
-    def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None, need_weights: bool = False,
+                rows: Optional[int] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Tokens [B, T, D] -> (attended tokens [B, T, D], the attention weights [B, heads, T, T] when
-        ``need_weights``, else None)."""
+        ``need_weights``, else None). ``rows``: only the first ``rows`` tokens attend (queries), over all T
+        (keys and values): [B, rows, D] out, the same rows as without it (see :meth:`Block.forward`)."""
         b, t, d = x.shape
-        out, weights = self.mix(_apply(x, self.qkv, self), b, t, bias, need_weights)
+        if rows is None:
+            out, weights = self.mix(_apply(x, self.qkv, self), b, t, bias, need_weights)
+        else:
+            q = _apply(x[:, :rows], self.qkv, self, 0, d).view(b, rows, self.num_heads, self.head_dim)
+            k, v = split_heads(_apply(x, self.qkv, self, d, 3 * d), b, t, self.num_heads, self.head_dim, 2)
+            out, weights = self.attend(q.transpose(1, 2), k, v, None if bias is None else bias[..., :rows, :],
+                                       need_weights)
+            t = rows
         return self.proj_drop(_apply(out, self.proj, self)).view(b, t, d), weights
 
 
@@ -184,16 +220,33 @@ def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
     return x * mask.div_(keep)
 
 
-def _apply(x: torch.Tensor, lin: nn.Module, owner: nn.Module) -> torch.Tensor:
-    """A dense layer: :func:`precision.dense` on the rows (inference kernels) when ``owner`` is in
-    :func:`fast_inference`, else :func:`precision.linear` (training); a layer that is not a plain
-    ``nn.Linear`` (e.g. int8 dynamic quantised) is called as a module."""
+def patch_dropout(x: torch.Tensor, prefix: int, rate: float) -> torch.Tensor:
+    """PatchDropout (Liu et al. 2022) on tokens [B, prefix + N, D]: keep a random ``1 - rate`` of each image's
+    patch tokens (in grid order) and every prefix token. Training only; positions must already be added."""
+    n = x.shape[1] - prefix
+    keep = max(1, int(round(n * (1.0 - rate))))
+    if keep >= n:
+        return x
+    idx = torch.rand(x.shape[0], n, device=x.device).argsort(dim=1)[:, :keep].sort(dim=1).values
+    patches = x[:, prefix:].gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+    return torch.cat([x[:, :prefix], patches], dim=1) if prefix else patches
+
+
+def _apply(x: torch.Tensor, lin: nn.Module, owner: nn.Module, start: int = 0, stop: Optional[int] = None
+           ) -> torch.Tensor:
+    """A dense layer (its outputs ``start:stop``): :func:`precision.dense` on the rows (inference kernels)
+    when ``owner`` is in :func:`fast_inference`, else :func:`precision.linear` (training); a layer that is
+    not a plain ``nn.Linear`` (e.g. int8 dynamic quantised) is called as a module."""
     if type(lin) is not nn.Linear:
-        return lin(x)
+        out = lin(x)
+        return out if (start, stop) == (0, None) else out[..., start:stop]
+    w, b = lin.weight, lin.bias
+    if (start, stop) != (0, None):  # a block of the weight's rows: a contiguous view, no copy
+        w, b = w[start:stop], None if b is None else b[start:stop]
     if fast_inference(owner):
-        rows = dense(x.reshape(-1, x.shape[-1]), lin.weight, lin.bias)
+        rows = dense(x.reshape(-1, x.shape[-1]), w, b)
         return rows.view(*x.shape[:-1], rows.shape[-1])
-    return linear(x, lin.weight, lin.bias)
+    return linear(x, w, b)
 
 
 class Block(nn.Module):
@@ -212,11 +265,16 @@ class Block(nn.Module):
         self.ls1 = LayerScale(width, layer_scale) if layer_scale is not None else None
         self.ls2 = LayerScale(width, layer_scale) if layer_scale is not None else None
 
-    def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None, need_weights: bool = False,
+                rows: Optional[int] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Eq. 2-3 on tokens [B, T, D] (each residual branch scaled by LayerScale where the block has it);
-        returns (tokens, attention weights or None)."""
-        y, weights = self.attn(self.norm1(x), bias, need_weights)
+        returns (tokens, attention weights or None). ``rows``: the block's output for the first ``rows``
+        tokens only, [B, rows, D] (every token is still a key and value): the last block when only the
+        prefix tokens are read out (:meth:`VisionTransformer.forward`), about 84% of a B/16 block's products
+        skipped, every row that is computed the same sums."""
+        y, weights = self.attn(self.norm1(x), bias, need_weights, rows)
+        if rows is not None:
+            x = x[:, :rows]
         if self.ls1 is not None:
             y = self.ls1(y)
         x = x + drop_path(y, self.drop_path, self.training)

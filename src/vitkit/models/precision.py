@@ -218,11 +218,11 @@ def measure_attention(heads: int, q_tokens: int, k_tokens: int, head_dim: int, d
     g = torch.Generator().manual_seed(0)
     t = max(q_tokens, k_tokens)
     qkv = torch.randn(images * t, 3 * heads * head_dim, generator=g).to(dtype).requires_grad_(grad)
-    out_grad = torch.randn(images, heads, t, head_dim, generator=g).to(dtype)
+    out_grad = torch.randn(images, heads, q_tokens, head_dim, generator=g).to(dtype)
 
     def run(path: str):
         q, k, v = split_heads(qkv, images, t, heads, head_dim)
-        out = _run_path(path, q, k, v, None, 0.0)
+        out = _run_path(path, q[:, :, :q_tokens], k[:, :, :k_tokens], v[:, :, :k_tokens], None, 0.0)
         if grad:
             out.backward(out_grad)
 
@@ -232,13 +232,13 @@ def measure_attention(heads: int, q_tokens: int, k_tokens: int, head_dim: int, d
             "ratio": times.ratio("fused", "explicit"), "rounds": rounds, "images": images, "cpu_wait": times.cpu_wait}
 
 
-def split_heads(qkv: torch.Tensor, n: int, t: int, heads: int, head_dim: int
-                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k, v [n, heads, t, head_dim] as views of the qkv projection's rows [n * t, 3 * heads * head_dim]."""
+def split_heads(qkv: torch.Tensor, n: int, t: int, heads: int, head_dim: int, parts: int = 3
+                ) -> Tuple[torch.Tensor, ...]:
+    """q, k, v [n, heads, t, head_dim] as views of the qkv projection's rows [n * t, 3 * heads * head_dim]
+    (``parts=2``: k, v of a [n * t, 2 * heads * head_dim] projection)."""
     # split along the q/k/v axis, then heads before tokens: the same views as permute(2, 0, 3, 1, 4).unbind(0),
     # but autograd's stack then writes qkv's gradient in qkv's own layout, without a second strided copy
-    q, k, v = (a.transpose(1, 2) for a in qkv.view(n, t, 3, heads, head_dim).unbind(2))
-    return q, k, v
+    return tuple(a.transpose(1, 2) for a in qkv.view(n, t, parts, heads, head_dim).unbind(2))
 
 
 def merge_heads(out: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,17 @@ from ..config import ViTConfig
 from ..errors import InputError
 from .intermediates import check_output_fmt, feature_pyramid, resolve_indices, timm_layout
 from .kernels import inference_gemms
-from .layers import AttentionPool, AxialBlock, Block, PatchEmbed, chunk_images, fast_inference, lecun_normal_
+from .layers import (
+    AttentionPool,
+    AxialBlock,
+    Block,
+    PatchEmbed,
+    check_images,
+    chunk_images,
+    fast_inference,
+    lecun_normal_,
+    patch_dropout,
+)
 from .meta import ModelMeta
 from .posemb import (
     RelativePositionBias,
@@ -22,6 +32,7 @@ from .posemb import (
     resize_relative_table,
     sincos_table,
 )
+from .readout import readout_rows
 from .resnet import HybridEmbed
 from .tune import block_on, encoder_gemm, encoder_shape, training_gemms_of, widest_row
 
@@ -209,32 +220,9 @@ class VisionTransformer(nn.Module):
         return self
 
     # --- forward pieces ----------------------------------------------------------
-    def _check_input(self, x: torch.Tensor) -> None:
-        cfg = self.config
-        if x.ndim != 4:
-            raise InputError(
-                f"expected a batch of images [batch, channels, height, width], got a {x.ndim}-D tensor of "
-                f"shape {tuple(x.shape)}" + (": add a batch axis with x.unsqueeze(0)" if x.ndim == 3 else ""))
-        if x.shape[1] != cfg.in_chans:
-            raise InputError(
-                f"the model takes {cfg.in_chans}-channel images, got {x.shape[1]} channels (shape "
-                f"{tuple(x.shape)}): convert the images (e.g. grayscale to RGB with x.expand(-1, 3, -1, -1)) "
-                f"or build the model with in_chans={x.shape[1]}")
-        (h, w), (ph, pw) = x.shape[-2:], cfg.patch_size
-        if (h % ph or w % pw) and not cfg.dynamic_img_pad:
-            raise InputError(
-                f"image {h}x{w} is not divisible by patch {ph}x{pw}: resize or crop it to a multiple of "
-                f"{ph}x{pw}, or build the model with dynamic_img_pad=True")
-        if (h, w) != cfg.img_size and not cfg.dynamic_img_size:
-            bh, bw = cfg.img_size
-            raise InputError(
-                f"the model was built for {bh}x{bw} images, got {h}x{w}: resize the input, call "
-                f"model.set_img_size(({h}, {w})) to resize the position embeddings once, or build the model "
-                f"with dynamic_img_size=True to resize them on the fly")
-
     def embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
         """Eq. 1 without positions: [B, C, H, W] -> tokens [B, prefix + N, D] and the patch grid."""
-        self._check_input(x)
+        check_images(self.config, x)
         x = self.patch_embed(x)
         grid = (x.shape[-2], x.shape[-1])
         return self.add_prefix_tokens(x.flatten(2).transpose(1, 2)), grid
@@ -247,7 +235,7 @@ class VisionTransformer(nn.Module):
         return torch.cat(prefix + [patches], dim=1) if prefix else patches
 
     def _run_blocks(self, x: torch.Tensor, grid: Grid, keep: Sequence[int] = (), need_weights: bool = False,
-                    stop_after: Optional[int] = None, patch_drop: float = 0.0
+                    stop_after: Optional[int] = None, patch_drop: float = 0.0, rows: Optional[int] = None
                     ) -> Tuple[torch.Tensor, Dict[int, torch.Tensor], Dict[int, torch.Tensor]]:
         cfg = self.config
         pe = self.position_embedding(grid)
@@ -258,7 +246,7 @@ class VisionTransformer(nn.Module):
             x = x + pe
         x = self.pos_drop(x)
         if patch_drop and self.training:
-            x = self._drop_patches(x, patch_drop)
+            x = patch_dropout(x, cfg.num_prefix_tokens, patch_drop)
         if self.norm_pre is not None:
             x = self.norm_pre(x)
         biases = None
@@ -273,8 +261,9 @@ class VisionTransformer(nn.Module):
             if pe is not None and every:
                 x = x + pe[i if pe.shape[0] > 1 else 0]
             bias = None if biases is None else biases[i if len(biases) > 1 else 0]
+            last = {"rows": rows} if rows is not None and i == len(self.blocks) - 1 else {}
             x, w = (checkpoint(block_on, blk, gemms, x, bias, use_reentrant=False, **axial) if ckpt
-                    else block_on(blk, gemms, x, bias, need_weights and i in keep, **axial))
+                    else block_on(blk, gemms, x, bias, need_weights and i in keep, **axial, **last))
             if i in keep:
                 saved[i] = x
                 if w is not None:
@@ -283,23 +272,20 @@ class VisionTransformer(nn.Module):
                 break
         return x, saved, maps
 
-    def _drop_patches(self, x: torch.Tensor, rate: float) -> torch.Tensor:
-        """PatchDropout (Liu et al. 2022): keep a random ``1 - rate`` of each image's patch tokens (in grid
-        order) and every prefix token. Training only; positions must already be added."""
-        prefix = self.config.num_prefix_tokens
-        n = x.shape[1] - prefix
-        keep = max(1, int(round(n * (1.0 - rate))))
-        if keep >= n:
-            return x
-        idx = torch.rand(x.shape[0], n, device=x.device).argsort(dim=1)[:, :keep].sort(dim=1).values
-        patches = x[:, prefix:].gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-        return torch.cat([x[:, :prefix], patches], dim=1) if prefix else patches
-
     def forward_features(self, x: torch.Tensor, patch_drop: Optional[float] = None) -> torch.Tensor:
         """All tokens after the final LayerNorm (``final_norm="tokens"``; else as the last block left them):
         [B, prefix + N, D] (in training with patch dropout, the
         prefix tokens and the kept patch tokens). ``patch_drop``: the patch-dropout rate of this call in
         training (a schedule passes it step by step); None: ``config.patch_drop``. Evaluation never drops."""
+        return self._features(x, patch_drop)
+
+    def readout_rows(self) -> Optional[int]:
+        """Leading tokens the logits read from the last block, which inference computes for them only (None:
+        every token): :func:`vitkit.models.readout.readout_rows`."""
+        return readout_rows(self)
+
+    def _features(self, x: torch.Tensor, patch_drop: Optional[float] = None, rows: Optional[int] = None):
+        """:meth:`forward_features`; in inference the last block for the first ``rows`` tokens only."""
         if fast_inference(self):  # whole images in chunks (CPU) that keep each block's temporaries in reused memory,
             cfg = self.config     # the products on the library that runs blocks of this shape faster
             dtype = next(p.dtype for p in self.parameters() if p.is_floating_point())
@@ -307,8 +293,8 @@ class VisionTransformer(nn.Module):
                 x, grid = self.embed(x)
                 per = chunk_images(x.shape[0], x.shape[1], widest_row(cfg, dtype), device=x.device)
                 if per < x.shape[0]:
-                    return torch.cat([self.norm(self._run_blocks(c, grid)[0]) for c in x.split(per)])
-                return self.norm(self._run_blocks(x, grid)[0])
+                    return torch.cat([self.norm(self._run_blocks(c, grid, rows=rows)[0]) for c in x.split(per)])
+                return self.norm(self._run_blocks(x, grid, rows=rows)[0])
         x, grid = self.embed(x)
         rate = self.config.patch_drop if patch_drop is None else float(patch_drop)
         x, _, _ = self._run_blocks(x, grid, patch_drop=rate)
@@ -356,7 +342,8 @@ class VisionTransformer(nn.Module):
         if return_attention:
             out = self.forward_intermediates(x, return_attention=True)
             return self.forward_head(out["features"]), out["attention"]
-        return self.forward_head(self.forward_features(x, patch_drop))
+        rows = self.readout_rows() if fast_inference(self) else None
+        return self.forward_head(self._features(x, patch_drop, rows))
 
     def forward_intermediates(self, x: torch.Tensor, indices: Union[None, int, Sequence[int]] = None, *,
                               return_attention: bool = False, norm: bool = False, stop_early: bool = False,

@@ -1,0 +1,142 @@
+"""The last block computed for the read-out tokens only (VisionTransformer.readout_rows): in inference the
+logits must be those of the whole forward pass, and nothing that watches the model may see fewer tokens."""
+import copy
+
+import pytest
+import torch
+
+import vitkit.models.layers as layers_mod
+from _weights import randomize
+from vitkit import VisionTransformer, ViTConfig
+from vitkit.bench.roofline import model_gemms
+from vitkit.config import config_from_name
+from vitkit.models.cost import cost
+from vitkit.models.inference import inference_summary, prepare_inference, quantize_int8_
+
+BASE = dict(img_size=32, patch_size=8, width=48, depth=3, num_heads=4, mlp_dim=96, num_classes=7)
+CASES = {  # name: (config overrides, rows the head reads)
+    "class token": ({}, 1),
+    "distilled (DeiT)": (dict(distill_token=True, distill_head=True), 2),
+    "registers": (dict(reg_tokens=4), 1),
+    "layer scale, pre-norm, quick GELU": (dict(layer_scale=0.1, norm_pre=True, gelu="quick"), 1),
+    "relative position bias": (dict(posemb="relative"), 1),
+    "positions at every layer": (dict(posemb_where="every_layer"), 1),
+    "norm after pooling, representation": (dict(final_norm="pooled", representation_size=40), 1),
+    "no qkv bias": (dict(qkv_bias=False), 1),
+    "GAP": (dict(pool="gap"), None),
+    "MAP": (dict(pool="map"), None),
+    "axial": (dict(attention="axial", class_token=False, pool="gap"), None),
+}
+
+
+def _model(**kw) -> VisionTransformer:
+    torch.manual_seed(0)
+    return randomize(VisionTransformer(ViTConfig(**{**BASE, **kw})), 0.2).eval()
+
+
+def _full(model, x):
+    """Logits from every token of the last block: forward_features is public and never prunes."""
+    return model.forward_head(model.forward_features(x))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_equal_the_whole_forward_pass(case):
+    kw, rows = CASES[case]
+    model = _model(**kw)
+    assert model.readout_rows() == rows
+    x = torch.randn(5, 3, 32, 32)
+    with torch.inference_mode():
+        fast, full = model(x), _full(model, x)
+    scale = full.abs().max().item()
+    assert scale > 0.1  # the logits carry information
+    # fp32: the same sums per row, perhaps in another order (a GEMM over fewer rows may block differently)
+    torch.testing.assert_close(fast, full, rtol=0, atol=2e-6 * scale)
+
+
+def test_every_token_is_a_key_of_the_last_block():
+    """Only the patch tokens change: the class token's logits must change with them (keys and values come from
+    every token), and equal the whole pass's."""
+    model = _model()
+    x = torch.randn(2, 3, 32, 32)
+    y = x.clone()
+    y[:, :, 24:, 24:] += 1.0  # the last patch only
+    with torch.inference_mode():
+        a, b = model(x), model(y)
+        assert (a - b).abs().max() > 1e-3
+        torch.testing.assert_close(b, _full(model, y), rtol=0, atol=1e-5)
+
+
+def test_bf16_logits_within_rounding_of_the_whole_pass():
+    model = _model().to(torch.bfloat16)
+    x = torch.randn(4, 3, 32, 32).to(torch.bfloat16)
+    with torch.inference_mode():
+        fast, full = model(x).float(), _full(model, x).float()
+    assert (fast - full).abs().max() <= 0.02 * full.abs().max()
+
+
+def test_the_last_block_multiplies_only_the_read_rows(monkeypatch):
+    model = _model()
+    seen = []
+    real = layers_mod.dense_gelu
+
+    def spy(x, *a, **k):
+        seen.append(x.shape[0])
+        return real(x, *a, **k)
+
+    monkeypatch.setattr(layers_mod, "dense_gelu", spy)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.inference_mode():
+        model(x)
+        tokens = model.config.num_patches + model.config.num_prefix_tokens
+        assert seen == [3 * tokens] * 2 + [3]  # two whole blocks, then the class token's MLP
+        seen.clear()
+        model.forward_features(x)
+        assert seen == [3 * tokens] * 3
+
+
+def test_hooks_see_every_token_and_training_is_untouched():
+    model = _model()
+    x = torch.randn(2, 3, 32, 32)
+    shapes = []
+    handle = model.blocks[-1].mlp.register_forward_hook(lambda m, i, o: shapes.append(tuple(o.shape)))
+    assert model.readout_rows() is None
+    with torch.inference_mode():
+        hooked = model(x)
+    handle.remove()
+    assert shapes == [(2, 17, 48)] and model.readout_rows() == 1
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), hooked, rtol=0, atol=1e-5)
+    glob = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: None)
+    try:
+        assert model.readout_rows() is None
+    finally:
+        glob.remove()
+    # attention maps (rollout) and gradients run every token
+    with torch.inference_mode():
+        _, maps = model(x, return_attention=True)
+    assert maps[-1].shape == (2, 4, 17, 17)
+    model.train()
+    out = model(x)
+    out.sum().backward()
+    assert model.blocks[-1].mlp.fc2.weight.grad.abs().sum() > 0
+
+
+def test_int8_and_compiled_models_run_every_row():
+    model = _model()
+    q = quantize_int8_(copy.deepcopy(model))
+    assert q.readout_rows() is None
+    prepared = prepare_inference(copy.deepcopy(model), "fp32")
+    assert inference_summary(prepared)["last_block_rows"] == 1
+    assert inference_summary(prepare_inference(_model(pool="gap"), "fp32"))["last_block_rows"] is None
+
+
+def test_roofline_counts_the_products_the_logits_need():
+    cfg = config_from_name("B/16")
+    full = sum(g.flops for g in model_gemms(cfg, 2))
+    assert full == 2 * cost(cfg).flops
+    need = sum(g.flops for g in model_gemms(cfg, 2, rows=1))
+    d, m, t = cfg.width, cfg.mlp_dim, 197
+    # the last block skips, for the 196 patch tokens: q, output projection, MLP, their attention rows
+    skipped = 2 * 2 * 196 * (d * d + d * d + 2 * d * m + 2 * t * d)
+    assert full - need == skipped
+    assert 0.06 < skipped / full < 0.075  # about 7% of ViT-B/16's products
