@@ -20,7 +20,10 @@ Each choice is timed both ways in the same process, alternating, median of ``--r
 - GELU after the first MLP product: vitkit's product then ``gelu_`` in place vs oneDNN's linear with GELU as
   its post-op (one pass over the hidden activations instead of two), fp32 and bf16;
 - the inference chunk size of one ViT-B/16 block at batch 64: vitkit's rule (chunks of whole images whose
-  largest temporary stays within ``INFERENCE_CHUNK_BYTES``) vs fixed token counts and the whole batch.
+  largest temporary stays within ``INFERENCE_CHUNK_BYTES``) vs fixed token counts and the whole batch;
+- the last block for the read-out rows: ViT-B/16's logits at batch 16 as ``model(x)`` computes them in
+  inference (the last block for the class token only, :mod:`vitkit.models.readout`) vs the same model over
+  every token (``forward_head(forward_features(x))``), fp32 and bf16, with the largest logit difference.
 
 A ratio > 1 means the path vitkit takes is faster::
 
@@ -76,6 +79,31 @@ def run_chunks(blk: Block, x: torch.Tensor, per: int) -> torch.Tensor:
     return torch.cat([blk(c)[0] for c in x.split(per)])
 
 
+def time_readout(seconds: float, repeats: int, batch: int = 16) -> list:
+    """ViT-B/16's logits in inference: the last block for the read-out rows (vitkit) vs over every token."""
+    from vitkit.bench.models import build_model, example_batch, model_config
+
+    print(f"\nlast block for the read-out rows, ViT-B/16 logits at batch {batch}: model(x) (the class token's row "
+          f"only) vs forward_head(forward_features(x)) (every token)")
+    out = []
+    cfg = model_config("B/16")[1]
+    for dtype in (torch.float32, torch.bfloat16):
+        model = build_model(cfg).to(dtype)
+        x = example_batch(cfg, batch).to(dtype)
+        fns = {"readout": lambda: model(x), "every_token": lambda: model.forward_head(model.forward_features(x))}
+        with torch.inference_mode():
+            diff = (fns["readout"]().float() - fns["every_token"]().float()).abs().max().item()
+            st = alternate(fns, seconds, repeats)
+        ratio = st["every_token"] / st["readout"]
+        out.append({"dtype": str(dtype), "batch": batch, "rows": model.readout_rows(),
+                    "readout_ms": 1e3 * st["readout"], "every_token_ms": 1e3 * st["every_token"], "ratio": ratio,
+                    "readout_images_per_s": batch / st["readout"],
+                    "every_token_images_per_s": batch / st["every_token"], "max_abs_diff": diff})
+        print(f"  {str(dtype)[6:]:9s} read-out rows {1e3 * st['readout']:8.1f} ms  every token "
+              f"{1e3 * st['every_token']:8.1f} ms  vitkit: read-out {ratio:5.2f}x the other  (max |diff| {diff:.2g})")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=None)
@@ -84,7 +112,7 @@ def main() -> None:
     ap.add_argument("--out", default=None,
                     help="JSON path (default: benchmarks/results/<machine kind>/cpu_kernels.json)")
     ap.add_argument("--skip", nargs="*", default=[],
-                    choices=["attention", "patches", "gemm", "training-gemm", "gelu", "chunks"])
+                    choices=["attention", "patches", "gemm", "training-gemm", "gelu", "chunks", "readout"])
     args = ap.parse_args()
     if args.out is None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -248,6 +276,8 @@ def main() -> None:
                 res["chunks"].append({"dtype": str(dtype), "chunk_tokens": c, "ms": 1e3 * s, "vs_best": s / best,
                                       "vitkit": c is None, "label": label})
                 print(f"  {str(dtype)[6:]:9s} {label:16s} {1e3 * s:8.2f} ms  {s / best:5.2f}x the fastest")
+    if "readout" not in args.skip:
+        res["readout"] = time_readout(args.seconds, args.repeats)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1, default=str))
     print(f"\nwrote {args.out}")
