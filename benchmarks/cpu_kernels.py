@@ -79,14 +79,14 @@ def run_chunks(blk: Block, x: torch.Tensor, per: int) -> torch.Tensor:
     return torch.cat([blk(c)[0] for c in x.split(per)])
 
 
-def time_readout(seconds: float, repeats: int, batch: int = 16) -> list:
-    """ViT-B/16's logits in inference: the last block for the read-out rows (vitkit) vs over every token."""
+def time_readout(seconds: float, repeats: int, batch: int = 16, spec: str = "B/16") -> list:
+    """A model's logits in inference: the last block for the read-out rows (vitkit) vs over every token."""
     from vitkit.bench.models import build_model, example_batch, model_config
 
-    print(f"\nlast block for the read-out rows, ViT-B/16 logits at batch {batch}: model(x) (the class token's row "
+    print(f"\nlast block for the read-out rows, {spec} logits at batch {batch}: model(x) (the class token's row "
           f"only) vs forward_head(forward_features(x)) (every token)")
     out = []
-    cfg = model_config("B/16")[1]
+    cfg = model_config(spec)[1]
     for dtype in (torch.float32, torch.bfloat16):
         model = build_model(cfg).to(dtype)
         x = example_batch(cfg, batch).to(dtype)
@@ -95,7 +95,7 @@ def time_readout(seconds: float, repeats: int, batch: int = 16) -> list:
             diff = (fns["readout"]().float() - fns["every_token"]().float()).abs().max().item()
             st = alternate(fns, seconds, repeats)
         ratio = st["every_token"] / st["readout"]
-        out.append({"dtype": str(dtype), "batch": batch, "rows": model.readout_rows(),
+        out.append({"model": spec, "dtype": str(dtype), "batch": batch, "rows": model.readout_rows(),
                     "readout_ms": 1e3 * st["readout"], "every_token_ms": 1e3 * st["every_token"], "ratio": ratio,
                     "readout_images_per_s": batch / st["readout"],
                     "every_token_images_per_s": batch / st["every_token"], "max_abs_diff": diff})
@@ -113,6 +113,7 @@ def main() -> None:
                     help="JSON path (default: benchmarks/results/<machine kind>/cpu_kernels.json)")
     ap.add_argument("--skip", nargs="*", default=[],
                     choices=["attention", "patches", "gemm", "training-gemm", "gelu", "chunks", "readout"])
+    ap.add_argument("--readout-model", default="B/16", help="the model of the readout rows")
     args = ap.parse_args()
     if args.out is None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -277,7 +278,7 @@ def main() -> None:
                                       "vitkit": c is None, "label": label})
                 print(f"  {str(dtype)[6:]:9s} {label:16s} {1e3 * s:8.2f} ms  {s / best:5.2f}x the fastest")
     if "readout" not in args.skip:
-        res["readout"] = time_readout(args.seconds, args.repeats)
+        res["readout"] = time_readout(args.seconds, args.repeats, spec=args.readout_model)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1, default=str))
     print(f"\nwrote {args.out}")

@@ -365,13 +365,16 @@ def test_cpu_kernel_benchmark_runs_and_reports_every_shape(tmp_path):
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_kernels.py"
     out = subprocess.run([sys.executable, str(script), "--threads", "1", "--seconds", "0.001", "--repeats", "1",
-                          "--skip", "gemm", "chunks", "--out", str(tmp_path / "k.json")],
+                          "--skip", "gemm", "chunks", "--readout-model", "Ti/16", "--out", str(tmp_path / "k.json")],
                          capture_output=True, text=True, check=True, timeout=300).stdout
     lines = [x for x in out.splitlines() if "x the other" in x or "x the next best" in x]
     from vitkit.models import kernels, precision
     gelu = sum(kernels.onednn_ok(d) for d in (torch.float32, torch.bfloat16))  # fc1 + GELU, per dtype
-    # attention: 6 shapes x fp32/bf16 x training/inference; patch embedding: 5 shapes x training/inference
-    assert len(lines) == 24 + 10 + gelu and sum("vitkit: separate" in x for x in lines) == gelu
+    # attention: 6 shapes x fp32/bf16 x training/inference; patch embedding: 5 shapes x training/inference;
+    # the read-out rows in fp32 and bf16
+    assert len(lines) == 24 + 10 + gelu + 2 and sum("vitkit: separate" in x for x in lines) == gelu
+    readout = json.loads((tmp_path / "k.json").read_text())["readout"]
+    assert [r["rows"] for r in readout] == [1, 1] and readout[0]["max_abs_diff"] < 1e-4
     attention = [x for x in lines if "tokens" in x]
     assert len(attention) == 24 and all(" widened " in x for x in attention if "bfloat16" in x)  # 3 paths in bf16
     explicit = [x for x in attention if "vitkit: explicit" in x]
