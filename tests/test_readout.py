@@ -1,5 +1,5 @@
-"""The last block computed for the read-out tokens only (VisionTransformer.readout_rows): in inference the
-logits must be those of the whole forward pass, and nothing that watches the model may see fewer tokens."""
+"""The last block computed for the read-out tokens only (VisionTransformer.readout_rows): the logits and the
+gradients must be those of the whole forward pass, and nothing that watches the model may see fewer tokens."""
 import copy
 
 import pytest
@@ -94,7 +94,7 @@ def test_the_last_block_multiplies_only_the_read_rows(monkeypatch):
         assert seen == [3 * tokens] * 3
 
 
-def test_hooks_see_every_token_and_training_is_untouched():
+def test_hooks_see_every_token():
     model = _model()
     x = torch.randn(2, 3, 32, 32)
     shapes = []
@@ -111,14 +111,51 @@ def test_hooks_see_every_token_and_training_is_untouched():
         assert model.readout_rows() is None
     finally:
         glob.remove()
-    # attention maps (rollout) and gradients run every token
+    # attention maps (rollout) run every token
     with torch.inference_mode():
         _, maps = model(x, return_attention=True)
     assert maps[-1].shape == (2, 4, 17, 17)
-    model.train()
-    out = model(x)
-    out.sum().backward()
-    assert model.blocks[-1].mlp.fc2.weight.grad.abs().sum() > 0
+
+
+def _grads(model, logits_of, x, y):
+    model.zero_grad(set_to_none=True)
+    torch.nn.functional.cross_entropy(logits_of(x), y).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("case", ["class token", "distilled (DeiT)", "layer scale, pre-norm, quick GELU"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_training_gradients_equal_the_whole_pass(case, checkpointing):
+    """A training step reads the same rows: the rows not computed would get no gradient, so every parameter's
+    gradient (the last block's, and through its keys and values every earlier one's) is the whole pass's."""
+    model = _model(**CASES[case][0]).train()
+    model.grad_checkpointing = checkpointing
+    torch.manual_seed(1)
+    x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 7, (4,))
+    fast = _grads(model, model, x, y)
+    full = _grads(model, lambda v: model.forward_head(model.forward_features(v)), x, y)
+    assert fast.keys() == full.keys()
+    for name in fast:
+        scale = full[name].abs().max().item()
+        torch.testing.assert_close(fast[name], full[name], rtol=0, atol=1e-5 * max(scale, 1e-3), msg=name)
+    assert full["blocks.0.attn.qkv.weight"].abs().max() > 1e-4  # the gradient reaches the first block
+
+
+def test_training_step_multiplies_only_the_read_rows(monkeypatch):
+    model = _model(mlp_dim=80).train()
+    seen = []
+    real = layers_mod.linear
+
+    def spy(x, w, b=None):
+        seen.append((tuple(x.shape[:-1]), w.shape[0]))
+        return real(x, w, b)
+
+    x = torch.randn(3, 3, 32, 32)
+    model(x).sum().backward()  # any measurement auto makes (it times blocks of its own) happens here
+    monkeypatch.setattr(layers_mod, "linear", spy)
+    model(x).sum().backward()
+    fc1 = [rows for rows, out in seen if out == 80]  # the MLP's first layer of each block
+    assert fc1 == [(3, 17), (3, 17), (3, 1)]
 
 
 def test_int8_and_compiled_models_run_every_row():

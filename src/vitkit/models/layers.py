@@ -270,7 +270,7 @@ class Block(nn.Module):
         """Eq. 2-3 on tokens [B, T, D] (each residual branch scaled by LayerScale where the block has it);
         returns (tokens, attention weights or None). ``rows``: the block's output for the first ``rows``
         tokens only, [B, rows, D] (every token is still a key and value): the last block when only the
-        prefix tokens are read out (:meth:`VisionTransformer.forward`), about 84% of a B/16 block's products
+        prefix tokens are read out (:mod:`vitkit.models.readout`), about 84% of a B/16 block's products
         skipped, every row that is computed the same sums."""
         y, weights = self.attn(self.norm1(x), bias, need_weights, rows)
         if rows is not None:

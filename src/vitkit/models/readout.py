@@ -1,12 +1,13 @@
 """The last encoder block computed for the tokens the head reads only.
 
-With token pooling the logits read the class token (and a distillation token) of the last block alone. In
-inference (:func:`vitkit.models.layers.fast_inference`) :meth:`VisionTransformer.forward` therefore runs that
-block's queries, attention rows, output projection and MLP for those rows only, every token still a key and a
-value: the same sums for every row computed, one row in 197 of the last block at B/16 (about 7% of the
-encoder's products skipped). Whatever would see the difference gets every token: ``forward_features``,
-intermediates, attention maps, training, graph consumers, int8 layers (they quantise activations per call, over
-all rows) and any forward or backward hook.
+With token pooling the logits read the class token (and a distillation token) of the last block alone.
+:meth:`VisionTransformer.forward` therefore runs that block's queries, attention rows, output projection and
+MLP for those rows only, every token still a key and a value: the same sums for every row computed, one row
+in 197 of the last block at B/16 (about 7% of the encoder's products skipped), in inference and in training
+(the rows not computed would get no gradient, so every gradient is the same too). Whatever would see the
+difference gets every token: ``forward_features``, intermediates, attention maps, graph consumers (export,
+``torch.compile``, the FLOP counter), int8 layers (they quantise activations per call, over all rows) and any
+forward or backward hook.
 """
 from __future__ import annotations
 

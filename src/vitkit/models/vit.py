@@ -10,6 +10,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..config import ViTConfig
 from ..errors import InputError
+from .backend import graph_capture
 from .intermediates import check_output_fmt, feature_pyramid, resolve_indices, timm_layout
 from .kernels import inference_gemms
 from .layers import (
@@ -262,7 +263,7 @@ class VisionTransformer(nn.Module):
                 x = x + pe[i if pe.shape[0] > 1 else 0]
             bias = None if biases is None else biases[i if len(biases) > 1 else 0]
             last = {"rows": rows} if rows is not None and i == len(self.blocks) - 1 else {}
-            x, w = (checkpoint(block_on, blk, gemms, x, bias, use_reentrant=False, **axial) if ckpt
+            x, w = (checkpoint(block_on, blk, gemms, x, bias, use_reentrant=False, **axial, **last) if ckpt
                     else block_on(blk, gemms, x, bias, need_weights and i in keep, **axial, **last))
             if i in keep:
                 saved[i] = x
@@ -280,12 +281,12 @@ class VisionTransformer(nn.Module):
         return self._features(x, patch_drop)
 
     def readout_rows(self) -> Optional[int]:
-        """Leading tokens the logits read from the last block, which inference computes for them only (None:
-        every token): :func:`vitkit.models.readout.readout_rows`."""
+        """Leading tokens the logits read from the last block, which :meth:`forward` computes for them only
+        (None: every token): :func:`vitkit.models.readout.readout_rows`."""
         return readout_rows(self)
 
     def _features(self, x: torch.Tensor, patch_drop: Optional[float] = None, rows: Optional[int] = None):
-        """:meth:`forward_features`; in inference the last block for the first ``rows`` tokens only."""
+        """:meth:`forward_features`, the last block for the first ``rows`` tokens only (None: all)."""
         if fast_inference(self):  # whole images in chunks (CPU) that keep each block's temporaries in reused memory,
             cfg = self.config     # the products on the library that runs blocks of this shape faster
             dtype = next(p.dtype for p in self.parameters() if p.is_floating_point())
@@ -297,7 +298,7 @@ class VisionTransformer(nn.Module):
                 return self.norm(self._run_blocks(x, grid, rows=rows)[0])
         x, grid = self.embed(x)
         rate = self.config.patch_drop if patch_drop is None else float(patch_drop)
-        x, _, _ = self._run_blocks(x, grid, patch_drop=rate)
+        x, _, _ = self._run_blocks(x, grid, patch_drop=rate, rows=rows)
         return self.norm(x)
 
     def forward_tokens(self, tokens: torch.Tensor, grid: Grid) -> torch.Tensor:
@@ -338,11 +339,11 @@ class VisionTransformer(nn.Module):
     def forward(self, x: torch.Tensor, return_attention: bool = False, *, patch_drop: Optional[float] = None):
         """Logits [B, classes]; with ``return_attention=True`` also the list of L attention maps
         [B, heads, T, T], computed by the explicit path for this call only. ``patch_drop``: as in
-        :meth:`forward_features`."""
+        :meth:`forward_features`. The last block runs for the tokens the head reads only (:meth:`readout_rows`)."""
         if return_attention:
             out = self.forward_intermediates(x, return_attention=True)
             return self.forward_head(out["features"]), out["attention"]
-        rows = self.readout_rows() if fast_inference(self) else None
+        rows = None if graph_capture() else self.readout_rows()
         return self.forward_head(self._features(x, patch_drop, rows))
 
     def forward_intermediates(self, x: torch.Tensor, indices: Union[None, int, Sequence[int]] = None, *,
