@@ -158,13 +158,33 @@ def test_training_step_multiplies_only_the_read_rows(monkeypatch):
     assert fc1 == [(3, 17), (3, 17), (3, 1)]
 
 
-def test_int8_and_compiled_models_run_every_row():
+def test_int8_models_run_every_row():
     model = _model()
     q = quantize_int8_(copy.deepcopy(model))
     assert q.readout_rows() is None
     prepared = prepare_inference(copy.deepcopy(model), "fp32")
     assert inference_summary(prepared)["last_block_rows"] == 1
     assert inference_summary(prepare_inference(_model(pool="gap"), "fp32"))["last_block_rows"] is None
+
+
+def test_compiled_model_keeps_the_read_out_and_export_gets_every_token(monkeypatch):
+    model = _model(mlp_dim=80)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.inference_mode():
+        eager = model(x)
+    seen = []
+    real = layers_mod.linear
+    monkeypatch.setattr(layers_mod, "linear", lambda v, w, b=None: seen.append((tuple(v.shape[:-1]), w.shape[0]))
+                        or real(v, w, b))
+    prepared = prepare_inference(model, "fp32", compile=True)
+    out = prepared(x)
+    torch.testing.assert_close(out, eager, rtol=0, atol=1e-4)
+    assert [rows for rows, n in seen if n == 80] == [(3, 17), (3, 17), (3, 1)]  # what the graph traced
+    assert inference_summary(prepared)["last_block_rows"] == 1
+    seen.clear()
+    with torch.no_grad():
+        torch.export.export(model, (x,))
+    assert [rows for rows, n in seen if n == 80] == [(3, 17)] * 3
 
 
 def test_roofline_counts_the_products_the_logits_need():

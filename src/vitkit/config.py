@@ -163,6 +163,17 @@ class ViTConfig:
         return int(self.class_token) + int(self.distill_token) + self.reg_tokens
 
     @property
+    def head_rows(self) -> Optional[int]:
+        """How many leading tokens of the last block the head reads: 1 (token pooling: the class token), 2 (and
+        a distillation token read out by its own head), None (every token: GAP, MAP, or blocks that are not
+        global attention). The model computes its last block for these rows only (:mod:`vitkit.models.readout`)."""
+        if self.attention != "global" or self.depth < 1:
+            return None
+        if self.distill_token and self.distill_head:
+            return 2
+        return 1 if self.pool == "token" else None
+
+    @property
     def num_posemb_prefix(self) -> int:
         """Slots of the learned position table before the patches: the class and distillation tokens
         (registers have none)."""

@@ -32,7 +32,6 @@ from ..config import ViTConfig
 from ..models.cost import cost
 from ..models.inference import resolve_dtype
 from ..models.kernels import onednn_ok
-from ..models.readout import head_rows
 from .timing import alternate, synchronizer
 
 
@@ -185,7 +184,7 @@ def roofline(cfg: ViTConfig, batch: int, dtype: str = "fp32", device: str = "cpu
              repeats: int = 5, progress: Optional[Callable[[str], None]] = None) -> Roofline:
     """Measure every distinct GEMM shape of the products ``batch`` images' logits need (:func:`model_gemms`
     with the model's read-out rows) and add up the bound."""
-    rows = head_rows(cfg)
+    rows = cfg.head_rows
     gemms = model_gemms(cfg, batch, img_size, rows)
     skipped = sum(g.flops for g in model_gemms(cfg, batch, img_size)) - sum(g.flops for g in gemms)
     seen: Dict[Tuple[int, int, int, int], GemmRate] = {}

@@ -147,9 +147,8 @@ def inference_summary(module: nn.Module) -> Dict[str, Any]:
             "bf16_path": None if dt != torch.bfloat16 else
             ("native" if native_low_precision_matmul(dt, dev) else "widened to fp32"),
             "gemm": kernel_summary(dt, str(dev)), "backend": backend.record(),
-            # the eager model computes the last block for the tokens the head reads only (None: all of them)
-            "last_block_rows": None if isinstance(module, Prepared) and module._compiled is not None
-            else model.readout_rows()}
+            # the model (eager or compiled) computes the last block for the tokens the head reads only (None: all)
+            "last_block_rows": model.readout_rows()}
 
 
 __all__: List[str] = ["Prepared", "inference_summary", "native_low_precision_matmul", "prepare_inference",

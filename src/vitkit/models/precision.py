@@ -199,9 +199,13 @@ def settle_attention(config, dtype: torch.dtype, grad: bool, images: int = 8) ->
     cannot time kernels while it captures, so call this before compiling."""
     heads, dim = config.num_heads, config.width // config.num_heads
     tokens = config.num_patches + config.num_prefix_tokens
+    rows = config.head_rows  # the last block's queries: the read-out rows only
     with torch.set_grad_enabled(grad):
         qkv = torch.zeros(images * tokens, 3 * heads * dim, dtype=dtype, requires_grad=grad)
-        return attention_path(*split_heads(qkv, images, tokens, heads, dim))
+        q, k, v = split_heads(qkv, images, tokens, heads, dim)
+        if rows is not None and rows < tokens:
+            attention_path(q[:, :, :rows], k, v)
+        return attention_path(q, k, v)
 
 
 def _decide_attention(q: torch.Tensor, k: torch.Tensor, grad: bool) -> Tuple[dict, str]:

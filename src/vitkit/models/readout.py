@@ -4,10 +4,10 @@ With token pooling the logits read the class token (and a distillation token) of
 :meth:`VisionTransformer.forward` therefore runs that block's queries, attention rows, output projection and
 MLP for those rows only, every token still a key and a value: the same sums for every row computed, one row
 in 197 of the last block at B/16 (about 7% of the encoder's products skipped), in inference and in training
-(the rows not computed would get no gradient, so every gradient is the same too). Whatever would see the
-difference gets every token: ``forward_features``, intermediates, attention maps, graph consumers (export,
-``torch.compile``, the FLOP counter), int8 layers (they quantise activations per call, over all rows) and any
-forward or backward hook.
+(the rows not computed would get no gradient, so every gradient is the same too), eager or under
+``torch.compile``. Whatever would see the difference gets every token: ``forward_features``, intermediates,
+attention maps, the graph consumers that hand the graph on (``torch.export``, ONNX export, tracing, the FLOP
+counter), int8 layers (they quantise activations per call, over all rows) and any forward or backward hook.
 """
 from __future__ import annotations
 
@@ -16,19 +16,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..config import ViTConfig
 from .layers import Block
-
-
-def head_rows(cfg: ViTConfig) -> Optional[int]:
-    """How many leading tokens of the last block the head of a ``cfg`` model reads: 1 (token pooling: the class
-    token), 2 (and a distillation token read out by its own head), None (every token: GAP, MAP, or blocks that
-    are not global attention)."""
-    if cfg.attention != "global" or cfg.depth < 1:
-        return None
-    if cfg.distill_token and cfg.distill_head:
-        return 2
-    return 1 if cfg.pool == "token" else None
 
 
 def hooked(model: nn.Module) -> bool:
@@ -42,10 +30,10 @@ def hooked(model: nn.Module) -> bool:
 
 
 def readout_rows(model) -> Optional[int]:
-    """How many leading tokens ``model``'s logits read from its last block (:func:`head_rows`), or None where
+    """How many leading tokens ``model``'s logits read from its last block (``config.head_rows``), or None where
     they read every token, the last block is not a plain :class:`Block` of ``nn.Linear`` layers or a hook
     watches a module (:func:`hooked`)."""
-    rows = head_rows(model.config)
+    rows = model.config.head_rows
     blk = model.blocks[-1] if len(model.blocks) else None
     if rows is None or type(blk) is not Block or any(
             type(lin) is not nn.Linear for lin in (blk.attn.qkv, blk.attn.proj, blk.mlp.fc1, blk.mlp.fc2)):

@@ -40,6 +40,12 @@ from .tune import block_on, encoder_gemm, encoder_shape, training_gemms_of, wide
 Grid = Tuple[int, int]
 
 
+def _compiling() -> bool:
+    """torch.compile tracing the model (not torch.export, whose graph other consumers read)."""
+    compiler = torch.compiler
+    return compiler.is_compiling() and not (hasattr(compiler, "is_exporting") and compiler.is_exporting())
+
+
 class VisionTransformer(nn.Module):
     """ViT: patch embedding, class token, position embeddings, L pre-norm blocks, final LN, head.
 
@@ -343,7 +349,7 @@ class VisionTransformer(nn.Module):
         if return_attention:
             out = self.forward_intermediates(x, return_attention=True)
             return self.forward_head(out["features"]), out["attention"]
-        rows = None if graph_capture() else self.readout_rows()
+        rows = None if graph_capture() and not _compiling() else self.readout_rows()
         return self.forward_head(self._features(x, patch_drop, rows))
 
     def forward_intermediates(self, x: torch.Tensor, indices: Union[None, int, Sequence[int]] = None, *,
