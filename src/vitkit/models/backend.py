@@ -144,11 +144,19 @@ def use_backend(backend: Union[None, str, Backend] = None, **fields_: str) -> It
                     break
 
 
+def _exporting() -> bool:
+    return hasattr(torch.compiler, "is_exporting") and torch.compiler.is_exporting()
+
+
+def compiling() -> bool:
+    """Whether torch.compile is tracing the calls (not torch.export, whose graph other consumers read)."""
+    return torch.compiler.is_compiling() and not _exporting()
+
+
 def graph_capture() -> bool:
     """Whether a graph consumer is watching the calls: torch.compile / torch.export, ONNX export, TorchScript
     tracing, or a Python dispatch mode (FlopCounterMode, fake tensors). They get :data:`PLAIN`."""
-    compiler = torch.compiler
-    if compiler.is_compiling() or (hasattr(compiler, "is_exporting") and compiler.is_exporting()):
+    if torch.compiler.is_compiling() or _exporting():
         return True
     if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
         return True

@@ -10,7 +10,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..config import ViTConfig
 from ..errors import InputError
-from .backend import graph_capture
+from .backend import compiling, graph_capture
 from .intermediates import check_output_fmt, feature_pyramid, resolve_indices, timm_layout
 from .kernels import inference_gemms
 from .layers import (
@@ -38,12 +38,6 @@ from .resnet import HybridEmbed
 from .tune import block_on, encoder_gemm, encoder_shape, training_gemms_of, widest_row
 
 Grid = Tuple[int, int]
-
-
-def _compiling() -> bool:
-    """torch.compile tracing the model (not torch.export, whose graph other consumers read)."""
-    compiler = torch.compiler
-    return compiler.is_compiling() and not (hasattr(compiler, "is_exporting") and compiler.is_exporting())
 
 
 class VisionTransformer(nn.Module):
@@ -349,7 +343,7 @@ class VisionTransformer(nn.Module):
         if return_attention:
             out = self.forward_intermediates(x, return_attention=True)
             return self.forward_head(out["features"]), out["attention"]
-        rows = None if graph_capture() and not _compiling() else self.readout_rows()
+        rows = None if graph_capture() and not compiling() else self.readout_rows()
         return self.forward_head(self._features(x, patch_drop, rows))
 
     def forward_intermediates(self, x: torch.Tensor, indices: Union[None, int, Sequence[int]] = None, *,
