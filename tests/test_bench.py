@@ -16,7 +16,7 @@ from vitkit.bench.peers import PeerUnavailable, build_peer, parse_peers
 from vitkit.bench.report import plot_figure12, rows_table
 from vitkit.bench.roofline import Gemm, gemm_rate, model_gemms, roofline
 from vitkit.bench.runner import run_inference, run_training
-from vitkit.bench.timing import Stats, alternate, rotations
+from vitkit.timing import Stats, alternate, rotations
 from vitkit.cli import main
 from vitkit.config import config_from_name
 from vitkit.models import precision

@@ -41,10 +41,8 @@ class _PixelsToLogits(torch.nn.Module):
         self.features = features
 
     def forward(self, pixels: torch.Tensor):
-        if not self.features:
-            return self.model(pixels)
-        tokens = self.model.forward_features(pixels)
-        return self.model.forward_head(tokens), self.model.forward_head(tokens, pre_logits=True)
+        out = self.model.forward_outputs(pixels)  # the head's contract: what eager and `vitkit serve` run
+        return (out.logits, out.features) if self.features else out.logits
 
 
 def _compare(ref: torch.Tensor, out: torch.Tensor, atol: float, what: str) -> Dict[str, float]:

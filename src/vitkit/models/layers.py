@@ -1,50 +1,38 @@
 """Building blocks of the encoder: patch embedding (Eq. 1), MSA, MLP and the pre-norm block (Eq. 2-3).
 
 Each module has one forward pass, used in training and in inference alike, so forward hooks, attention maps
-and intermediates see the computation that produced the logits. Only the kernels differ: in evaluation mode
-without autograd (``model.eval()`` under ``torch.no_grad()`` / ``torch.inference_mode()``) the dense layers
-call :func:`precision.dense` (the declared GEMM library, no autograd bookkeeping), the MLP's first layer
-and its GELU run as one call (:func:`precision.dense_gelu`: oneDNN fuses them where chosen);
-on the CPU the model runs large batches through the encoder in chunks of whole images (:func:`chunk_images`).
+and intermediates see the computation that produced the logits. Only the kernels differ, as the module's
+bound plan (``self.plan``, a :class:`~vitkit.models.kernel_plan.KernelPlan`) says: in evaluation mode without
+autograd (``model.eval()`` under ``torch.no_grad()`` / ``torch.inference_mode()``) the dense layers call
+:func:`ops.dense` (no autograd bookkeeping) and the MLP's first layer and its GELU run as one call
+(:func:`ops.dense_gelu`); in training :func:`ops.linear`.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple, Union
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, InputError
-from .backend import graph_capture
-from .precision import attention, dense, dense_gelu, explicit_attention, linear, merge_heads, split_heads
-
-# Inference runs the encoder on chunks of whole images (every image is independent, so no number changes),
-# sized by memory: each chunk's largest temporary (the MLP's hidden activations, or qkv) stays within
-# this many bytes, the largest block glibc's allocator hands out from its reused heap (its mmap threshold
-# tops out at 32 MiB on 64-bit Linux). A larger block is a fresh mapping whose pages fault in again on
-# every call. It also caps the encoder's scratch memory, so peak memory grows with the batch only by the
-# input and the residual stream.
-INFERENCE_CHUNK_BYTES = 32 << 20
-
-
-def chunk_images(batch: int, tokens: int, row_bytes: int, chunk_tokens: Optional[int] = None,
-                 device: Union[None, str, torch.device] = None) -> int:
-    """Images per inference chunk: as many as keep ``tokens x row_bytes`` per image within
-    :data:`INFERENCE_CHUNK_BYTES` (or ``chunk_tokens`` tokens, if given), spread evenly over the chunks
-    the batch needs (a small last chunk would run the GEMMs at a poor shape). Chunks serve a CPU's caches;
-    on any other ``device`` the whole batch is one chunk (on an H200, B/16 in bf16 cut into 26-image chunks
-    ran at about half the peers' rate: benchmarks/results/nvidia-h200)."""
-    if device is not None and torch.device(device).type != "cpu":
-        return batch
-    per = chunk_tokens // tokens if chunk_tokens else INFERENCE_CHUNK_BYTES // max(1, tokens * row_bytes)
-    chunks = -(-batch // max(1, per))
-    return -(-batch // chunks)
+from .kernel_plan import STATIC
+from .ops import (
+    attention,
+    dense,
+    dense_gelu,
+    explicit_attention,
+    graph_capture,
+    linear,
+    merge_heads,
+    product_dtype,
+    split_heads,
+)
 
 
 def fast_inference(module: nn.Module) -> bool:
-    """Whether ``module`` may use the inference kernels: evaluation mode, no autograd, no autocast (under
+    """Whether ``module`` runs the inference kernels: evaluation mode, no autograd, no autocast (under
     autocast the training kernels run, so autocast's casting rules hold), not watched by a graph consumer."""
     return (not module.training and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
             and not (torch.cuda.is_available() and torch.is_autocast_enabled("cuda")) and not graph_capture())
@@ -88,6 +76,7 @@ class PatchEmbed(nn.Module):
         self.patch_size = tuple(patch_size)
         self.pad = pad
         self.proj = nn.Conv2d(in_chans, width, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
+        self.plan = STATIC
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Images [B, C, H, W] -> the patch grid [B, D, rows, cols] (right / bottom padded first with ``pad``)."""
@@ -107,18 +96,17 @@ class PatchEmbed(nn.Module):
         patches = x.reshape(b, c, rows, ph, cols, pw).permute(0, 2, 4, 1, 3, 5).reshape(b, rows, cols, -1)
         w_ = self.proj.weight.reshape(self.proj.out_channels, -1)
         if fast_inference(self):
-            flat = dense(patches.reshape(b * rows * cols, -1), w_, self.proj.bias)
+            flat = dense(patches.reshape(b * rows * cols, -1), w_, self.proj.bias, self.plan.gemm_for(x.dtype))
             return flat.view(b, rows, cols, -1).permute(0, 3, 1, 2)
-        return linear(patches, w_, self.proj.bias).permute(0, 3, 1, 2)
+        return linear(patches, w_, self.proj.bias, self.plan.mix_for(product_dtype(x))).permute(0, 3, 1, 2)
 
 
 class Attention(nn.Module):
     """Multi-head self-attention with one fused q/k/v projection.
 
-    ``need_weights=False`` uses :func:`precision.attention` (the fused kernel
-    ``F.scaled_dot_product_attention`` or the explicit path, as the declared backend says);
-    ``need_weights=True`` computes :func:`precision.explicit_attention` for this call and also returns
-    the weights [B, heads, T, T].
+    ``need_weights=False`` uses :func:`ops.attention` on the plan's path (the fused kernel
+    ``F.scaled_dot_product_attention`` or the explicit path); ``need_weights=True`` computes
+    :func:`ops.explicit_attention` for this call and also returns the weights [B, heads, T, T].
     """
 
     def __init__(self, width: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0,
@@ -131,6 +119,7 @@ class Attention(nn.Module):
         self.attn_drop = attn_drop
         self.proj = nn.Linear(width, width)
         self.proj_drop = nn.Dropout(proj_drop)
+        self.plan = STATIC
 
     def mix(self, qkv: torch.Tensor, n: int, t: int, bias: Optional[torch.Tensor] = None,
             need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -146,7 +135,8 @@ class Attention(nn.Module):
         if need_weights:
             out, weights = explicit_attention(q, k, v, bias, drop)
         else:
-            out = attention(q, k, v, None if bias is None else bias.to(q.dtype), drop)
+            path = self.plan.attention_for(q.dtype, torch.is_grad_enabled() and q.requires_grad)
+            out = attention(q, k, v, None if bias is None else bias.to(q.dtype), drop, path)
         return merge_heads(out), weights
 
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None, need_weights: bool = False,
@@ -184,12 +174,14 @@ class Mlp(nn.Module):
         self.act = QuickGELU() if gelu == "quick" else nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
         self.fc2 = nn.Linear(hidden, width)
         self.drop = nn.Dropout(drop)
+        self.plan = STATIC
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens [..., D] -> [..., D] through the two dense layers."""
         fast_gelu = fast_inference(self) and type(self.act) is nn.GELU
         if fast_gelu and type(self.fc1) is nn.Linear:  # product and GELU in one call (fused where chosen)
-            rows = dense_gelu(x.reshape(-1, x.shape[-1]), self.fc1.weight, self.fc1.bias, self.act.approximate)
+            rows = dense_gelu(x.reshape(-1, x.shape[-1]), self.fc1.weight, self.fc1.bias, self.act.approximate,
+                              self.plan.gemm_for(x.dtype))
             h = rows.view(*x.shape[:-1], rows.shape[-1])
         elif fast_gelu:  # e.g. an int8 quantised fc1
             h = torch.ops.aten.gelu_(_apply(x, self.fc1, self), approximate=self.act.approximate)
@@ -234,9 +226,9 @@ def patch_dropout(x: torch.Tensor, prefix: int, rate: float) -> torch.Tensor:
 
 def _apply(x: torch.Tensor, lin: nn.Module, owner: nn.Module, start: int = 0, stop: Optional[int] = None
            ) -> torch.Tensor:
-    """A dense layer (its outputs ``start:stop``): :func:`precision.dense` on the rows (inference kernels)
-    when ``owner`` is in :func:`fast_inference`, else :func:`precision.linear` (training); a layer that is
-    not a plain ``nn.Linear`` (e.g. int8 dynamic quantised) is called as a module."""
+    """A dense layer (its outputs ``start:stop``) on the kernels of ``owner``'s plan: :func:`ops.dense` on the
+    rows (inference kernels) when ``owner`` is in :func:`fast_inference`, else :func:`ops.linear` (training);
+    a layer that is not a plain ``nn.Linear`` (e.g. int8 dynamic quantised) is called as a module."""
     if type(lin) is not nn.Linear:
         out = lin(x)
         return out if (start, stop) == (0, None) else out[..., start:stop]
@@ -244,9 +236,9 @@ def _apply(x: torch.Tensor, lin: nn.Module, owner: nn.Module, start: int = 0, st
     if (start, stop) != (0, None):  # a block of the weight's rows: a contiguous view, no copy
         w, b = w[start:stop], None if b is None else b[start:stop]
     if fast_inference(owner):
-        rows = dense(x.reshape(-1, x.shape[-1]), w, b)
+        rows = dense(x.reshape(-1, x.shape[-1]), w, b, owner.plan.gemm_for(x.dtype))
         return rows.view(*x.shape[:-1], rows.shape[-1])
-    return linear(x, w, b)
+    return linear(x, w, b, owner.plan.mix_for(product_dtype(x)))
 
 
 class Block(nn.Module):
@@ -270,7 +262,7 @@ class Block(nn.Module):
         """Eq. 2-3 on tokens [B, T, D] (each residual branch scaled by LayerScale where the block has it);
         returns (tokens, attention weights or None). ``rows``: the block's output for the first ``rows``
         tokens only, [B, rows, D] (every token is still a key and value): the last block when only the
-        prefix tokens are read out (:mod:`vitkit.models.readout`), about 84% of a B/16 block's products
+        prefix tokens are read out (the plan's ``head_tokens``), about 84% of a B/16 block's products
         skipped, every row that is computed the same sums."""
         y, weights = self.attn(self.norm1(x), bias, need_weights, rows)
         if rows is not None:
@@ -299,6 +291,7 @@ class AttentionPool(nn.Module):
         self.proj = nn.Linear(width, width)
         self.norm = nn.LayerNorm(width, eps=ln_eps)
         self.mlp = Mlp(width, mlp_dim, gelu)
+        self.plan = STATIC
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens [B, N, D] -> one pooled vector per image [B, D]."""
@@ -306,7 +299,8 @@ class AttentionPool(nn.Module):
         h, dh = self.num_heads, self.head_dim
         q = _apply(self.latent.expand(b, -1, -1).to(x.dtype), self.q, self).view(b, 1, h, dh).transpose(1, 2)
         k, v = (t.transpose(1, 2) for t in _apply(x, self.kv, self).view(b, n, 2, h, dh).unbind(2))
-        z = _apply(attention(q, k, v).transpose(1, 2).reshape(b, 1, d), self.proj, self)
+        path = self.plan.attention_for(q.dtype, torch.is_grad_enabled() and q.requires_grad)
+        z = _apply(attention(q, k, v, path=path).transpose(1, 2).reshape(b, 1, d), self.proj, self)
         z = z + self.mlp(self.norm(z))
         return z[:, 0]
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -10,16 +10,14 @@ from torch.utils.checkpoint import checkpoint
 
 from ..config import ViTConfig
 from ..errors import InputError
-from .backend import compiling, graph_capture
 from .intermediates import check_output_fmt, feature_pyramid, resolve_indices, timm_layout
-from .kernels import inference_gemms
+from .kernel_plan import Backend, KernelPlan, bind, chunk_images, resolve, widest_row
 from .layers import (
     AttentionPool,
     AxialBlock,
     Block,
     PatchEmbed,
     check_images,
-    chunk_images,
     fast_inference,
     lecun_normal_,
     patch_dropout,
@@ -33,11 +31,19 @@ from .posemb import (
     resize_relative_table,
     sincos_table,
 )
-from .readout import readout_rows
 from .resnet import HybridEmbed
-from .tune import block_on, encoder_gemm, encoder_shape, training_gemms_of, widest_row
 
 Grid = Tuple[int, int]
+
+
+class HeadOutputs(NamedTuple):
+    """What the head makes of the last block: ``logits`` (what ``forward`` returns), the pooled pre-logits
+    ``features`` [B, D], and for a model with a distillation head the pair (class logits, distillation
+    logits) as ``heads`` (None otherwise)."""
+
+    logits: Any
+    features: torch.Tensor
+    heads: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
 
 
 class VisionTransformer(nn.Module):
@@ -113,6 +119,7 @@ class VisionTransformer(nn.Module):
         self.distilled_training = False
         self.grad_checkpointing = False
         self.reset_parameters()
+        self.set_kernel_plan()  # the declared backend and the measurements already known: no timing
 
     # --- initialisation (the authors' Flax initialisers) ---------------------
     def reset_parameters(self) -> None:
@@ -164,6 +171,20 @@ class VisionTransformer(nn.Module):
             if isinstance(head, nn.Linear):  # the paper's zero-initialised head
                 nn.init.zeros_(head.weight)
                 nn.init.zeros_(head.bias)
+
+    def set_kernel_plan(self, plan: Union[None, str, Backend, KernelPlan] = None) -> KernelPlan:
+        """Bind a kernel plan to the modules (:mod:`vitkit.models.kernel_plan`): ``plan`` itself, or one
+        resolved now for this model's config from a backend (a spec such as ``"gemm=aten"``; None: the backend
+        in force) and the measurements already known. The forward reads it and decides nothing; the last
+        block computes ``plan.head_tokens`` tokens (None: every one). Returns the plan bound."""
+        if not isinstance(plan, KernelPlan):
+            plan = resolve(self.config, backend=plan)
+        if plan.head_tokens is not None and (type(self.blocks[-1]) is not Block or plan.head_tokens
+                                             != self.config.head_tokens):
+            plan = plan.replace(head_tokens=None)  # a swapped last block, or a plan made for another config
+        self.kernel_plan = plan
+        bind(self, plan)
+        return plan
 
     def set_grad_checkpointing(self, enable: bool = True) -> "VisionTransformer":
         """Recompute block activations in backward instead of storing them (saves memory)."""
@@ -257,14 +278,13 @@ class VisionTransformer(nn.Module):
         keep = set(keep)
         ckpt = self.grad_checkpointing and self.training and torch.is_grad_enabled() and not need_weights
         axial = {"grid": grid} if cfg.attention == "axial" else {}  # axial blocks attend along the grid
-        gemms = training_gemms_of(cfg, x, self.blocks)  # the training products' libraries (tune.py)
         for i, blk in enumerate(self.blocks):
             if pe is not None and every:
                 x = x + pe[i if pe.shape[0] > 1 else 0]
             bias = None if biases is None else biases[i if len(biases) > 1 else 0]
             last = {"rows": rows} if rows is not None and i == len(self.blocks) - 1 else {}
-            x, w = (checkpoint(block_on, blk, gemms, x, bias, use_reentrant=False, **axial, **last) if ckpt
-                    else block_on(blk, gemms, x, bias, need_weights and i in keep, **axial, **last))
+            x, w = (checkpoint(blk, x, bias, use_reentrant=False, **axial, **last) if ckpt
+                    else blk(x, bias, need_weights and i in keep, **axial, **last))
             if i in keep:
                 saved[i] = x
                 if w is not None:
@@ -280,22 +300,15 @@ class VisionTransformer(nn.Module):
         training (a schedule passes it step by step); None: ``config.patch_drop``. Evaluation never drops."""
         return self._features(x, patch_drop)
 
-    def readout_rows(self) -> Optional[int]:
-        """Leading tokens the logits read from the last block, which :meth:`forward` computes for them only
-        (None: every token): :func:`vitkit.models.readout.readout_rows`."""
-        return readout_rows(self)
-
     def _features(self, x: torch.Tensor, patch_drop: Optional[float] = None, rows: Optional[int] = None):
         """:meth:`forward_features`, the last block for the first ``rows`` tokens only (None: all)."""
-        if fast_inference(self):  # whole images in chunks (CPU) that keep each block's temporaries in reused memory,
-            cfg = self.config     # the products on the library that runs blocks of this shape faster
-            dtype = next(p.dtype for p in self.parameters() if p.is_floating_point())
-            with inference_gemms(encoder_gemm(dtype, x.device, *encoder_shape(cfg, dtype))):
-                x, grid = self.embed(x)
-                per = chunk_images(x.shape[0], x.shape[1], widest_row(cfg, dtype), device=x.device)
-                if per < x.shape[0]:
-                    return torch.cat([self.norm(self._run_blocks(c, grid, rows=rows)[0]) for c in x.split(per)])
-                return self.norm(self._run_blocks(x, grid, rows=rows)[0])
+        if fast_inference(self):  # whole images in chunks (CPU) that keep each block's temporaries in reused memory
+            x, grid = self.embed(x)
+            budget = self.kernel_plan.chunk_bytes if x.device.type == "cpu" else 0
+            per = chunk_images(x.shape[0], x.shape[1], widest_row(self.config, x.dtype), budget)
+            if per < x.shape[0]:
+                return torch.cat([self.norm(self._run_blocks(c, grid, rows=rows)[0]) for c in x.split(per)])
+            return self.norm(self._run_blocks(x, grid, rows=rows)[0])
         x, grid = self.embed(x)
         rate = self.config.patch_drop if patch_drop is None else float(patch_drop)
         x, _, _ = self._run_blocks(x, grid, patch_drop=rate, rows=rows)
@@ -322,29 +335,38 @@ class VisionTransformer(nn.Module):
             out = tokens[:, cfg.num_prefix_tokens:].mean(dim=1)
         return out if self.fc_norm is None else self.fc_norm(out)
 
-    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False):
-        """Pool the final tokens, apply the pre-logits layer, then (unless ``pre_logits``) the head.
-
-        With a distillation token the logits are the mean of the class head (on token 0) and the
-        distillation head (on token 1); in training with ``distilled_training`` set, the pair
-        ``(class logits, distillation logits)`` instead, for a loss on each (DeiT)."""
-        if self.head_dist is not None and not pre_logits:
-            cls, dist = self.head(tokens[:, 0]), self.head_dist(tokens[:, 1])
-            if self.training and self.distilled_training:
-                return cls, dist
-            return (cls + dist) / 2
+    def read_out(self, tokens: torch.Tensor) -> HeadOutputs:
+        """The head on the final tokens (all of them, or the leading ones it reads): pool once, the pre-logits
+        layer, the head. With a distillation token the logits are the mean of the class head (on token 0) and
+        the distillation head (on token 1), both kept in ``heads``; in training with ``distilled_training``
+        set, the logits are that pair instead, for a loss on each (DeiT)."""
         feats = self.pre_logits(self.pool(tokens))
-        return feats if pre_logits else self.head(feats)
+        if self.head_dist is None:
+            return HeadOutputs(self.head(feats), feats)
+        both = (self.head(tokens[:, 0]), self.head_dist(tokens[:, 1]))
+        return HeadOutputs(both if self.training and self.distilled_training else (both[0] + both[1]) / 2, feats, both)
+
+    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False):
+        """Pool the final tokens, apply the pre-logits layer, then (unless ``pre_logits``) the head
+        (:meth:`read_out`'s ``features`` or ``logits``)."""
+        out = self.read_out(tokens)
+        return out.features if pre_logits else out.logits
+
+    def forward_outputs(self, x: torch.Tensor, *, patch_drop: Optional[float] = None) -> HeadOutputs:
+        """Images -> :class:`HeadOutputs` (logits and pooled features) in one pass: the head's contract, what
+        :meth:`forward`, ``vitkit serve``, the exporters and the benchmarks call. The last block computes the
+        tokens the head reads only (``kernel_plan.head_tokens``; hooks on it see those rows), the same logits
+        as every token would give; ``forward_features`` gives every token. ``patch_drop``: as in
+        :meth:`forward_features`."""
+        return self.read_out(self._features(x, patch_drop, self.kernel_plan.head_tokens))
 
     def forward(self, x: torch.Tensor, return_attention: bool = False, *, patch_drop: Optional[float] = None):
-        """Logits [B, classes]; with ``return_attention=True`` also the list of L attention maps
-        [B, heads, T, T], computed by the explicit path for this call only. ``patch_drop``: as in
-        :meth:`forward_features`. The last block runs for the tokens the head reads only (:meth:`readout_rows`)."""
+        """Logits [B, classes] (:meth:`forward_outputs`); with ``return_attention=True`` also the list of L
+        attention maps [B, heads, T, T], computed by the explicit path for this call only."""
         if return_attention:
             out = self.forward_intermediates(x, return_attention=True)
             return self.forward_head(out["features"]), out["attention"]
-        rows = None if graph_capture() and not compiling() else self.readout_rows()
-        return self.forward_head(self._features(x, patch_drop, rows))
+        return self.forward_outputs(x, patch_drop=patch_drop).logits
 
     def forward_intermediates(self, x: torch.Tensor, indices: Union[None, int, Sequence[int]] = None, *,
                               return_attention: bool = False, norm: bool = False, stop_early: bool = False,
