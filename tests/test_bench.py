@@ -19,7 +19,7 @@ from vitkit.bench.runner import run_inference, run_training
 from vitkit.timing import Stats, alternate, rotations
 from vitkit.cli import main
 from vitkit.config import config_from_name
-from vitkit.models import precision
+from vitkit.models import ops
 
 
 def rel_err(a, b):
@@ -126,7 +126,7 @@ def test_gemm_rate_and_roofline_arithmetic():
     assert r.flops_per_s > 0 and r.impl in r.all_rates and r.all_rates[r.impl] == r.flops_per_s
     assert "native" in r.all_rates
     rb = gemm_rate(Gemm("t", 64, 32, 48, groups=2), "bf16", repeats=1)
-    assert set(rb.all_rates) >= {"native"} | ({"fp32_units"} if not precision.cpu_has_native_bf16() else set())
+    assert set(rb.all_rates) >= {"native"} | ({"fp32_units"} if not ops.cpu_has_native_bf16() else set())
     cfg = create_model("Ti/16", depth=1, img_size=32).config
     b = roofline(cfg, 2, "fp32", repeats=1)
     assert b.seconds_per_image == pytest.approx(sum(x.gemm.flops / x.flops_per_s for x in b.rates) / 2)
@@ -170,9 +170,9 @@ def _autocast_run(model, x, t):
 def test_widened_bf16_matches_native_bf16_autocast(tiny_cfg, monkeypatch):
     model = noisy(VisionTransformer(tiny_cfg))
     x, t = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
-    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(ops, "cpu_has_native_bf16", lambda: False)
     widened, gw = _autocast_run(model, x, t)
-    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(ops, "cpu_has_native_bf16", lambda: True)
     native, gn = _autocast_run(model, x, t)
     model.zero_grad()
     out32 = model(x)
@@ -189,22 +189,22 @@ def test_widened_bf16_matches_native_bf16_autocast(tiny_cfg, monkeypatch):
 @pytest.mark.parametrize("gemm", ["aten", "onednn"])
 def test_fp32_path_is_the_plain_module_call(tiny_cfg, gemm):
     """With ATen declared, a dense layer is exactly nn.Linear's call; with oneDNN, the same to rounding."""
-    from vitkit.models.backend import use_backend
+    from vitkit.models.kernel_plan import Measurements, resolve
 
     lin = torch.nn.Linear(8, 4)
     x = torch.randn(3, 8, requires_grad=True)
-    assert not precision.widen_bf16(x)
-    with use_backend(gemm=gemm):
-        y = precision.linear(x, lin.weight, lin.bias)
+    assert not ops.widen_bf16(x)
+    plan = resolve(tiny_cfg, torch.float32, backend=f"gemm={gemm}", measurements=Measurements())
+    y = ops.linear(x, lin.weight, lin.bias, plan.mix_for(torch.float32))
     if gemm == "aten":
-        assert torch.equal(y, lin(x))
+        assert plan.mix_for(torch.float32) is None and torch.equal(y, lin(x))
     else:
         torch.testing.assert_close(y, lin(x), rtol=1e-6, atol=1e-6)
-    if not precision.cpu_has_native_bf16():
-        assert precision.widen_bf16(x.bfloat16())
+    if not ops.cpu_has_native_bf16():
+        assert ops.widen_bf16(x.bfloat16())
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            assert precision.widen_bf16(x)
-            assert precision.linear(x, lin.weight, lin.bias).dtype == torch.bfloat16
+            assert ops.widen_bf16(x)
+            assert ops.linear(x, lin.weight, lin.bias).dtype == torch.bfloat16
 
 
 # --- peers -------------------------------------------------------------------------------------------------
@@ -419,7 +419,7 @@ def test_openvino_peer_runs_vitkits_exported_model(tiny_cfg, precision):
     x = torch.randn(3, 3, 32, 32)
     with torch.inference_mode():
         ref = model(x)
-    from vitkit.models.backend import cpu_has_native_bf16
+    from vitkit.models.ops import cpu_has_native_bf16
     if precision == "bf16" and not cpu_has_native_bf16():
         with pytest.raises(PeerUnavailable, match="bf16"):
             build_peer("openvino", model, precision="bf16")
@@ -543,17 +543,25 @@ def test_performance_doc_quotes_the_committed_json():
             assert res["machine_line"] in doc, f"docs/performance.md lacks the machine line of {kind.name}"
 
 
-def test_a_bench_file_records_the_kernels_its_runs_chose(fresh_cache):
-    """With every field auto and nothing measured yet, the choices are made by the timed calls: bench.json's
-    machine line and vitkit's row record them (read after the timing, not when the model was built)."""
+def test_a_bench_file_records_the_kernel_plan_its_runs_used(fresh_cache):
+    """With every field auto and nothing measured yet, the bench's prepare_inference plans the kernels, timing
+    what is not known: vitkit's row records that plan (every choice and why), the measurement file keeps the
+    timings behind it, and the machine line says which backend was declared."""
     from vitkit.bench import run_bench
-    from vitkit.models import backend
+    from vitkit.models.kernel_plan import Measurements
 
     res = run_bench(["inference"], ["Ti/16"], img_sizes=[32], batches=[2], options=BenchOptions(
         repeats=1, warmup=0, peers=[], roofline=False, overrides={"depth": 1}, log=lambda m: None))
-    made = backend.decisions()
-    assert any(k.startswith("attention float32 inference") for k in made)
     mine = [r for r in res["rows"] if r["library"] == "vitkit"][0]
-    assert mine["engine"]["backend"]["decisions"] == made
-    for what, v in made.items():
-        assert f"{what}: {v['choice']}" in res["machine_line"]
+    plan = mine["engine"]["kernel_plan"]
+    assert mine["engine"]["backend_source"] == "default" and plan["backend"] == "gemm=auto,attention=auto,int8=auto"
+    assert set(plan["gemm"]) == {"float32"} and plan["head_tokens"] == 1  # planned for the dtype benchmarked
+    chosen = {"gemm float32": plan["gemm"]["float32"], "training float32": plan["training"]["float32"],
+              "attention float32": plan["attention"]["float32 inference"],
+              "attention training float32": plan["attention"]["float32 training"]}
+    for what in ("gemm float32", "training float32", "attention float32 inference", "attention float32 training"):
+        assert plan["why"][what].startswith("measured"), what
+    kept = Measurements.load(fresh_cache).entries
+    for what, choice in chosen.items():  # the timing behind each choice, kept for the next process
+        assert [e["choice"] for k, e in kept.items() if k.startswith(what + " width=")] == [choice], what
+    assert "backend gemm=auto,attention=auto,int8=auto" in res["machine_line"]

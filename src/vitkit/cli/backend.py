@@ -14,8 +14,9 @@ def register(sub) -> None:
         Print the declared backend (--backend, $VITKIT_BACKEND, or auto) and the kernel plan a model of --model
         gets on this machine: every choice with its reason (declared, a measurement kept for this machine, or
         the static default where nothing is measured). Without --measure nothing is timed; with --measure every
-        auto choice no measurement covers is timed now on the model's shapes and kept (on a quiet machine) in
-        the measurement file, for every later model, prepare_inference, training run and server here.""")
+        auto choice no measurement covers (or that was timed on a busy machine) is timed now on the model's
+        shapes and kept in the measurement file, for every later model, prepare_inference, training run and
+        server here.""")
     p.add_argument("--model", default="B/16", help="the model whose shapes to plan for (default B/16)")
     p.add_argument("--measure", action="store_true", help="time every auto choice not measured yet (and keep it)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -28,7 +29,7 @@ def run(args) -> int:
     from ..models.kernel_plan import ENV, current, default_cache_path, source
     from ..models.planner import plan
 
-    kp = plan(config_from_name(args.model), measure=args.measure)
+    kp = plan(config_from_name(args.model), measure=args.measure, retime_noisy=args.measure)
     report = {"declared": current().spec, "source": source(), "machine": hardware(), "model": args.model,
               "plan": kp.as_dict(), "cache": str(default_cache_path())}
     if args.json:

@@ -233,12 +233,13 @@ class Measurements:
         entry = self.entries.get(what)
         return entry if isinstance(entry, dict) and entry.get("choice") in allowed else None
 
-    def keep(self, what: str, entry: dict, persist: bool = True) -> None:
-        """Add an entry; with ``persist`` and a file, also to the file (atomically; a read-only place keeps it
-        in memory only)."""
-        self.entries[what] = {**entry, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-        if not persist or self.path is None:
-            return
+    def keep(self, what: str, entry: dict) -> dict:
+        """Add an entry, and to the file where there is one (atomically; a read-only place keeps it in memory
+        only): a later process then reads the same choice, so two processes compute the same numbers. An entry
+        timed on a busy machine says ``"quiet": false``; ``vitkit backend --measure`` times it again."""
+        entry = self.entries[what] = {**entry, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        if self.path is None:
+            return entry
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             try:
@@ -253,6 +254,7 @@ class Measurements:
             os.replace(tmp, self.path)
         except OSError:
             pass
+        return entry
 
 
 # --- the plan -----------------------------------------------------------------------------------------
@@ -324,12 +326,12 @@ def head_tokens_of(config, quantized: bool = False) -> Tuple[Optional[int], str]
 
 def resolve(config, dtype: Union[None, torch.dtype, Sequence[torch.dtype]] = None, device: Union[str, torch.device]
             = "cpu", backend: Union[None, str, Backend] = None, measurements: Optional[Measurements] = None,
-            quantized: bool = False, timer=None) -> KernelPlan:
+            quantized: bool = False, timer=None, retime_noisy: bool = False) -> KernelPlan:
     """The plan for a model of ``config`` on ``device`` in ``dtype`` (default: fp32, and bf16 where the CPU
     multiplies it natively), from the declared ``backend`` (default: the one in force) and ``measurements``
     (default: the cache file). ``timer(kind, config, dtype, key)`` -> entry is called for a choice under
-    ``auto`` that no measurement covers (:func:`vitkit.models.planner.plan` passes one); without it, the
-    static default stands."""
+    ``auto`` that no measurement covers (:func:`vitkit.models.planner.plan` passes one), and with
+    ``retime_noisy`` also for one timed on a busy machine; without a timer, the static default stands."""
     back = Backend.parse(backend) if backend is not None else current()
     dev = torch.device(device).type
     table = measurements if measurements is not None else Measurements.load()
@@ -346,7 +348,8 @@ def resolve(config, dtype: Union[None, torch.dtype, Sequence[torch.dtype]] = Non
                 out[name] = declared if kind == "gemm" or declared == "aten" else MIXES[0]
                 why[f"{kind} {name}"] = "declared"
             else:
-                out[name], why[f"{kind} {name}"] = _measured(table, timer, kind, config, dt, tokens, allowed, default)
+                out[name], why[f"{kind} {name}"] = _measured(table, timer, kind, config, dt, tokens, allowed, default,
+                                                             retime_noisy)
         for grad in (False, True):
             key = f"{name} {'training' if grad else 'inference'}"
             if dev != "cpu":
@@ -356,20 +359,20 @@ def resolve(config, dtype: Union[None, torch.dtype, Sequence[torch.dtype]] = Non
             else:
                 attention[key], why[f"attention {key}"] = _measured(
                     table, timer, "attention training" if grad else "attention", config, dt, tokens,
-                    ("fused", "explicit"), "fused")
+                    ("fused", "explicit"), "fused", retime_noisy)
     int8, why["int8"] = _int8(back, table, timer if quantized else None, config)
     rows, why["head_tokens"] = head_tokens_of(config, quantized)
     return KernelPlan(device=dev, backend=back.spec, gemm=gemm, training=training, attention=attention, int8=int8,
                       head_tokens=rows, chunk_bytes=CHUNK_BYTES if dev == "cpu" else 0, why=why)
 
 
-def _measured(table: Measurements, timer, kind: str, config, dtype, tokens, allowed, default) -> Tuple[str, str]:
+def _measured(table: Measurements, timer, kind: str, config, dtype, tokens, allowed, default,
+              retime_noisy: bool = False) -> Tuple[str, str]:
     images = 16 if "training" in kind else chunk_images(16, tokens, widest_row(config, dtype))
     key = encoder_key(config, dtype, kind, tokens, images)
     entry = table.choice(key, allowed)
-    if entry is None and timer is not None:
-        entry = timer(kind, config, dtype, tokens, images)
-        table.keep(key, entry, persist=entry.pop("keep", True))
+    if timer is not None and (entry is None or (retime_noisy and not entry.get("quiet", True))):
+        entry = table.keep(key, timer(kind, config, dtype, tokens, images))
     if entry is None:
         return default, "static default: nothing measured for this shape"
     return entry["choice"], f"measured {entry.get('date', 'now')}: {entry.get('summary', '')}".rstrip(": ")
@@ -385,8 +388,7 @@ def _int8(back: Backend, table: Measurements, timer, config) -> Tuple[str, str]:
     key = f"int8 engine default={default}"
     entry = table.choice(key, int8_candidates())
     if entry is None and timer is not None:
-        entry = timer("int8", config, torch.float32, 0, 0)
-        table.keep(key, entry, persist=entry.pop("keep", True))
+        entry = table.keep(key, timer("int8", config, torch.float32, 0, 0))
     if entry is None:
         return default, "torch's default engine: nothing measured"
     return entry["choice"], f"measured {entry.get('date', 'now')}: {entry.get('summary', '')}".rstrip(": ")

@@ -13,8 +13,9 @@ baseline by :data:`vitkit.timing.MARGIN` in the median paired round):
   model makes them (forward, + backward in training);
 - ``int8``: a dynamic int8 Linear packed by each quantised engine, against torch's default engine.
 
-A timing is kept in the measurement table (the cache file) only when the machine was quiet
-(:func:`vitkit.timing.quiet`): a later process then reads the same choice and computes the same numbers.
+Every timing is kept in the measurement table (the cache file): a later process reads the same choice and
+computes the same numbers. One taken on a busy machine (:func:`vitkit.timing.quiet`) is marked so, and
+``vitkit backend --measure`` times it again.
 """
 from __future__ import annotations
 
@@ -36,15 +37,17 @@ TRAINING_DEPTH = 1
 
 def plan(config, dtype: Union[None, torch.dtype, Sequence[torch.dtype]] = None, device="cpu",
          backend: Union[None, str, Backend] = None, measurements: Optional[Measurements] = None,
-         quantized: bool = False, measure: bool = True) -> KernelPlan:
-    """:func:`kernel_plan.resolve`, timing now (``measure``) every ``auto`` choice no measurement covers."""
-    return resolve(config, dtype, device, backend, measurements, quantized, time_choice if measure else None)
+         quantized: bool = False, measure: bool = True, retime_noisy: bool = False) -> KernelPlan:
+    """:func:`kernel_plan.resolve`, timing now (``measure``) every ``auto`` choice no measurement covers (and
+    with ``retime_noisy`` every one timed on a busy machine)."""
+    return resolve(config, dtype, device, backend, measurements, quantized, time_choice if measure else None,
+                   retime_noisy)
 
 
 def _entry(timed: Timed, base: str, names: dict) -> dict:
     winner = decide(timed, base)
     summary = ", ".join(f"{base}/{n} {timed.ratio(base, n):.2f}x" for n in timed if n != base)
-    return {"choice": names.get(winner, winner), "summary": f"{summary} (needs >= {MARGIN}x)", "keep": quiet(timed),
+    return {"choice": names.get(winner, winner), "summary": f"{summary} (needs >= {MARGIN}x)", "quiet": quiet(timed),
             "median_s": {n: timed[n].median for n in timed}, "cpu_wait": timed.cpu_wait}
 
 
