@@ -334,7 +334,7 @@ def test_no_kernel_module_keeps_more_than_two_mutable_holders():
                 name = value.func.attr if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) else \
                     value.func.id if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) else "literal"
                 target = getattr(node.targets[0] if isinstance(node, ast.Assign) else node.target, "id", "?")
-                constant = (target.isupper() and not target.startswith("_")) or target.startswith("__")  # tables, __all__
+                constant = (target.isupper() and not target.startswith("_")) or target.startswith("__")
                 if name in ("literal", "ContextVar", "dict", "list", "set", "defaultdict") and not constant:
                     holders.append(f"{f.name}:{target}")
     assert holders == ["kernel_plan.py:_SCOPED", "kernel_plan.py:_PROCESS"], holders

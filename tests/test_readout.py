@@ -12,7 +12,7 @@ from vitkit import VisionTransformer, ViTConfig
 from vitkit.bench.roofline import model_gemms
 from vitkit.config import config_from_name
 from vitkit.models.cost import cost
-from vitkit.models.inference import inference_summary, prepare_inference, quantize_int8_
+from vitkit.models.inference import inference_summary, prepare_inference
 
 BASE = dict(img_size=32, patch_size=8, width=48, depth=3, num_heads=4, mlp_dim=96, num_classes=7)
 CASES = {  # name: (config overrides, rows the head reads)

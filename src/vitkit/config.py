@@ -12,7 +12,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
-from .errors import ConfigError
+from .errors import ConfigError, InputError
 from .fields import coerce_field, describe_type, field_types
 from .variants import (
     HYBRID_MODELS,
@@ -201,6 +201,29 @@ class ViTConfig:
     def num_posemb_tables(self) -> int:
         """How many separate position-embedding tables the model learns."""
         return self.depth if self.posemb_where == "every_layer" else 1
+
+    def check_images(self, shape: Tuple[int, ...]) -> None:
+        """An InputError unless ``shape`` is that of a batch of images [B, C, H, W] this model takes."""
+        if len(shape) != 4:
+            raise InputError(
+                f"expected a batch of images [batch, channels, height, width], got a {len(shape)}-D tensor of "
+                f"shape {tuple(shape)}" + (": add a batch axis with x.unsqueeze(0)" if len(shape) == 3 else ""))
+        if shape[1] != self.in_chans:
+            raise InputError(
+                f"the model takes {self.in_chans}-channel images, got {shape[1]} channels (shape "
+                f"{tuple(shape)}): convert the images (e.g. grayscale to RGB with x.expand(-1, 3, -1, -1)) "
+                f"or build the model with in_chans={shape[1]}")
+        (h, w), (ph, pw) = shape[-2:], self.patch_size
+        if (h % ph or w % pw) and not self.dynamic_img_pad:
+            raise InputError(
+                f"image {h}x{w} is not divisible by patch {ph}x{pw}: resize or crop it to a multiple of "
+                f"{ph}x{pw}, or build the model with dynamic_img_pad=True")
+        if (h, w) != self.img_size and not self.dynamic_img_size:
+            bh, bw = self.img_size
+            raise InputError(
+                f"the model was built for {bh}x{bw} images, got {h}x{w}: resize the input, call "
+                f"model.set_img_size(({h}, {w})) to resize the position embeddings once, or build the model "
+                f"with dynamic_img_size=True to resize them on the fly")
 
     # --- (de)serialisation ----------------------------------------------------
     def replace(self, **overrides: Any) -> "ViTConfig":

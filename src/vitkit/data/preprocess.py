@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from PIL import Image, ImageOps
 
 from ..errors import ConfigError, DataError
+from ..models.meta import AUTHORS_PREPROCESSING
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -335,8 +336,7 @@ PRESETS: Dict[str, Preset] = {p.name: p for p in (
            "torchvision IMAGENET1K_V1: shorter side 256 bilinear (antialiased), centre crop 224, ImageNet mean/std"),
     Preset("torchvision-swag", (384, 384), 384, "shorter", "bicubic", "pil", IMAGENET_MEAN, IMAGENET_STD,
            "torchvision SWAG weights: shorter side to the model size, bicubic, centre crop, ImageNet mean/std"),
-    Preset("authors", (224, 224), None, "squash", "bilinear", "tensor", HALF, HALF,
-           "the paper's code (vit_jax): squash to the model size, TF-style bilinear, (x - 127.5) / 127.5"),
+    Preset(**AUTHORS_PREPROCESSING),
     Preset("hf", (224, 224), None, "squash", "bilinear", "pil", HALF, HALF,
            "Hugging Face ViTImageProcessor: squash to the model size, PIL bilinear, mean = std = 0.5"),
     Preset("timm", (224, 224), 248, "shorter", "bicubic", "pil", HALF, HALF,

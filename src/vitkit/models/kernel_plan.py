@@ -286,6 +286,11 @@ class KernelPlan:
     def attention_for(self, dtype: torch.dtype, grad: bool) -> str:
         return self.attention.get(f"{dtype_name(dtype)} {'training' if grad else 'inference'}", "fused")
 
+    def images_per_chunk(self, batch: int, tokens: int, row_bytes: int, device: torch.device) -> int:
+        """Images per inference chunk on ``device`` (:func:`chunk_images` within the plan's ``chunk_bytes``;
+        off the CPU the whole batch)."""
+        return chunk_images(batch, tokens, row_bytes, self.chunk_bytes if device.type == "cpu" else 0)
+
     def replace(self, **changes: Any) -> "KernelPlan":
         return replace(self, **changes)
 

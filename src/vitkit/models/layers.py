@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError
 from .kernel_plan import STATIC
 from .ops import (
     attention,
@@ -36,30 +36,6 @@ def fast_inference(module: nn.Module) -> bool:
     autocast the training kernels run, so autocast's casting rules hold), not watched by a graph consumer."""
     return (not module.training and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
             and not (torch.cuda.is_available() and torch.is_autocast_enabled("cuda")) and not graph_capture())
-
-
-def check_images(cfg, x: torch.Tensor) -> None:
-    """An InputError unless ``x`` is a batch of images [B, C, H, W] the model of ``cfg`` takes."""
-    if x.ndim != 4:
-        raise InputError(
-            f"expected a batch of images [batch, channels, height, width], got a {x.ndim}-D tensor of "
-            f"shape {tuple(x.shape)}" + (": add a batch axis with x.unsqueeze(0)" if x.ndim == 3 else ""))
-    if x.shape[1] != cfg.in_chans:
-        raise InputError(
-            f"the model takes {cfg.in_chans}-channel images, got {x.shape[1]} channels (shape "
-            f"{tuple(x.shape)}): convert the images (e.g. grayscale to RGB with x.expand(-1, 3, -1, -1)) "
-            f"or build the model with in_chans={x.shape[1]}")
-    (h, w), (ph, pw) = x.shape[-2:], cfg.patch_size
-    if (h % ph or w % pw) and not cfg.dynamic_img_pad:
-        raise InputError(
-            f"image {h}x{w} is not divisible by patch {ph}x{pw}: resize or crop it to a multiple of "
-            f"{ph}x{pw}, or build the model with dynamic_img_pad=True")
-    if (h, w) != cfg.img_size and not cfg.dynamic_img_size:
-        bh, bw = cfg.img_size
-        raise InputError(
-            f"the model was built for {bh}x{bw} images, got {h}x{w}: resize the input, call "
-            f"model.set_img_size(({h}, {w})) to resize the position embeddings once, or build the model "
-            f"with dynamic_img_size=True to resize them on the fly")
 
 
 class PatchEmbed(nn.Module):
@@ -140,19 +116,19 @@ class Attention(nn.Module):
         return merge_heads(out), weights
 
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None, need_weights: bool = False,
-                rows: Optional[int] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                head_tokens: Optional[int] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Tokens [B, T, D] -> (attended tokens [B, T, D], the attention weights [B, heads, T, T] when
-        ``need_weights``, else None). ``rows``: only the first ``rows`` tokens attend (queries), over all T
-        (keys and values): [B, rows, D] out, the same rows as without it (see :meth:`Block.forward`)."""
+        ``need_weights``, else None). ``head_tokens``: only the first ``head_tokens`` tokens attend (queries),
+        over all T (keys and values): [B, head_tokens, D] out, the same as without it (:meth:`Block.forward`)."""
         b, t, d = x.shape
-        if rows is None:
+        if head_tokens is None:
             out, weights = self.mix(_apply(x, self.qkv, self), b, t, bias, need_weights)
         else:
-            q = _apply(x[:, :rows], self.qkv, self, 0, d).view(b, rows, self.num_heads, self.head_dim)
+            q = _apply(x[:, :head_tokens], self.qkv, self, 0, d).view(b, head_tokens, self.num_heads, self.head_dim)
             k, v = split_heads(_apply(x, self.qkv, self, d, 3 * d), b, t, self.num_heads, self.head_dim, 2)
-            out, weights = self.attend(q.transpose(1, 2), k, v, None if bias is None else bias[..., :rows, :],
+            out, weights = self.attend(q.transpose(1, 2), k, v, None if bias is None else bias[..., :head_tokens, :],
                                        need_weights)
-            t = rows
+            t = head_tokens
         return self.proj_drop(_apply(out, self.proj, self)).view(b, t, d), weights
 
 
@@ -212,16 +188,23 @@ def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
     return x * mask.div_(keep)
 
 
-def patch_dropout(x: torch.Tensor, prefix: int, rate: float) -> torch.Tensor:
-    """PatchDropout (Liu et al. 2022) on tokens [B, prefix + N, D]: keep a random ``1 - rate`` of each image's
-    patch tokens (in grid order) and every prefix token. Training only; positions must already be added."""
-    n = x.shape[1] - prefix
-    keep = max(1, int(round(n * (1.0 - rate))))
-    if keep >= n:
-        return x
-    idx = torch.rand(x.shape[0], n, device=x.device).argsort(dim=1)[:, :keep].sort(dim=1).values
-    patches = x[:, prefix:].gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-    return torch.cat([x[:, :prefix], patches], dim=1) if prefix else patches
+class PatchDropout(nn.Module):
+    """PatchDropout (Liu et al. 2022) on tokens [B, prefix + N, D]: in training keep a random ``1 - rate`` of each
+    image's patch tokens (in grid order) and every prefix token; positions must already be added. The rate is
+    the call's (a schedule passes it step by step); evaluation never drops."""
+
+    def __init__(self, prefix: int):
+        super().__init__()
+        self.prefix = prefix
+
+    def forward(self, x: torch.Tensor, rate: float) -> torch.Tensor:
+        n = x.shape[1] - self.prefix
+        keep = max(1, int(round(n * (1.0 - rate))))
+        if not self.training or keep >= n:
+            return x
+        idx = torch.rand(x.shape[0], n, device=x.device).argsort(dim=1)[:, :keep].sort(dim=1).values
+        patches = x[:, self.prefix:].gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        return torch.cat([x[:, :self.prefix], patches], dim=1) if self.prefix else patches
 
 
 def _apply(x: torch.Tensor, lin: nn.Module, owner: nn.Module, start: int = 0, stop: Optional[int] = None
@@ -258,15 +241,15 @@ class Block(nn.Module):
         self.ls2 = LayerScale(width, layer_scale) if layer_scale is not None else None
 
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None, need_weights: bool = False,
-                rows: Optional[int] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                head_tokens: Optional[int] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Eq. 2-3 on tokens [B, T, D] (each residual branch scaled by LayerScale where the block has it);
-        returns (tokens, attention weights or None). ``rows``: the block's output for the first ``rows``
-        tokens only, [B, rows, D] (every token is still a key and value): the last block when only the
+        returns (tokens, attention weights or None). ``head_tokens``: the block's output for the first
+        ``head_tokens`` tokens only, [B, head_tokens, D] (every token is still a key and value): the last block when the
         prefix tokens are read out (the plan's ``head_tokens``), about 84% of a B/16 block's products
         skipped, every row that is computed the same sums."""
-        y, weights = self.attn(self.norm1(x), bias, need_weights, rows)
-        if rows is not None:
-            x = x[:, :rows]
+        y, weights = self.attn(self.norm1(x), bias, need_weights, head_tokens)
+        if head_tokens is not None:
+            x = x[:, :head_tokens]
         if self.ls1 is not None:
             y = self.ls1(y)
         x = x + drop_path(y, self.drop_path, self.training)

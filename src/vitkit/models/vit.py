@@ -2,25 +2,23 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..config import ViTConfig
-from ..errors import InputError
-from .intermediates import check_output_fmt, feature_pyramid, resolve_indices, timm_layout
-from .kernel_plan import Backend, KernelPlan, bind, chunk_images, resolve, widest_row
+from .intermediates import TimmInterface
+from .kernel_plan import Backend, KernelPlan, bind, resolve, widest_row
 from .layers import (
     AttentionPool,
     AxialBlock,
     Block,
+    PatchDropout,
     PatchEmbed,
-    check_images,
     fast_inference,
     lecun_normal_,
-    patch_dropout,
 )
 from .meta import ModelMeta
 from .posemb import (
@@ -46,7 +44,7 @@ class HeadOutputs(NamedTuple):
     heads: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(TimmInterface, nn.Module):
     """ViT: patch embedding, class token, position embeddings, L pre-norm blocks, final LN, head.
 
     The descendants are the same class with config fields set: register tokens (``reg_tokens``), a
@@ -95,6 +93,7 @@ class VisionTransformer(nn.Module):
         elif cfg.posemb == "sincos2d":
             self.register_buffer("pos_embed_fixed", sincos_table(gh_gw, d, cfg.num_posemb_prefix), persistent=False)
         self.pos_drop = nn.Dropout(cfg.dropout)
+        self.patch_dropout = PatchDropout(cfg.num_prefix_tokens)
         self.norm_pre = nn.LayerNorm(d, eps=cfg.ln_eps) if cfg.norm_pre else None  # CLIP's ln_pre
 
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # linear stochastic depth
@@ -244,7 +243,7 @@ class VisionTransformer(nn.Module):
     # --- forward pieces ----------------------------------------------------------
     def embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
         """Eq. 1 without positions: [B, C, H, W] -> tokens [B, prefix + N, D] and the patch grid."""
-        check_images(self.config, x)
+        self.config.check_images(x.shape)
         x = self.patch_embed(x)
         grid = (x.shape[-2], x.shape[-1])
         return self.add_prefix_tokens(x.flatten(2).transpose(1, 2)), grid
@@ -257,7 +256,8 @@ class VisionTransformer(nn.Module):
         return torch.cat(prefix + [patches], dim=1) if prefix else patches
 
     def _run_blocks(self, x: torch.Tensor, grid: Grid, keep: Sequence[int] = (), need_weights: bool = False,
-                    stop_after: Optional[int] = None, patch_drop: float = 0.0, rows: Optional[int] = None
+                    stop_after: Optional[int] = None, patch_drop: float = 0.0,
+                    head_tokens: Optional[int] = None
                     ) -> Tuple[torch.Tensor, Dict[int, torch.Tensor], Dict[int, torch.Tensor]]:
         cfg = self.config
         pe = self.position_embedding(grid)
@@ -268,7 +268,7 @@ class VisionTransformer(nn.Module):
             x = x + pe
         x = self.pos_drop(x)
         if patch_drop and self.training:
-            x = patch_dropout(x, cfg.num_prefix_tokens, patch_drop)
+            x = self.patch_dropout(x, patch_drop)
         if self.norm_pre is not None:
             x = self.norm_pre(x)
         biases = None
@@ -282,7 +282,7 @@ class VisionTransformer(nn.Module):
             if pe is not None and every:
                 x = x + pe[i if pe.shape[0] > 1 else 0]
             bias = None if biases is None else biases[i if len(biases) > 1 else 0]
-            last = {"rows": rows} if rows is not None and i == len(self.blocks) - 1 else {}
+            last = {"head_tokens": head_tokens} if head_tokens is not None and i == len(self.blocks) - 1 else {}
             x, w = (checkpoint(blk, x, bias, use_reentrant=False, **axial, **last) if ckpt
                     else blk(x, bias, need_weights and i in keep, **axial, **last))
             if i in keep:
@@ -300,18 +300,18 @@ class VisionTransformer(nn.Module):
         training (a schedule passes it step by step); None: ``config.patch_drop``. Evaluation never drops."""
         return self._features(x, patch_drop)
 
-    def _features(self, x: torch.Tensor, patch_drop: Optional[float] = None, rows: Optional[int] = None):
-        """:meth:`forward_features`, the last block for the first ``rows`` tokens only (None: all)."""
+    def _features(self, x: torch.Tensor, patch_drop: Optional[float] = None, head_tokens: Optional[int] = None):
+        """:meth:`forward_features`, the last block for the first ``head_tokens`` tokens only (None: all)."""
         if fast_inference(self):  # whole images in chunks (CPU) that keep each block's temporaries in reused memory
             x, grid = self.embed(x)
-            budget = self.kernel_plan.chunk_bytes if x.device.type == "cpu" else 0
-            per = chunk_images(x.shape[0], x.shape[1], widest_row(self.config, x.dtype), budget)
+            per = self.kernel_plan.images_per_chunk(x.shape[0], x.shape[1], widest_row(self.config, x.dtype), x.device)
             if per < x.shape[0]:
-                return torch.cat([self.norm(self._run_blocks(c, grid, rows=rows)[0]) for c in x.split(per)])
-            return self.norm(self._run_blocks(x, grid, rows=rows)[0])
+                return torch.cat([self.norm(self._run_blocks(c, grid, head_tokens=head_tokens)[0])
+                                  for c in x.split(per)])
+            return self.norm(self._run_blocks(x, grid, head_tokens=head_tokens)[0])
         x, grid = self.embed(x)
         rate = self.config.patch_drop if patch_drop is None else float(patch_drop)
-        x, _, _ = self._run_blocks(x, grid, patch_drop=rate, rows=rows)
+        x, _, _ = self._run_blocks(x, grid, patch_drop=rate, head_tokens=head_tokens)
         return self.norm(x)
 
     def forward_tokens(self, tokens: torch.Tensor, grid: Grid) -> torch.Tensor:
@@ -364,77 +364,9 @@ class VisionTransformer(nn.Module):
         """Logits [B, classes] (:meth:`forward_outputs`); with ``return_attention=True`` also the list of L
         attention maps [B, heads, T, T], computed by the explicit path for this call only."""
         if return_attention:
-            out = self.forward_intermediates(x, return_attention=True)
+            out = self.forward_intermediates(x, output_fmt="dict", return_attention=True)
             return self.forward_head(out["features"]), out["attention"]
         return self.forward_outputs(x, patch_drop=patch_drop).logits
-
-    def forward_intermediates(self, x: torch.Tensor, indices: Union[None, int, Sequence[int]] = None, *,
-                              return_attention: bool = False, norm: bool = False, stop_early: bool = False,
-                              output_fmt: Optional[str] = None, return_prefix_tokens: bool = False,
-                              intermediates_only: bool = False) -> Any:
-        """Outputs of chosen blocks (and their attention maps), keyed by name.
-
-        ``indices``: None for every block, an int n for the last n, or a list
-        (negative indices count from the end). Returns a dict with
-        ``indices``, ``intermediates`` (tokens after each chosen block, final
-        LN applied if ``norm``), ``attention`` (maps [B, heads, T, T] of the
-        chosen blocks, when asked), ``grid`` and ``features`` (final normed
-        tokens; None when ``stop_early`` stops after the last chosen block).
-
-        With ``output_fmt`` ("NCHW" or "NLC") the return value is timm's instead: ``(features,
-        intermediates)``, or the intermediates alone with ``intermediates_only``; each intermediate is the
-        patch tokens as a map [B, D, rows, cols] (NCHW) or [B, N, D] (NLC), paired with its prefix tokens
-        [B, prefix, D] (class, registers) as ``(map, prefix)`` when ``return_prefix_tokens``.
-        """
-        check_output_fmt(output_fmt)
-        idx = resolve_indices(indices, len(self.blocks))
-        tokens, grid = self.embed(x)
-        last = max(idx) if stop_early or intermediates_only else None
-        tokens, saved, maps = self._run_blocks(tokens, grid, idx, return_attention, last)
-        inter = [self.norm(saved[i]) if norm else saved[i] for i in idx]
-        feats = None if last is not None and last < len(self.blocks) - 1 else self.norm(tokens)
-        if output_fmt is not None:
-            out = timm_layout(inter, grid, self.config.num_prefix_tokens, output_fmt, return_prefix_tokens)
-            return out if intermediates_only else (feats, out)
-        out = {"indices": idx, "intermediates": inter, "grid": grid, "features": feats}
-        if return_attention:
-            out["attention"] = [maps[i] for i in idx]
-        return out
-
-    def forward_feature_maps(self, x: torch.Tensor, indices: Union[int, Sequence[int]] = 4,
-                             scales: Optional[Sequence[float]] = None, norm: bool = False) -> List[torch.Tensor]:
-        """Feature maps for dense tasks (timm's ``features_only``): the patch tokens of the chosen blocks
-        (default: the last 4) as maps [B, D, rows, cols], all at the patch stride. ``scales`` makes them a
-        pyramid, one scale per map (e.g. ``(4, 2, 1, 0.5)``: strides P/4 ... 2P, as ViTDet's simple feature
-        pyramid but without parameters): up by bilinear interpolation, down by average pooling."""
-        maps = self.forward_intermediates(x, indices, norm=norm, output_fmt="NCHW", intermediates_only=True)
-        return maps if scales is None else feature_pyramid(maps, scales)
-
-    def feature_info(self, indices: Union[int, Sequence[int]] = 4) -> List[Dict[str, Any]]:
-        """timm-style description of :meth:`forward_feature_maps`: the block, channels and stride of each map."""
-        stride = self.config.pixel_patch_size[0]
-        return [{"module": f"blocks.{i}", "num_chs": self.config.width, "reduction": stride}
-                for i in resolve_indices(indices, len(self.blocks))]
-
-    def reset_classifier(self, num_classes: int) -> "VisionTransformer":
-        """A new zero-initialised head (the paper's fine-tuning head) for ``num_classes`` classes (0: none);
-        the old class names no longer apply and are dropped."""
-        if num_classes < 0:
-            raise InputError(f"num_classes must be 0 or more, got {num_classes}")
-        cfg = self.config = self.config.replace(num_classes=num_classes)
-        ref = next(self.parameters())
-        def zero_head(n_in: int) -> nn.Module:
-            if not num_classes:
-                return nn.Identity()
-            lin = nn.Linear(n_in, num_classes, device=ref.device, dtype=ref.dtype)
-            nn.init.zeros_(lin.weight)
-            nn.init.zeros_(lin.bias)
-            return lin
-        self.head = zero_head(cfg.representation_size or cfg.width)
-        if self.head_dist is not None or (cfg.distill_token and cfg.distill_head):
-            self.head_dist = zero_head(cfg.width) if num_classes else None
-        self.meta.labels = None
-        return self
 
     # --- bookkeeping ------------------------------------------------------------------
     def num_params(self, trainable_only: bool = False) -> int:
