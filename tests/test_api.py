@@ -92,8 +92,10 @@ def test_classify_transform_and_reset_classifier(small, images):
     assert loaded(x[None]).shape == (1, 7) and torch.count_nonzero(loaded.head.weight) == 0
     loaded.reset_classifier(0)
     assert loaded(x[None]).shape == (1, 192)
-    with pytest.raises(ValueError, match="pass a preset"):
-        vitkit.create_transform(vitkit.create_model("Ti/16", img_size=32, depth=1))
+    fresh = vitkit.create_model("Ti/16", img_size=32, depth=1)  # no preprocessing came with it: the default, said
+    with pytest.warns(vitkit.errors.VitkitWarning, match="no preprocessing.*default"):
+        tf = vitkit.create_transform(fresh)
+    assert tf.name == "authors" and tf.size == (32, 32) and fresh.pretrained_cfg["default_preprocessing"]
 
 
 def test_list_models_pattern():

@@ -12,6 +12,7 @@ from _weights import randomize
 from vitkit.checkpoints import load_weights, save_model
 from vitkit.cli import main
 from vitkit.data.preprocess import ImageError, Preset, find_images, get_preset, load_image
+from vitkit.errors import VitkitWarning
 from vitkit.predict import classify
 
 skimage_data = pytest.importorskip("skimage.data")
@@ -145,9 +146,9 @@ def test_predict_errors(checkpoint, photos, tmp_path):
     model = load_weights(checkpoint)
     with pytest.raises(ValueError, match="topk"):
         list(classify(model, [photos / "chelsea.png"], topk=0))
-    model.meta.preprocessing = None
-    with pytest.raises(ValueError, match="pass a preset"):
-        list(classify(model, [photos / "chelsea.png"]))
+    model.meta.preprocessing = None  # weights that said nothing: the default pipeline, with a warning
+    with pytest.warns(VitkitWarning, match="no preprocessing"):
+        assert len(list(classify(model, [photos / "chelsea.png"], progress=False))) == 1
     with pytest.raises(FileNotFoundError):
         find_images([tmp_path / "nowhere"])
 

@@ -94,6 +94,7 @@ class Backend:
         return "auto" not in asdict(self).values()
 
     def replace(self, **changes: str) -> "Backend":
+        """A copy with the given fields (gemm, attention, int8) set."""
         return replace(self, **changes)
 
     def pinned(self) -> "Backend":
@@ -277,13 +278,17 @@ class KernelPlan:
     why: Mapping[str, str] = field(default_factory=dict)
 
     def gemm_for(self, dtype: torch.dtype) -> str:
+        """The inference GEMM library for ``dtype`` products (``aten`` where the plan has no entry)."""
         return self.gemm.get(dtype_name(dtype), "aten")
 
     def mix_for(self, dtype: torch.dtype) -> Optional[Tuple[str, str, str]]:
+        """The libraries of a training step's (forward, grad_input, grad_weight) products in ``dtype``; None:
+        ``F.linear``."""
         mix = self.training.get(dtype_name(dtype), "aten")
         return None if mix == "aten" else tuple(mix.split("/"))  # type: ignore[return-value]
 
     def attention_for(self, dtype: torch.dtype, grad: bool) -> str:
+        """The attention path for ``dtype`` in training (``grad``) or inference (``fused`` where none is set)."""
         return self.attention.get(f"{dtype_name(dtype)} {'training' if grad else 'inference'}", "fused")
 
     def images_per_chunk(self, batch: int, tokens: int, row_bytes: int, device: torch.device) -> int:
@@ -292,6 +297,7 @@ class KernelPlan:
         return chunk_images(batch, tokens, row_bytes, self.chunk_bytes if device.type == "cpu" else 0)
 
     def replace(self, **changes: Any) -> "KernelPlan":
+        """A copy with the given fields changed."""
         return replace(self, **changes)
 
     def as_dict(self) -> Dict[str, Any]:

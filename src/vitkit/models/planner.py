@@ -26,6 +26,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import nn
 
+from ..errors import ConfigError
 from ..timing import MARGIN, ROUNDS, Timed, alternate, decide, quiet
 from .kernel_plan import MIXES, Backend, KernelPlan, Measurements, bind, resolve
 from .layers import Block
@@ -65,7 +66,7 @@ def time_choice(kind: str, config, dtype: torch.dtype, tokens: int, images: int)
         if kind == "int8":
             default = torch.backends.quantized.engine
             return _entry(_time_int8(config), default, {})
-    raise ValueError(f"unknown kernel choice {kind!r}")
+    raise ConfigError(f"unknown kernel choice {kind!r}: one of gemm, training, attention, attention training, int8")
 
 
 def _blocks(config, depth: int, train: bool):

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -34,7 +35,8 @@ from .resnet import HybridEmbed
 Grid = Tuple[int, int]
 
 
-class HeadOutputs(NamedTuple):
+@dataclass(frozen=True)
+class HeadOutputs:
     """What the head makes of the last block: ``logits`` (what ``forward`` returns), the pooled pre-logits
     ``features`` [B, D], and for a model with a distillation head the pair (class logits, distillation
     logits) as ``heads`` (None otherwise)."""
