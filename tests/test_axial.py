@@ -23,10 +23,10 @@ def test_axial_shapes_and_intermediates():
     m = VisionTransformer(cfg).eval()
     x = torch.randn(3, 1, 8, 12)
     assert m(x).shape == (3, 3)
-    out = m.forward_intermediates(x)
+    out = m.forward_intermediates(x, output_fmt="dict")
     assert [t.shape for t in out["intermediates"]] == [(3, 6, 8)] * 2 and out["grid"] == (2, 3)
     with pytest.raises(ValueError, match="no \\[tokens, tokens\\] attention"):
-        m.forward_intermediates(x, return_attention=True)
+        m.forward_intermediates(x, output_fmt="dict", return_attention=True)
 
 
 def test_axial_block_is_row_blocks_then_column_blocks():

@@ -16,10 +16,10 @@ from vitkit.bench.peers import PeerUnavailable, build_peer, parse_peers
 from vitkit.bench.report import plot_figure12, rows_table
 from vitkit.bench.roofline import Gemm, gemm_rate, model_gemms, roofline
 from vitkit.bench.runner import run_inference, run_training
-from vitkit.timing import Stats, alternate, rotations
 from vitkit.cli import main
 from vitkit.config import config_from_name
 from vitkit.models import ops
+from vitkit.timing import Stats, alternate, rotations
 
 
 def rel_err(a, b):
@@ -359,6 +359,10 @@ def test_peers_without_patch_dropout_are_refused_not_mismatched(tiny_cfg):
 
 
 def test_cpu_kernel_benchmark_runs_and_reports_every_shape(tmp_path):
+    """benchmarks/cpu_kernels.py times every row through vitkit.models.ops and reports the choice of the kernel
+    plan a model of that shape gets: GEMMs declared ATen here (so the B/16 plan needs no block timing and the
+    MLP's GELU runs separately), each attention shape's path timed by the planner (auto)."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -366,28 +370,40 @@ def test_cpu_kernel_benchmark_runs_and_reports_every_shape(tmp_path):
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_kernels.py"
     out = subprocess.run([sys.executable, str(script), "--threads", "1", "--seconds", "0.001", "--repeats", "1",
                           "--skip", "gemm", "chunks", "--readout-model", "Ti/16", "--out", str(tmp_path / "k.json")],
-                         capture_output=True, text=True, check=True, timeout=300).stdout
+                         capture_output=True, text=True, check=True, timeout=300,
+                         env={**os.environ, "VITKIT_BACKEND": "gemm=aten"}).stdout
     lines = [x for x in out.splitlines() if "x the other" in x or "x the next best" in x]
-    from vitkit.models import kernels, precision
-    gelu = sum(kernels.onednn_ok(d) for d in (torch.float32, torch.bfloat16))  # fc1 + GELU, per dtype
+    gelu = sum(ops.onednn_ok(d) for d in (torch.float32, torch.bfloat16))  # fc1 + GELU, per dtype
     # attention: 6 shapes x fp32/bf16 x training/inference; patch embedding: 5 shapes x training/inference;
-    # the read-out rows in fp32 and bf16
+    # the head's tokens in fp32 and bf16
     assert len(lines) == 24 + 10 + gelu + 2 and sum("vitkit: separate" in x for x in lines) == gelu
-    readout = json.loads((tmp_path / "k.json").read_text())["readout"]
+    data = json.loads((tmp_path / "k.json").read_text())
+    readout = data["readout"]
     assert [r["rows"] for r in readout] == [1, 1] and readout[0]["max_abs_diff"] < 1e-4
     attention = [x for x in lines if "tokens" in x]
     assert len(attention) == 24 and all(" widened " in x for x in attention if "bfloat16" in x)  # 3 paths in bf16
     explicit = [x for x in attention if "vitkit: explicit" in x]
     widened = [x for x in attention if "vitkit: widened" in x]
-    if precision.cpu_has_native_bf16():  # each shape's path measured (auto): fused or explicit, never widened
+    if ops.cpu_has_native_bf16():  # each shape's path measured (auto): fused or explicit, never widened
         assert not widened
     else:  # no bf16 GEMMs: bf16 attention on the fp32 units, by whichever path the measurement chose
         assert all("bfloat16" in x for x in widened)
     assert sum("vitkit: fused" in x for x in attention) == 24 - len(explicit) - len(widened)
     assert sum("vitkit: gemm" in x for x in lines) == 2 * 5
-    data = json.loads((tmp_path / "k.json").read_text())
+    assert data["backend"] == "gemm=aten,attention=auto,int8=auto"
+    for row in data["attention"]:  # each row's choice is its plan's, timed for that shape
+        b, h, t, d = row["shape"]
+        dt = row["dtype"][6:]
+        plan = data["plans"][f"attention heads={h} tokens={t} dim={d} {dt}"]
+        for mode, grad in (("train", "training"), ("inference", "inference")):
+            path = plan["attention"][f"{dt} {grad}"]
+            assert plan["why"][f"attention {dt} {grad}"].startswith("measured")
+            assert row[mode]["vitkit"] == ("widened" if path == "fused" and dt == "bfloat16"
+                                           and not ops.cpu_has_native_bf16() else path)
     assert len(data["attention"]) == 12 and len(data["patches"]) == 5 and "machine" in data["machine_line"]
     assert len(data.get("gelu", [])) == gelu and all(r["max_abs_diff"] < 0.1 for r in data.get("gelu", []))
+    assert all(r["vitkit"] == "separate" and data["plans"][f"B/16 {r['dtype'][6:]}"]["gemm"][r["dtype"][6:]] == "aten"
+               for r in data.get("gelu", []))
     # training GEMMs: 4 shapes x (forward, grad_input, grad_weight) per dtype oneDNN runs, and the layer with
     # each product on its winner wherever oneDNN won one
     products = [x for x in out.splitlines() if "ATen's speed" in x]

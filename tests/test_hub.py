@@ -19,7 +19,7 @@ import vitkit
 from _http_server import COMMIT, FileServer
 from _weights import randomize
 from vitkit.checkpoints import save_weights
-from vitkit.models import backend
+from vitkit.models import kernel_plan as backend
 
 pytest.importorskip("huggingface_hub")
 SRC = str(Path(vitkit.__file__).resolve().parents[1])

@@ -137,6 +137,9 @@ def test_chunk_size_keeps_the_largest_temporary_within_the_byte_cap_in_even_chun
     assert resolve(tiny_cfg, device=torch.device("cpu"), measurements=Measurements()).chunk_bytes == CHUNK_BYTES
     assert resolve(tiny_cfg, device="cuda", measurements=Measurements()).chunk_bytes == 0
     assert resolve(tiny_cfg, device="cuda:0", measurements=Measurements()).chunk_bytes == 0
+    cpu_plan = resolve(tiny_cfg, measurements=Measurements())
+    assert cpu_plan.images_per_chunk(64, 197, row, torch.device("cpu")) == 13
+    assert cpu_plan.images_per_chunk(64, 197, row, torch.device("cuda")) == 64  # off the CPU: the whole batch
 
 
 def test_bf16_inference_is_native_where_the_cpu_has_it_and_widened_elsewhere(tiny_cfg, monkeypatch):

@@ -6,7 +6,7 @@ import vitkit
 from _weights import randomize_head
 from vitkit import VisionTransformer, create_model
 from vitkit.models.kernel_plan import use_backend
-from vitkit.models.layers import patch_dropout
+from vitkit.models.layers import PatchDropout
 
 POSEMB_VARIANTS = [
     dict(posemb="none"), dict(posemb="learn"), dict(posemb="learn2d"), dict(posemb="relative"),
@@ -155,10 +155,10 @@ def test_position_every_layer_variants_are_used_per_block(tiny_cfg):
     assert shared.pos_embed.shape == (1, 65, 64)
     # changing table 1 changes only what block 1 sees
     x = torch.randn(1, 3, 32, 32)
-    before = every.forward_intermediates(x, [0, 1])["intermediates"]
+    before = every.forward_intermediates(x, [0, 1], output_fmt="dict")["intermediates"]
     with torch.no_grad():
         every.pos_embed[1].add_(1.0)
-    after = every.forward_intermediates(x, [0, 1])["intermediates"]
+    after = every.forward_intermediates(x, [0, 1], output_fmt="dict")["intermediates"]
     torch.testing.assert_close(before[0], after[0])
     assert not torch.allclose(before[1], after[1])
 
@@ -190,7 +190,8 @@ def test_patch_dropout_keeps_a_sorted_random_subset_in_training_only(tiny_cfg, c
     model = VisionTransformer(cfg)
     prefix, n = cfg.num_prefix_tokens, cfg.num_patches  # 64 patches of an 8x8 grid
     x = torch.arange(4 * (prefix + n), dtype=torch.float32).view(4, prefix + n, 1).expand(-1, -1, 64)
-    out = patch_dropout(x, prefix, cfg.patch_drop)
+    out = PatchDropout(prefix).train()(x, cfg.patch_drop)
+    assert torch.equal(PatchDropout(prefix).eval()(x, cfg.patch_drop), x)  # evaluation never drops
     assert out.shape == (4, prefix + 16, 64)
     assert torch.equal(out[:, :prefix], x[:, :prefix])
     kept = out[:, prefix:, 0]
@@ -232,14 +233,14 @@ def test_gradient_checkpointing_gives_same_gradients(tiny_cfg):
 def test_forward_intermediates(tiny_cfg):
     model = VisionTransformer(tiny_cfg.replace(depth=4)).eval()
     x = torch.randn(2, 3, 32, 32)
-    out = model.forward_intermediates(x, [1, -1], norm=True, return_attention=True)
+    out = model.forward_intermediates(x, [1, -1], norm=True, output_fmt="dict", return_attention=True)
     assert out["indices"] == [1, 3] and out["grid"] == (8, 8)
     torch.testing.assert_close(out["intermediates"][1], out["features"])
     torch.testing.assert_close(out["features"], model.forward_features(x))
     assert len(out["attention"]) == 2
-    last2 = model.forward_intermediates(x, 2)
+    last2 = model.forward_intermediates(x, 2, output_fmt="dict")
     assert last2["indices"] == [2, 3]
-    early = model.forward_intermediates(x, [0], stop_early=True)
+    early = model.forward_intermediates(x, [0], stop_early=True, output_fmt="dict")
     assert early["features"] is None and early["intermediates"][0].shape == (2, 65, 64)
     with pytest.raises(ValueError, match="out of range"):
         model.forward_intermediates(x, [7])
@@ -609,11 +610,11 @@ def test_inference_path_equals_training_path(tiny_cfg, variant):
         model = model.to(dtype)
         x = torch.randn(batch, cfg.in_chans, *size, dtype=dtype, generator=torch.Generator().manual_seed(1))
         ref = model(x)  # autograd on: the training path
-        ref_inter = model.forward_intermediates(x, norm=True)
+        ref_inter = model.forward_intermediates(x, norm=True, output_fmt="dict")
         assert ref.requires_grad
         with torch.inference_mode():
             out = model(x)
-            inter = model.forward_intermediates(x, norm=True)
+            inter = model.forward_intermediates(x, norm=True, output_fmt="dict")
         scale = ref.abs().max().item() + 1e-3
         torch.testing.assert_close(out, ref.detach(), rtol=tol, atol=tol * scale)
         for a, b in zip(inter["intermediates"], ref_inter["intermediates"]):

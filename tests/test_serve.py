@@ -115,7 +115,7 @@ def test_embed_explain_model_and_probes(server, ckpt, photo):
     info = httpx.get(server.url + "/v1/model").json()
     assert info["labels"] == LABELS and info["has_classifier"] and info["preprocessing"]["name"] == "torchvision"
     assert info["engine"]["name"] == "torch" and info["dtype"] == "fp32" and info["format"] == "vitkit"
-    assert info["config"]["width"] == 64 and info["kernels"]["dtype"] == "float32" and "gemm" in info["kernels"]
+    assert info["config"]["width"] == 64 and info["kernels"]["dtype"] == "float32" and "kernel_plan" in info["kernels"]
     assert info["options"]["token_required"] is False and "token" not in info["options"]
     assert httpx.get(server.url + "/healthz").json() == {"status": "alive"}
     assert httpx.get(server.url + "/readyz").status_code == 200
