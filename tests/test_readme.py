@@ -37,12 +37,28 @@ def test_no_tracker_references_in_readme_changelog_or_docs():
     assert TRACKER.search("as issue 19 asked") and TRACKER.search("the issue asked for a page")
 
 
-def test_relative_links_point_into_the_tree():
-    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README)
+def _anchors(doc: Path):
+    """GitHub's anchors of a markdown file's headings: lower case, punctuation dropped, spaces as hyphens."""
+    heads = re.findall(r"^#+ (.+)$", doc.read_text(), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+@pytest.mark.parametrize("doc", ["README.md", "CONTRIBUTING.md", "docs/results.md", "docs/performance.md",
+                                 "docs/performance-results.md"])
+def test_relative_links_point_into_the_tree(doc):
+    path = ROOT / doc
+    links = re.findall(r"\]\(([^)\s]+)\)", path.read_text())
     local = [link for link in links if not re.match(r"[a-z]+://", link)]
-    assert len(local) > 10
-    missing = [link for link in local if not (ROOT / link).exists()]
-    assert not missing, f"README links to paths that are not in the tree: {missing}"
+    bad = []
+    for link in local:
+        target, _, anchor = link.partition("#")
+        file = (path.parent / target).resolve() if target else path
+        if not file.exists():
+            bad.append(link)
+        elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+            bad.append(link)
+    assert not bad, f"{doc} links to paths or headings that are not in the tree: {bad}"
+    assert doc != "README.md" or len(local) > 10
 
 
 def test_demo_closing_lines_are_what_train_prints_for_the_measured_run(tmp_path, monkeypatch, capsys):
