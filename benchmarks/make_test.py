@@ -4,6 +4,7 @@ closing lines); writes benchmarks/results/make-test.json, which the README quote
     python3 benchmarks/make_test.py                      # du -s of the environments in this checkout
     python3 benchmarks/make_test.py --root /path/to/checkout --out /tmp/make-test.json
     python3 benchmarks/make_test.py --run                # time `make test` whole first (then measure its disk)
+    python3 benchmarks/make_test.py --root A --root B    # each environment from the first root that has it
 
 The environments are those the Makefile builds: .venv (core + test extras), .venv-peers (timm, torchvision),
 .venv-core (the core alone) and one .venv-extra-NAME per extra in the Makefile's EXTRAS. Each is measured with
@@ -76,15 +77,23 @@ def run_make_test(root: Path) -> Dict[str, object]:
             "wall_min": round(wall / 60, 1), "closing_lines": tail}
 
 
-def measure(root: Path, run: Optional[Dict[str, object]] = None) -> Dict[str, object]:
-    names = environments(root)
-    present = [n for n in names if (root / n).is_dir()]
-    sizes = [{"name": n, "kib": du_kib([root / n])} for n in present]
+def torch_build(env: Path) -> Optional[str]:
+    """The torch version installed in ``env`` (its dist-info), if any: the CPU and CUDA builds differ in size."""
+    found = sorted(env.glob("lib/python*/site-packages/torch-*.dist-info"))
+    return found[0].name[len("torch-"):-len(".dist-info")] if found else None
+
+
+def measure(roots: List[Path], run: Optional[Dict[str, object]] = None) -> Dict[str, object]:
+    names = environments(roots[0])
+    where = {n: next((r / n for r in roots if (r / n).is_dir()), None) for n in names}
+    present = [n for n in names if where[n] is not None]
+    sizes = [{"name": n, "root": str(where[n].parent), "kib": du_kib([where[n]]), "torch": torch_build(where[n])}
+             for n in present]
     for env in sizes:
         env["gib"] = round(env["kib"] / 2 ** 20, 2)
-    total = du_kib([root / n for n in present]) if present else 0
+    total = du_kib([where[n] for n in present]) if present else 0
     apt = apt_kib()
-    res = {"command": "python3 benchmarks/make_test.py" + ("" if root == ROOT else f" --root {root}"),
+    res = {"command": "python3 benchmarks/make_test.py" + "".join(f" --root {r}" for r in roots if r != ROOT),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "environments": sizes, "missing": [n for n in names if n not in present],
            "n_environments": len(present), "environments_total_kib": total,
@@ -98,13 +107,14 @@ def measure(root: Path, run: Optional[Dict[str, object]] = None) -> Dict[str, ob
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--root", type=Path, default=ROOT, help="the checkout whose environments are measured")
+    ap.add_argument("--root", type=Path, action="append", help="a checkout whose environments are measured "
+                    "(repeatable: each environment from the first that has it; default: this checkout)")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--run", action="store_true", help="run and time `make test` in ROOT first")
     args = ap.parse_args(argv)
-    root = args.root.resolve()
-    run = run_make_test(root) if args.run else None
-    res = measure(root, run)
+    roots = [r.resolve() for r in args.root or [ROOT]]
+    run = run_make_test(roots[0]) if args.run else None
+    res = measure(roots, run)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(res, indent=2) + "\n")

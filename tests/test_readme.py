@@ -79,6 +79,15 @@ def test_demo_closing_lines_are_what_train_prints_for_the_measured_run(tmp_path,
     assert capsys.readouterr().out == shown
 
 
+def test_the_commands_listed_are_the_cli_s():
+    out = subprocess.run([sys.executable, "-m", "vitkit", "--help"], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}).stdout
+    block = out.split("  COMMAND\n", 1)[1].split("\noptions:", 1)[0]
+    commands = re.findall(r"^    (\S+)", block, flags=re.M)
+    listed = re.findall(r"`([a-z0-9-]+)`", README.split("`vitkit --help` lists the commands (", 1)[1].split(")", 1)[0])
+    assert len(commands) > 15 and listed == commands
+
+
 def test_info_block_is_what_vitkit_info_prints():
     shown = README.split("`vitkit info B/16` prints:", 1)[1].split("```\n", 1)[1].split("```", 1)[0]
     out = subprocess.run([sys.executable, "-m", "vitkit", "info", "B/16"], capture_output=True, text=True,
