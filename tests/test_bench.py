@@ -537,7 +537,7 @@ def test_the_roofline_target_reads_the_eager_run():
 
 
 def test_performance_doc_quotes_the_committed_json():
-    """Every verdict line that the committed results give appears word for word in docs/performance.md,
+    """Every verdict line that the committed results give appears word for word in docs/performance-results.md,
     and every machine-kind folder quoted there exists: the docs cannot drift from the JSON."""
     import sys
     from pathlib import Path
@@ -546,7 +546,7 @@ def test_performance_doc_quotes_the_committed_json():
     sys.path.insert(0, str(root / "benchmarks"))
     from verdict import check
 
-    doc = (root / "docs" / "performance.md").read_text()
+    doc = (root / "docs" / "performance-results.md").read_text()
     kinds = [d for d in (root / "benchmarks" / "results").iterdir() if d.is_dir() and list(d.glob("*/bench.json"))]
     assert kinds, "no committed benchmark results"
     for kind in kinds:
@@ -554,9 +554,9 @@ def test_performance_doc_quotes_the_committed_json():
         lines = [x for x in check(results, kind=kind.name) if "not measured" not in x]
         assert lines
         for line in lines:
-            assert line in doc, f"docs/performance.md does not quote: {line}"
+            assert line in doc, f"docs/performance-results.md does not quote: {line}"
         for res in results:
-            assert res["machine_line"] in doc, f"docs/performance.md lacks the machine line of {kind.name}"
+            assert res["machine_line"] in doc, f"docs/performance-results.md lacks the machine line of {kind.name}"
 
 
 def test_a_bench_file_records_the_kernel_plan_its_runs_used(fresh_cache):

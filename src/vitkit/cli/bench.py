@@ -13,11 +13,12 @@ WHAT = ("inference", "latency", "train", "memory", "roofline")
 
 def register(sub) -> None:
     p = add_command(sub, "bench", help="""
-        throughput, latency, training steps, peak memory and GEMM roofline, against timm / HF / torchvision in the
-        same run""", description="""
-        Benchmark vitkit against timm, Hugging Face transformers (sdpa) and torchvision: the same configuration
-        and weights, the same input and threads, repeats alternated; medians and spread, ratios vitkit / best
-        peer, fraction of the GEMM roofline (GPU: MFU). Peers that are not installed are skipped with a note.""")
+        throughput, latency, training steps, peak memory and GEMM roofline, against timm / HF / torchvision /
+        ONNX Runtime / OpenVINO in the same run""", description="""
+        Benchmark vitkit against timm, Hugging Face transformers (sdpa) and torchvision, and its own model
+        exported to ONNX Runtime and OpenVINO (inference only): the same configuration and weights, the same
+        input and threads, repeats alternated; medians and spread, ratios vitkit / best peer, fraction of the
+        GEMM roofline (GPU: MFU). Peers that are not installed are skipped with a note.""")
     p.add_argument("models", nargs="+", metavar="MODEL",
                    help="model names (B/16, S/16, vit_base_patch16_224, ...) or recipe:NAME (a training recipe's "
                         "model, e.g. recipe:fmnist-fast)")
@@ -38,7 +39,7 @@ def register(sub) -> None:
     p.add_argument("--compile-mode", default=None,
                    help="torch.compile mode, e.g. reduce-overhead (CUDA graphs) or max-autotune")
     p.add_argument("--peers", nargs="+", default=["all"], metavar="LIB",
-                   help="timm hf torchvision onnxruntime, 'all' (default) or 'none'")
+                   help="timm hf torchvision onnxruntime openvino, 'all' (default) or 'none'")
     p.add_argument("--peer-bf16", choices=("weights", "autocast"), default="weights",
                    help="how peers run bf16: bf16 weights (model.to(bfloat16), default) or fp32 weights + autocast")
     p.add_argument("--vitkit-module", action="store_true",
