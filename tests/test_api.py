@@ -59,7 +59,7 @@ def test_create_model_with_weights_by_url_and_pretrained_names(small, tmp_path, 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     with FileServer() as server:
         server.files["/w/tiny.pth"] = data
-        m = vitkit.create_model("Ti/16", weights=server.url + "/w/tiny.pth", num_classes=5)
+        m = vitkit.create_model("Ti/16", weights=server.url + "/w/tiny.pth", num_classes=5, depth=1)
     assert m.config.num_classes == 5 and torch.count_nonzero(m.head.weight) == 0
     torch.testing.assert_close(m.blocks[0].attn.qkv.weight, model.blocks[0].attn.qkv.weight)
     assert (tmp_path / "torch" / "hub" / "checkpoints" / "tiny.pth").is_file()
@@ -151,6 +151,29 @@ def test_written_files_honour_the_umask(tmp_path):
         finally:
             os.umask(old)
         assert stat.S_IMODE((tmp_path / f"a{mask}.txt").stat().st_mode) == mode
+
+
+def test_exclusive_locks_across_processes(tmp_path):
+    """utils.exclusive (filelock): another process cannot take a held lock (wait=False: BusyError at once),
+    nor can a second lock on the same file in this process; released at the end of the block."""
+    import subprocess
+    import sys
+
+    from vitkit.errors import BusyError
+    from vitkit.utils import exclusive
+    lock = tmp_path / "sub" / "x.lock"  # the folder is made
+    probe = ("import sys; from vitkit.utils import exclusive; from vitkit.errors import BusyError\n"
+             "try:\n    with exclusive(sys.argv[1], wait=False): print('got')\n"
+             "except BusyError as e: print('busy', e)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = lambda: subprocess.run([sys.executable, "-c", probe, str(lock)], capture_output=True, text=True,  # noqa: E731
+                                 env=env, timeout=120).stdout.strip()
+    with exclusive(lock):
+        assert run() == f"busy {lock} is held by another process"
+        with pytest.raises(BusyError, match="taken"):
+            with exclusive(lock, wait=False, busy="taken"):
+                pass
+    assert run() == "got"
 
 
 def test_eval_shows_progress_on_stderr(tmp_path, capsys):
