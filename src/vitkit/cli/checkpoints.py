@@ -150,7 +150,7 @@ def _predict(args) -> int:
     if not args.json:
         where = f", from {model.meta.source}" if model.meta.source != args.weights else ""
         print(f"{args.weights} ({model.meta.format}{where}): input {pre.size[1]}x{pre.size[0]}; "
-              f"preprocessing: {pre.description or pre.name}")
+              f"preprocessing: {pre.describe()}")
     return _report_predictions(args, iter_classify(model, files, topk=args.topk, batch_size=args.batch_size,
                                                    preset=pre, save_crop=args.save_crop,
                                                    progress=not args.no_progress), many)
