@@ -220,7 +220,7 @@ class Preset:
         how = self.interpolation + (" (antialiased)" if self.backend == "pil" and self.interpolation != "nearest"
                                     else " (tensor, no antialias)" if self.backend == "tensor" else "")
         if self.resize_mode == "squash":
-            steps = f"resize to {crop} {how}"
+            steps = f"resize to {h}x{w} {how}"
         elif self.resize_mode == "shorter":
             steps = f"shorter side {self.resize} {how}, centre crop {crop}"
         else:
