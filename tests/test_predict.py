@@ -165,3 +165,14 @@ def test_single_channel_model_gets_luma(photos):
         ref = model(x[None]).softmax(-1)[0]
     for t in pred.top:
         assert abs(ref[t["index"]].item() - t["prob"]) < 2e-3  # PIL rounds L to integers; we keep fractions
+
+
+def test_predict_at_another_size_describes_what_runs(photos, checkpoint, capsys):
+    """The printed preprocessing is the one that runs at --img-size (the declared 64 px preset at 96 px:
+    shorter side floor(96 / (64/73)) = 109, centre crop 96), also in each row's geometry."""
+    assert main(["predict", str(photos / "chelsea.png"), "-w", str(checkpoint), "--img-size", "96"]) == 0
+    out = capsys.readouterr().out
+    head = out.splitlines()[0]
+    assert "input 96x96; preprocessing: torchvision IMAGENET1K_V1: shorter side 109 bilinear (antialiased), " \
+           "centre crop 96, ImageNet mean/std" in head
+    assert "crop 96x96" in out and "73" not in head and "64" not in head

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 AUTHORS_PREPROCESSING: Dict[str, Any] = {
     "name": "authors", "size": (224, 224), "resize": None, "resize_mode": "squash", "interpolation": "bilinear",
     "backend": "tensor", "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5),
-    "description": "the paper's code (vit_jax): squash to the model size, TF-style bilinear, (x - 127.5) / 127.5"}
+    "description": "the paper's code (vit_jax, TF-style resize)"}
 
 
 @dataclass

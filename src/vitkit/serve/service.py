@@ -117,7 +117,11 @@ class Service:
         """One batch: the engine's logits and features for every image, the rollout for the explain ones."""
         from ..predict import normalized
 
-        x = normalized(self.pre, torch.stack([d.crop for _, d in items]), self.gray)
+        crops = [d for _, d in items]
+        if any(d.normalised for d in crops):  # v2 tensors (the client's preprocessing) beside uploaded images
+            x = torch.stack([d.crop if d.normalised else normalized(self.pre, d.crop, self.gray) for d in crops])
+        else:
+            x = normalized(self.pre, torch.stack([d.crop for d in crops]), self.gray)
         logits, feats = self.engine.run(x)
         out = [{"logits": logits[i], "features": feats[i]} for i in range(len(items))]
         explain = [i for i, (kind, _) in enumerate(items) if kind == "explain"]
@@ -220,6 +224,56 @@ class Service:
                 "timing_ms": {"decode": round(decode_s * 1e3, 3), "queue": round(queue * 1e3, 3),
                               "compute": round(compute * 1e3, 3),
                               "total": round((time.perf_counter() - t_start) * 1e3, 3)}}
+
+    # --- the Open Inference Protocol (v2) ------------------------------------------------------------------
+    def v2_outputs(self) -> Dict[str, List[int]]:
+        """The outputs a v2 request may ask for, with their shapes (-1: the batch)."""
+        cfg = self.config
+        out = {"features": [-1, cfg.representation_size or cfg.width]}
+        if self.has_classifier:
+            out = {"logits": [-1, cfg.num_classes], "probabilities": [-1, cfg.num_classes], **out}
+        return out
+
+    def check_v2_outputs(self, names: Sequence[str]) -> None:
+        missing = [n for n in names if n not in self.v2_outputs()]
+        if missing:
+            self.check_classifier(f"the output {missing[0]!r}")
+
+    def v2_metadata(self) -> Dict[str, Any]:
+        """GET /v2/models/{id}: the inputs (FP32 pixels preprocessed as /v1/model says, or BYTES images) and
+        the outputs, with their datatypes and shapes (-1: any batch size)."""
+        c, (h, w) = self.config.in_chans, self.config.img_size
+        engine = self.engine.name if self.engine is not None else self.options.engine
+        return {"name": self.model_id, "versions": [], "platform": f"vitkit_{engine}",
+                "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [-1, c, h, w]},
+                           {"name": "images", "datatype": "BYTES", "shape": [-1]}],
+                "outputs": [{"name": n, "datatype": "FP32", "shape": shape} for n, shape in self.v2_outputs().items()]}
+
+    def tensor_items(self, name: str, pixels: np.ndarray) -> List[Decoded]:
+        """A v2 FP32 input [N, C, H, W] as batch items (already the model's input: not normalised again)."""
+        n, _, h, w = pixels.shape
+        x = torch.from_numpy(np.ascontiguousarray(pixels))
+        return [Decoded(f"{name[:40]}[{i}]", x[i], "tensor", w, h, "preprocessed by the client", normalised=True)
+                for i in range(n)]
+
+    def answer_v2(self, request_id: Optional[str], names: Sequence[str], done: List[Done]) -> Dict[str, Any]:
+        """The v2 response: each output asked for (default: logits and probabilities of a classifier, the
+        features of a feature extractor) as FP32 [N, ...], data flat in row-major order."""
+        names = list(names) or (["logits", "probabilities"] if self.has_classifier else ["features"])
+        logits = torch.from_numpy(np.stack([np.asarray(r.output["logits"], np.float32) for r in done]))
+        if self.has_classifier and not torch.isfinite(logits).all():
+            raise Fault(500, "not_finite", "the model's output is not finite (NaN or Inf): its weights hold "
+                        "non-finite values or overflow")
+        values = {"logits": logits, "probabilities": logits.softmax(dim=-1),
+                  "features": torch.from_numpy(np.stack([np.asarray(r.output["features"], np.float32) for r in done]))}
+        out = {"model_name": self.model_id, "outputs": [
+            {"name": n, "datatype": "FP32", "shape": list(values[n].shape), "data": values[n].reshape(-1).tolist()}
+            for n in names],
+            "parameters": {"engine": self.engine.name, "dtype": self.engine.dtype,
+                           "batches": sorted({r.batch.id for r in done})}}
+        if request_id is not None:
+            out["id"] = request_id
+        return out
 
     def model_info(self) -> Dict[str, Any]:
         from .. import __version__

@@ -83,5 +83,4 @@ def eval_preprocessing(dc: DataConfig, config: ViTConfig, in_memory: bool, load_
     return {"name": f"vitkit-train:{(dc.dataset or 'data').split(':')[0]}", "size": list(config.img_size),
             "resize": None if in_memory else load_size, "resize_mode": "squash" if in_memory else "shorter",
             "interpolation": "bilinear", "backend": "tensor" if in_memory else "pil", "mean": mean, "std": std,
-            "description": "as trained by vitkit (" + ("resize to the model size" if in_memory else
-                                                       f"shorter side {load_size}, centre crop") + ")"}
+            "description": "as trained by vitkit"}
