@@ -557,3 +557,11 @@ def test_a_bench_file_records_the_kernels_its_runs_chose(fresh_cache):
     assert mine["engine"]["backend"]["decisions"] == made
     for what, v in made.items():
         assert f"{what}: {v['choice']}" in res["machine_line"]
+
+
+def test_bench_help_names_every_peer(capsys):
+    """The help says what --peers takes: every peer bench knows (OpenVINO too), from the one list."""
+    from vitkit.bench import PEERS
+    main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert PEERS[-1] == "openvino" and all(p in text for p in PEERS) and "OpenVINO" in text
