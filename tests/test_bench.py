@@ -581,3 +581,11 @@ def test_a_bench_file_records_the_kernel_plan_its_runs_used(fresh_cache):
     for what, choice in chosen.items():  # the timing behind each choice, kept for the next process
         assert [e["choice"] for k, e in kept.items() if k.startswith(what + " width=")] == [choice], what
     assert "backend gemm=auto,attention=auto,int8=auto" in res["machine_line"]
+
+
+def test_bench_help_names_every_peer(capsys):
+    """The help says what --peers takes: every peer bench knows (OpenVINO too), from the one list."""
+    from vitkit.bench import PEERS
+    main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert PEERS[-1] == "openvino" and all(p in text for p in PEERS) and "OpenVINO" in text

@@ -71,6 +71,9 @@ def test_health_and_metadata(server):
                               {"name": "images", "datatype": "BYTES", "shape": [-1]}]
     assert {o["name"]: o["shape"] for o in meta["outputs"]} == {"logits": [-1, 5], "probabilities": [-1, 5],
                                                                 "features": [-1, 64]}
+    unknown = httpx.get(server.url + "/v2/nothing")  # an unknown path under /v2 answers in the protocol's form too
+    assert unknown.status_code == 404 and unknown.json() == {"error": "not_found: no such path: /v2/nothing "
+                                                                      "(see /openapi.json)"}
     missing = httpx.get(server.url + "/v2/models/other")
     assert missing.status_code == 404 and list(missing.json()) == ["error"]
     assert missing.json()["error"].startswith("model_not_found:") and "'tiny'" in missing.json()["error"]

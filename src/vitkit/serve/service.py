@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..variants import architecture
 from .batching import Batcher, Done, QueueFull
 from .faults import ClientGone, Fault
 from .images import BadImage, Decoded, decode, overlay_png
@@ -22,6 +23,18 @@ from .metrics import Metrics
 from .options import ServeOptions
 
 log = logging.getLogger("vitkit.serve")
+
+
+def default_model_id(source: Optional[str], name: Optional[str] = None) -> str:
+    """The name a model is served under without ``--model-id``: the recipe of the training run that wrote the
+    folder (``RUN/model`` -> ``fmnist-demo``), else the config's ``name`` (``B/16``), else the file or folder
+    name."""
+    from ..checkpoints.push import training_run
+
+    path = Path(str(source or "model"))
+    run = training_run(path) if path.is_dir() else None
+    recipe = run["results"].get("recipe") if run else None
+    return str(recipe or name or path.name)
 
 
 class Service:
@@ -42,7 +55,7 @@ class Service:
         self.gray = self.config.in_chans == 1
         self.labels = list(self.meta.labels) if self.meta.labels else None
         self.has_classifier = self.config.num_classes > 0
-        self.model_id = self.options.model_id or self.config.name or Path(str(self.meta.source or "model")).name
+        self.model_id = self.options.model_id or default_model_id(self.meta.source, self.config.name)
         self.engine = None
         self.engine_report: Dict[str, Any] = {}
         self.explain_error: Optional[str] = None
@@ -279,11 +292,13 @@ class Service:
         from .. import __version__
 
         cfg = self.config
-        return {"id": self.model_id, "name": cfg.name, "format": self.meta.format, "source": self.meta.source,
+        return {"id": self.model_id, "title": f"{self.model_id} · {architecture(cfg)}", "name": cfg.name,
+                "format": self.meta.format, "source": self.meta.source,
                 "notes": list(self.meta.notes), "num_classes": cfg.num_classes,
                 "has_classifier": self.has_classifier, "labels": self.labels,
                 "input": {"height": cfg.img_size[0], "width": cfg.img_size[1], "channels": cfg.in_chans},
-                "preprocessing": self.pre.to_dict(), "config": cfg.to_dict(),
+                "preprocessing": self.pre.to_dict(), "preprocessing_summary": self.pre.describe(),
+                "config": cfg.to_dict(),
                 "engine": self.engine.info() if self.engine is not None else None,
                 "dtype": self.options.dtype, "engine_selection": self.engine_report,
                 "kernels": self.kernels, "ready": self.ready,
