@@ -34,7 +34,7 @@ def finish_classification(tr: Any, wall: float) -> Dict[str, Any]:
                                "stopped_by": "steps" if tr.step >= tr.total_steps else "time budget",
                                "train_wall_s": round(wall, 1), "params": unwrap(tr.model).num_params(),
                                "processes": d.world, "device": str(tr.device),
-                               "train_images": len(tr.train_data)}
+                               "train_images": len(tr.train_data), "eval_split": tr.eval_split}
     results["backend"] = backend_record()  # the kernels the run declared and the choices it made
     models = dict(tr.candidates())  # the EMA copy is filled once (collective under FSDP)
     val = None
