@@ -108,8 +108,9 @@ def test_hf_towers_both_ways(tmp_path, cls, form):
                 "CLIPVisionModel": "openai/clip-vit-base-patch16",
                 "CLIPVisionModelWithProjection": "openai/clip-vit-base-patch16",
                 "SiglipVisionModel": "google/siglip-base-patch16-224"}[cls]
+        mlp = 256 if cls.startswith("Dinov2") else 128  # Dinov2Config: mlp_ratio 4, not intermediate_size
         ours = vitkit.create_model(name, weights=tmp_path / "ref" / "model.safetensors", width=64, depth=2,
-                                   mlp_dim=128, num_heads=4, patch_size=14)
+                                   mlp_dim=mlp, num_heads=4, patch_size=14)
     x = torch.randn(2, 3, 56, 56)
     with torch.no_grad():
         o = ref(pixel_values=x)

@@ -34,7 +34,7 @@ def finish_classification(tr: Any, wall: float) -> Dict[str, Any]:
                                "stopped_by": "steps" if tr.step >= tr.total_steps else "time budget",
                                "train_wall_s": round(wall, 1), "params": unwrap(tr.model).num_params(),
                                "processes": d.world, "device": str(tr.device),
-                               "train_images": len(tr.train_data)}
+                               "train_images": len(tr.train_data), "eval_split": tr.eval_split}
     # the kernels the run declared and the plan its model ran (this run's, not the process's)
     results["backend"] = {"declared": r.train.backend, "source": backend_source(),
                           "kernel_plan": unwrap(tr.model).kernel_plan.as_dict()}

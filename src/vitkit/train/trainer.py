@@ -126,6 +126,7 @@ class Trainer:
         data = open_run_data(self.recipe, given)
         self.classes, self.load_size = data.classes, data.load_size
         self.train_data, self.val_data, self.test_data = data.train, data.val, data.test
+        self.eval_split = data.eval_split
 
     def _build_model(self) -> None:
         r, t = self.recipe, self.recipe.train
