@@ -47,23 +47,14 @@ class Checkpoint:
                 + "".join(f", {k}={v}" for k, v in variant_fields(c).items()))
 
 
-class HeadsUnknown(CheckpointError):
-    """The weights do not store their head count and their width is not a standard size's."""
-
-    def __init__(self, message: str, width: int) -> None:
-        super().__init__(message)
-        self.width = width
-
-
 def guess_num_heads(width: int) -> int:
-    """Heads are not stored in torchvision/timm/OpenCLIP weights: those of the standard size (Table 1, Ti, S)
-    with this width; any other width raises :class:`HeadsUnknown` (a guess could build a wrong model)."""
+    """Heads are not stored in torchvision/timm weights: the standard size with this width, else 64-dim heads."""
     for dims in SIZES.values():
         if dims["width"] == width:
             return dims["num_heads"]
-    known = ", ".join(f"{d['width']} ({d['num_heads']} heads)" for d in SIZES.values())
-    raise HeadsUnknown(f"the weights do not store their number of heads and width {width} is not a standard "
-                       f"size's ({known}): pass num_heads= (--num-heads), or the model's name", width)
+    if width % 64 == 0:
+        return width // 64
+    raise CheckpointError(f"cannot guess the number of heads for width {width}: pass num_heads=")
 
 
 def square_grid(n: int) -> Optional[int]:

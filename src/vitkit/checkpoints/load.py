@@ -20,7 +20,7 @@ from ..models.adapt import adapt_state_dict, check_state_dict
 from ..models.meta import ModelMeta
 from ..utils import PathLike
 from . import native
-from .base import Checkpoint, HeadsUnknown
+from .base import Checkpoint
 from .detect import detect_layout
 from .download import check_sha256
 from .files import NPZ, read_json, read_tensors
@@ -169,32 +169,18 @@ def load_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike]
     - ``strict``: missing, unexpected or mis-shaped keys raise, listed by name.
     - ``model_name``: the model the weights are for (``vit_base_patch16_clip_quickgelu_224``, a timm or
       Hub name): its config supplies what the keys cannot say (GELU flavour, LayerNorm epsilon, heads,
-      position-table resize); a part or an architecture (width, depth, MLP, patch) the weights and the name
-      disagree on raises, naming both (:mod:`vitkit.checkpoints.named`). Without a name the architecture
-      is read from the weights; heads a file does not store come from the standard size of its width, and
-      a width of no standard size needs ``num_heads``.
+      position-table resize); a part the weights and the name disagree on raises, naming both
+      (:mod:`vitkit.checkpoints.named`).
 
     Returns the model in eval mode, its :class:`~vitkit.models.meta.ModelMeta` (``model.meta``: labels,
     preprocessing for its resolution, format, source, notes) filled; with ``return_state=True`` returns
     ``(state_dict, config)`` instead.
     """
-    if num_heads is None and model is not None:
-        num_heads = model.config.num_heads
-    given = dict(overrides, **({"num_heads": num_heads} if num_heads else {}))  # the fields beside a name
-    read = dict(file=file, cache_dir=cache_dir, check_hash=check_hash, offline=offline, progress=progress)
-    try:
-        ckpt = read_weights(name_or_path, num_heads=num_heads, **read)
-    except HeadsUnknown as err:
-        if model_name is None:
-            raise
-        from .named import name_config  # a width of no standard size: the name's heads
-        cfg = name_config(model_name, given)
-        same = cfg.width == err.width  # else 1 head, only to read the shapes the name's check then refuses
-        ckpt = read_weights(name_or_path, num_heads=cfg.num_heads if same else 1, **read)
-        ckpt.notes.append(f"{cfg.num_heads} heads from the model name {model_name!r} (the weights do not store them)")
+    ckpt = read_weights(name_or_path, file=file, num_heads=num_heads, cache_dir=cache_dir, check_hash=check_hash,
+                        offline=offline, progress=progress)
     if model_name is not None:
         from .named import name_fields
-        overrides = {**name_fields(model_name, ckpt, given), **overrides}
+        overrides = {**name_fields(model_name, ckpt), **overrides}
     return build(ckpt, model=model, img_size=img_size, num_classes=num_classes, labels=labels,
                  representation_size=representation_size, head=head, resize=resize, strict=strict,
                  return_state=return_state, **overrides)
@@ -233,8 +219,6 @@ def build(ckpt: Checkpoint, *, model: Optional[VisionTransformer] = None, img_si
     src = ckpt.config
     if model is not None:
         target = model.config
-        from .named import check_architecture
-        check_architecture(src, target, f"{ckpt.source or 'the weights'} ({ckpt.format} layout)", "the model")
     else:
         fields: Dict[str, Any] = dict(overrides)
         if img_size is not None:
