@@ -113,8 +113,7 @@ def test_bytes_input_gives_eager_logits_with_the_models_preprocessing(server, mo
     assert _rel(_output(r.json(), "logits"), want) < 1e-3
 
 
-def test_v1_and_v2_requests_share_one_batch(server):
-    """The same batcher: a v2 request (2 tensors) and a /v1 request (1 image) sent together run in one batch."""
+def _send_together(server):
     answers = {}
     x = torch.randn(2, 3, 32, 32)
     v2 = threading.Thread(target=lambda: answers.setdefault("v2", _infer(server.url, [_tensor(x)])))
@@ -125,7 +124,19 @@ def test_v1_and_v2_requests_share_one_batch(server):
     v2.join(60)
     v1.join(60)
     batch = answers["v1"].json()["results"][0]["batch"]
-    assert answers["v2"].json()["parameters"]["batches"] == [batch["id"]] and batch["size"] == 3
+    return answers["v2"].json()["parameters"]["batches"], batch
+
+
+def test_v1_and_v2_requests_share_one_batch(server):
+    """The same batcher: a v2 request (2 tensors) and a /v1 request (1 image) sent together run in one batch.
+    Sent together means within the batcher's wait; on a loaded machine one try can miss it, so up to 3 tries
+    (each answer is checked: a request never runs in a batch it does not report)."""
+    for _ in range(3):
+        v2_batches, batch = _send_together(server)
+        assert len(v2_batches) >= 1 and batch["size"] >= 1
+        if v2_batches == [batch["id"]] and batch["size"] == 3:
+            return
+    raise AssertionError(f"3 tries and the two requests never shared a batch: last {v2_batches} vs {batch}")
 
 
 HOSTILE = [  # (what, request body or (content, headers), status, error code)
