@@ -142,7 +142,7 @@ def test_chunk_size_keeps_the_largest_temporary_within_the_byte_cap_in_even_chun
     assert cpu_plan.images_per_chunk(64, 197, row, torch.device("cuda")) == 64  # off the CPU: the whole batch
 
 
-def test_bf16_inference_is_native_where_the_cpu_has_it_and_widened_elsewhere(tiny_cfg, monkeypatch):
+def test_bf16_inference_is_native_where_the_cpu_has_it_and_widened_elsewhere(tiny_cfg, monkeypatch, fresh_cache):
     model = noisy(VisionTransformer(tiny_cfg))
     x = torch.randn(4, 3, 32, 32)
     with torch.no_grad():
@@ -405,7 +405,7 @@ def test_the_gemm_library_is_chosen_beyond_the_noise_once_per_shape_dtype_and_ma
     assert Measurements.load(fresh_cache).entries[key]["quiet"] is True
 
 
-def test_the_planner_times_every_contender_of_each_choice(tiny_cfg):
+def test_the_planner_times_every_contender_of_each_choice(tiny_cfg, fresh_cache):
     """planner.time_choice times every contender on the model's shape and chooses by the noise rule;
     planner.plan times what the table lacks and keeps it, so a second plan from the table times nothing."""
     if not ops.onednn_ok(torch.float32):
