@@ -59,7 +59,7 @@ def cifar(root: PathLike, split: str = "train", which: Optional[int] = None) -> 
         raise InputError(f"CIFAR comes as 10 or 100 classes, got {which}")
     missing = [str(f) for f in files + [meta_file] if not f.is_file()]
     if missing:
-        raise FileNotFoundError(
+        raise NotFoundError(
             f"CIFAR-{which} python batches not found: missing {', '.join(missing)}. Download "
             f"cifar-{which}-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html, extract it and pass "
             f"the folder (cifar-10-batches-py or cifar-100-python)")
@@ -116,7 +116,7 @@ def image_folder(root: PathLike, split: Optional[str] = None, *, load_size: int 
                  "for no test split (--set data.eval_split=...)")
     found = sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not found:
-        raise FileNotFoundError(f"{folder} has no class sub-folders: expected {folder}/<class>/*.jpg")
+        raise NotFoundError(f"{folder} has no class sub-folders: expected {folder}/<class>/*.jpg")
     classes = list(classes) if classes is not None else found
     unknown = sorted(set(found) - set(classes))
     if unknown:

@@ -7,7 +7,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import DataError, InputError
+from ..errors import DataError, InputError, NotFoundError
 from ..utils import PathLike
 
 _DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
@@ -58,7 +58,7 @@ def find_idx_dataset(root: Optional[PathLike] = None, defaults: Sequence[str] = 
         if all(_find(folder, stem) for pair in _FILES.values() for stem in pair):
             return folder
     where = ", ".join(str(c) for c in candidates)
-    raise FileNotFoundError(
+    raise NotFoundError(
         f"{name} IDX files (train-images-idx3-ubyte[.gz] and the other three) not found in {where}. "
         f"Get them with `sudo apt-get install dataset-fashion-mnist` (Debian/Ubuntu; installs to "
         f"/usr/share/datasets/fashion-mnist) or download them from "
