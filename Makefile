@@ -46,16 +46,23 @@ venv-test: $(VENV)/.installed-test
 lint: venv-test
 	$(BIN)/ruff check src tests benchmarks
 
-# Fashion-MNIST from Debian's package when it is missing and we are root; fails (with how to get it) when it
-# cannot provide the data, so the tests that need it never skip for want of it.
-data:
+# Fashion-MNIST: Debian's /usr/share/datasets/fashion-mnist when it is there; otherwise `vitkit data fetch
+# fashion-mnist` downloads the four files from Zalando's server (FMNIST_URL: another base URL, a mirror) into the
+# user's data folder ($$VITKIT_DATA_DIR, else ~/.cache/vitkit/data/fashion-mnist), each checked against its
+# SHA-256; no root needed, and files already there are checked, not fetched again. When that fails and we
+# are root, Debian's dataset-fashion-mnist package is tried. Fails (with what to do) when nothing provides
+# the data, so the tests that need it never skip for want of it.
+FMNIST_URL ?=
+data: venv
 	@if [ -f $(FMNIST)/train-images-idx3-ubyte.gz ]; then :; \
+	elif $(BIN)/vitkit data fetch fashion-mnist $(if $(FMNIST_URL),--base-url '$(FMNIST_URL)'); then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "make data: trying Debian's dataset-fashion-mnist package instead" >&2; \
 	  (apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
 	   (apt-get update -qq >/dev/null && apt-get install -y -qq dataset-fashion-mnist >/dev/null)) && \
 	  [ -f $(FMNIST)/train-images-idx3-ubyte.gz ] && echo "installed Fashion-MNIST into $(FMNIST)" || \
 	  { echo "could not install Fashion-MNIST (apt-get install dataset-fashion-mnist failed)" >&2; exit 1; }; \
-	else echo "Fashion-MNIST is not in $(FMNIST): run 'sudo apt-get install dataset-fashion-mnist'" >&2; exit 1; fi
+	else exit 1; fi
 
 # Chromium and its driver for the browser test of `vitkit serve`'s page (tests/test_serve_browser.py), from
 # Debian's packages when they are missing and we are root: about 30 s the first time (26-33 s measured, with
