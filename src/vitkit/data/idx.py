@@ -77,7 +77,9 @@ def find_idx_dataset(root: Optional[PathLike] = None, defaults: Optional[Sequenc
         if all(_find(folder, stem) for pair in IDX_FILES.values() for stem in pair):
             return folder
     where = ", ".join(str(c) for c in candidates)
-    if name == "Fashion-MNIST":
+    if name == "Fashion-MNIST" and root is not None:
+        fix = f"run `vitkit data fetch fashion-mnist --dir {root}` (no root needed), or pass the folder that holds them"
+    elif name == "Fashion-MNIST":
         fix = (f"run `vitkit data fetch fashion-mnist` (downloads them into {data_home() / 'fashion-mnist'}, "
                f"no root needed), or `sudo apt-get install dataset-fashion-mnist` (Debian/Ubuntu), or pass the "
                f"folder that holds them (--data fashion-mnist:DIR)")
