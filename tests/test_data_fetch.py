@@ -21,6 +21,7 @@ from vitkit.data.idx import DEBIAN_FASHION_MNIST, data_home, fashion_mnist_dirs
 from vitkit.errors import DataError, NotFoundError
 
 NAMES = list(FASHION_MNIST_SHA256)
+FETCH = ["data", "fetch", "fashion-mnist", "--no-progress", "--timeout", "5"]  # the command, network waits bounded
 
 
 def idx_gz(arr: np.ndarray) -> bytes:
@@ -82,7 +83,7 @@ def test_fetch_downloads_checks_and_the_finder_uses_it(server, dataset, home, mo
     with pytest.raises(NotFoundError, match="vitkit data fetch fashion-mnist"):
         find_idx_dataset(defaults=[home / "fashion-mnist"])
     t0 = time.monotonic()
-    assert main(["data", "fetch", "fashion-mnist", "--base-url", server.url + "/fmnist", "--no-progress"]) == 0
+    assert main(FETCH + ["--base-url", server.url + "/fmnist"]) == 0
     assert time.monotonic() - t0 < 20
     folder = home / "fashion-mnist"
     assert capsys.readouterr().out.strip() == (f"Fashion-MNIST: 4 files in {folder}, SHA-256 checked; train with "
@@ -96,7 +97,7 @@ def test_fetch_downloads_checks_and_the_finder_uses_it(server, dataset, home, mo
     np.testing.assert_array_equal(labels, arrays["t10k-labels-idx1-ubyte.gz"])
     assert len(fashion_mnist("train")) == 6
     n = len(server.log)
-    assert main(["data", "fetch", "fashion-mnist", "--base-url", server.url + "/fmnist", "--no-progress"]) == 0
+    assert main(FETCH + ["--base-url", server.url + "/fmnist"]) == 0
     assert len(server.log) == n  # already there and checked: nothing fetched again
 
 
@@ -108,12 +109,12 @@ def test_a_corrupted_file_is_refused_and_never_kept(server, dataset, tmp_path, c
     dest = tmp_path / "out"
     with pytest.raises(DataError, match=r"SHA-256 [0-9a-f]{16}\.\.\. does not match the published "
                                         + digests["t10k-images-idx3-ubyte.gz"][:16]):
-        fetch_fashion_mnist(dest, base_url=server.url + "/fmnist", sha256=digests, progress=False, retries=0)
+        fetch_fashion_mnist(dest, base_url=server.url + "/fmnist", sha256=digests, progress=False, retries=0,
+                            timeout=5)
     assert "t10k-images-idx3-ubyte.gz" not in real_names(dest)
     assert not list(dest.glob("*.part"))
     # the command: one line on stderr, exit code 1 (with the published checksums, every served file is wrong)
-    code = main(["data", "fetch", "fashion-mnist", "--dir", str(tmp_path / "cli"), "--base-url",
-                 server.url + "/fmnist", "--no-progress", "--retries", "0"])
+    code = main(FETCH + ["--dir", str(tmp_path / "cli"), "--base-url", server.url + "/fmnist", "--retries", "0"])
     err = capsys.readouterr().err.strip()
     assert code == 1 and len(err.splitlines()) == 1
     assert err.startswith("vitkit data: error: ") and "does not match the published" in err
@@ -121,7 +122,7 @@ def test_a_corrupted_file_is_refused_and_never_kept(server, dataset, tmp_path, c
     # a file in the folder that does not match: named, with the fix, and left alone
     (dest / "train-images-idx3-ubyte.gz").write_bytes(b"not the file")
     with pytest.raises(DataError, match="delete .*train-images-idx3-ubyte.gz and fetch again"):
-        fetch_fashion_mnist(dest, base_url=server.url + "/fmnist", sha256=digests, progress=False)
+        fetch_fashion_mnist(dest, base_url=server.url + "/fmnist", sha256=digests, progress=False, timeout=5)
 
 
 def test_http_404_names_the_url_and_where_to_save_the_file(server, dataset, tmp_path, capsys):
@@ -129,7 +130,8 @@ def test_http_404_names_the_url_and_where_to_save_the_file(server, dataset, tmp_
     del server.files["/fmnist/train-labels-idx1-ubyte.gz"]
     with pytest.raises(DataUnavailable, match=r"train-labels-idx1-ubyte.gz: the server answered HTTP 404 .*save "
                                               r"it as .*out/train-labels-idx1-ubyte.gz"):
-        fetch_fashion_mnist(tmp_path / "out", base_url=server.url + "/fmnist/", sha256=digests, progress=False)
+        fetch_fashion_mnist(tmp_path / "out", base_url=server.url + "/fmnist/", sha256=digests, progress=False,
+                            timeout=5)
     assert server.requests("/fmnist/train-labels-idx1-ubyte.gz") == [None]  # a 404 is not retried
     assert "train-labels-idx1-ubyte.gz" not in real_names(tmp_path / "out")
     assert isinstance(DataUnavailable("x"), FileNotFoundError)
@@ -140,8 +142,7 @@ def test_no_server_is_one_line_and_quick(tmp_path, capsys):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     t0 = time.monotonic()
-    code = main(["data", "fetch", "fashion-mnist", "--dir", str(tmp_path / "out"), "--base-url",
-                 f"http://127.0.0.1:{port}/", "--no-progress", "--retries", "0", "--timeout", "5"])
+    code = main(FETCH + ["--dir", str(tmp_path / "out"), "--base-url", f"http://127.0.0.1:{port}/", "--retries", "0"])
     err = capsys.readouterr().err.strip()
     assert code == 1 and time.monotonic() - t0 < 10
     assert len(err.splitlines()) == 1 and "cannot download http://127.0.0.1" in err and "refused" in err.lower()
@@ -152,7 +153,7 @@ def test_an_interrupted_download_resumes_and_the_folder_holds_no_partial_file(se
     path = "/fmnist/train-images-idx3-ubyte.gz"
     server.cut_once.add(path)  # the connection drops half-way once
     dest = tmp_path / "out"
-    fetch_fashion_mnist(dest, base_url=server.url + "/fmnist", sha256=digests, progress=False, retries=1)
+    fetch_fashion_mnist(dest, base_url=server.url + "/fmnist", sha256=digests, progress=False, retries=1, timeout=5)
     ranges = server.requests(path)
     assert len(ranges) == 2 and ranges[0] is None and ranges[1].startswith("bytes=")  # the second asked for the rest
     assert real_names(dest) == sorted(NAMES) and not list(dest.glob("*.part"))
