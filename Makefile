@@ -99,7 +99,7 @@ analysis-figures: venv-test data
 # each extra's commands in an environment with only the core and that extra (test-extras, below).
 # -rs prints every skip with its reason.
 BACKEND_TESTS ?= tests/test_backend.py tests/test_inference.py tests/test_export.py tests/test_axial.py \
-	tests/test_config.py tests/test_model.py
+	tests/test_config.py tests/test_model.py tests/test_readout.py
 FIXED_BACKENDS ?= gemm=aten,attention=fused gemm=onednn,attention=explicit
 test: venv-test peers data browser lint
 	env -u VITKIT_BACKEND $(BIN)/python -m pytest -q -rs -m "not peers" $(PYTEST_ARGS)
