@@ -107,10 +107,9 @@ class VisionTransformer(nn.Module):
         self.pre_logits = (nn.Sequential(OrderedDict(fc=nn.Linear(d, rep), act=nn.Tanh()))
                            if rep else nn.Identity())
         self.head = nn.Linear(rep or d, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
-        # DeiT: the distillation token's own head; set distilled_training to get both heads' logits in training
+        # DeiT: the distillation token's own head
         self.head_dist = (nn.Linear(d, cfg.num_classes)
                           if cfg.distill_token and cfg.distill_head and cfg.num_classes > 0 else None)
-        self.distilled_training = False
         self.grad_checkpointing = False
         self.reset_parameters()
 
@@ -326,12 +325,9 @@ class VisionTransformer(nn.Module):
         """Pool the final tokens, apply the pre-logits layer, then (unless ``pre_logits``) the head.
 
         With a distillation token the logits are the mean of the class head (on token 0) and the
-        distillation head (on token 1); in training with ``distilled_training`` set, the pair
-        ``(class logits, distillation logits)`` instead, for a loss on each (DeiT)."""
+        distillation head (on token 1)."""
         if self.head_dist is not None and not pre_logits:
             cls, dist = self.head(tokens[:, 0]), self.head_dist(tokens[:, 1])
-            if self.training and self.distilled_training:
-                return cls, dist
             return (cls + dist) / 2
         feats = self.pre_logits(self.pool(tokens))
         return feats if pre_logits else self.head(feats)
