@@ -75,11 +75,8 @@ class TwoHeads(nn.Module):
         self.vit = vit
 
     def forward(self, x: torch.Tensor, patch_drop: Optional[float] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-        # the features as the ViT's own forward computes them (the last block for the two read-out rows only,
-        # vitkit.models.readout): forward_features would run that block for every token, which costs more and
-        # changes the last bits of the logits; the model has no public call for this yet
-        tokens = self.vit._features(x, patch_drop, self.vit.readout_rows())
-        return self.vit.head(tokens[:, 0]), self.vit.head_dist(tokens[:, 1])
+        # the ViT's own read-out (forward_outputs: the last block for the rows its heads read only), both heads
+        return self.vit.forward_outputs(x, patch_drop=patch_drop).heads
 
     def no_weight_decay(self):
         return {"vit." + k for k in self.vit.no_weight_decay()}

@@ -118,7 +118,7 @@ class MaskedPatchObjective:
         results: Dict[str, Any] = {"recipe": r.name, "objective": "mpp", "mpp": asdict(r.mpp), "steps": state.step,
                                    "epochs": round(state.step / run.steps_per_epoch, 3),
                                    "train_wall_s": round(wall, 1), "device": str(run.device),
-                                   "params": run.vit.num_params()}
+                                   "params": run.vit.num_params(), "eval_split": run.data.eval_split}
         final = run.data.val if run.data.val is not None else run.data.test
         split = "val" if run.data.val is not None else "test"
         # MPP has no accuracy to choose on: the EMA weights if on (unless train.export=raw)

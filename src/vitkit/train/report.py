@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..checkpoints import save_model
-from ..models.backend import record as backend_record
+from ..models.kernel_plan import source as backend_source
 from ..utils import write_json_atomic
 from . import distributed as D
 from .checkpoint import RunState
@@ -89,8 +89,10 @@ def run_facts(run: RunSetup, state: RunState, wall: float) -> Dict[str, Any]:
             "epochs": round(state.step / run.steps_per_epoch, 3), "trained_s": round(state.trained_s, 1),
             "stopped_by": "steps" if state.step >= run.total_steps else "time budget",
             "train_wall_s": round(wall, 1), "params": run.vit.num_params(), "processes": run.dist.world,
-            "device": str(run.device), "train_images": len(run.data.train),
-            "backend": backend_record()}  # the kernels the run declared and the choices it made
+            "device": str(run.device), "train_images": len(run.data.train), "eval_split": run.data.eval_split,
+            # the kernels the run declared and the plan its model ran (this run's, not the process's)
+            "backend": {"declared": run.recipe.train.backend, "source": backend_source(),
+                        "kernel_plan": run.vit.kernel_plan.as_dict()}}
 
 
 def finish_classification(run: RunSetup, state: RunState, log: MetricsLog, objective: Classification,

@@ -18,12 +18,12 @@ from torch import nn
 
 from ..config import ViTConfig
 from ..data.augment import BatchAugment, EvalTransform, Normalize
-from ..data.datasets import Dataset, open_dataset
+from ..data.datasets import Dataset, auto_eval_split, open_dataset
 from ..data.loader import EpochSampler, Loader, split_indices
 from ..errors import ConfigError
 from ..models import VisionTransformer
-from ..models.backend import Backend
-from ..models.precision import settle_attention
+from ..models.kernel_plan import Backend, KernelPlan, bind
+from ..models.planner import plan as plan_kernels
 from . import distributed as D
 from .checkpoint import RunState, grad_scaler
 from .evaluate import transform_for
@@ -42,6 +42,7 @@ class RunData:
     val: Optional[Dataset]  # the validation hold-out (None: the recipe holds none out)
     test: Optional[Dataset]  # read once, at the end
     load_size: int  # the square file datasets decode to
+    eval_split: Optional[str] = None  # the split ``test`` is (data.eval_split, ``auto`` resolved)
 
 
 def open_run_data(recipe: Recipe, given: Optional[Dict[str, Dataset]] = None) -> RunData:
@@ -64,10 +65,12 @@ def open_run_data(recipe: Recipe, given: Optional[Dict[str, Dataset]] = None) ->
             ds, classes=cls, load_size=load_size, channels=chans)
         train_full = wrap(given["train"])
         test = wrap(given.get("test"), train_full.classes)
+        split = "test" if test is not None else None
     else:
         train_full = open_dataset(dc.dataset, dc.train_split, root=dc.root, load_size=load_size, channels=chans)
-        test = open_dataset(dc.dataset, dc.eval_split, root=dc.root, load_size=load_size, channels=chans,
-                            classes=train_full.classes) if dc.eval_split else None
+        split = auto_eval_split(dc.dataset, dc.root) if dc.eval_split == "auto" else dc.eval_split
+        test = open_dataset(dc.dataset, split, root=dc.root, load_size=load_size, channels=chans,
+                            classes=train_full.classes) if split else None
     if dc.cache and not train_full.in_memory:
         train_full = train_full.to_memory()
         test = test.to_memory() if test is not None and not test.in_memory else test
@@ -78,7 +81,7 @@ def open_run_data(recipe: Recipe, given: Optional[Dict[str, Dataset]] = None) ->
         train = _stratified_subset(train, dc.train_subset, r.train.seed + 1, "data.train_subset", "train")
     if dc.test_subset and test is not None:  # a short run's test: the same stratified images in every run
         test = _stratified_subset(test, dc.test_subset, 0, "data.test_subset", "test")
-    return RunData(list(train_full.classes), train, val, test, load_size)
+    return RunData(list(train_full.classes), train, val, test, load_size, split)
 
 
 def _stratified_subset(ds: Dataset, k: int, seed: int, key: str, split: str) -> Dataset:
@@ -101,8 +104,7 @@ def eval_preprocessing(dc: DataConfig, config: ViTConfig, in_memory: bool, load_
     return {"name": f"vitkit-train:{(dc.dataset or 'data').split(':')[0]}", "size": list(config.img_size),
             "resize": None if in_memory else load_size, "resize_mode": "squash" if in_memory else "shorter",
             "interpolation": "bilinear", "backend": "tensor" if in_memory else "pil", "mean": mean, "std": std,
-            "description": "as trained by vitkit (" + ("resize to the model size" if in_memory else
-                                                       f"shorter side {load_size}, centre crop") + ")"}
+            "description": "as trained by vitkit"}
 
 
 @dataclass(frozen=True)
@@ -214,9 +216,8 @@ def build_run(recipe: Recipe, out: Path, backend: Backend, dist: D.Dist, objecti
         vit.set_grad_checkpointing(True)
     model = objective.wrap(vit, r)
     model.to(dist.device)
+    plan = _plan(vit, model, t.precision, dist.device, backend)
     wrapped = D.wrap(model, dist, t.distributed)
-    if t.compile and dist.device.type == "cpu":  # the compiled graph keeps the attention path chosen now
-        settle_attention(config, torch.bfloat16 if t.precision == "bf16" else torch.float32, grad=True)
     norm = Normalize(r.data.mean, r.data.std, channels=config.in_chans)
     eval_tf = transform_for(eval_preprocessing(r.data, config, data.train.in_memory, data.load_size), config,
                             data.train)  # as `vitkit eval` reads it
@@ -224,7 +225,11 @@ def build_run(recipe: Recipe, out: Path, backend: Backend, dist: D.Dist, objecti
                            world=dist.world, repeats=r.augment.repeats)
     optimizer = build_optimizer(wrapped, r.optim, dist.device)
     ema = EMA(model, t.ema, t.ema_warmup) if t.ema > 0 else None
-    ema_model = objective.wrap(VisionTransformer(config), r).to(dist.device) if ema is not None else None
+    ema_model = None
+    if ema is not None:  # a plain copy that receives the averaged weights, computing with the same plan
+        ema_vit = VisionTransformer(config)
+        ema_model = objective.wrap(ema_vit, r).to(dist.device)
+        bind(ema_model, ema_vit.set_kernel_plan(plan))
     run = RunSetup(recipe=r, out=out, backend=backend, dist=dist, data=data, objective=objective, vit=vit, model=model,
                    wrapped=wrapped, forward_model=torch.compile(wrapped) if t.compile else wrapped,
                    ema_model=ema_model, init_notes=notes, normalize=norm,
@@ -240,6 +245,17 @@ def build_run(recipe: Recipe, out: Path, backend: Backend, dist: D.Dist, objecti
     state = RunState(wrapped, optimizer, ema=ema, scaler=grad_scaler(t.precision),
                      steps_per_epoch=run.steps_per_epoch, total_steps=run.total_steps)
     return run, state
+
+
+def _plan(vit: VisionTransformer, model: nn.Module, precision: str, device: torch.device, backend: Backend
+          ) -> KernelPlan:
+    """The kernels of the run, planned once for its device, precision and shapes (timing what no measurement
+    covers yet) and bound to ``model`` (the ViT and any module the objective wraps it with)."""
+    low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    plan = vit.set_kernel_plan(plan_kernels(vit.config, (torch.float32,) + ((low,) if low else ()), device,
+                                            backend=backend))
+    bind(model, plan)
+    return plan
 
 
 def _vit(r: Recipe, data: RunData) -> Tuple[VisionTransformer, List[str]]:

@@ -21,7 +21,9 @@ class DataConfig:
     dataset: Optional[str] = "fashion-mnist"
     root: Optional[str] = None  # folder for specs without a path (e.g. Fashion-MNIST elsewhere)
     train_split: str = "train"
-    eval_split: Optional[str] = "test"  # the test split, read once at the end (null: none)
+    # the test split, read once at the end: auto (the dataset's test split, else its val split, else none),
+    # a split name, or null (none); the split used is recorded in results.json
+    eval_split: Optional[str] = "auto"
     # The validation split: a seeded, class-stratified hold-out of the training split on which the run
     # evaluates periodically and chooses the exported weights (the test split is read once, at the end).
     val_size: Optional[int] = None  # images held out (wins over val_fraction)
@@ -86,7 +88,7 @@ class TrainConfig:
     ckpt_every: int = 500  # steps between checkpoints (0 = end of epochs and run only)
     log_every: int = 50  # steps between metric lines
     deterministic: bool = False  # torch deterministic algorithms (exact resume on GPU too); pins the backend
-    # the kernels (vitkit.models.backend): e.g. "gemm=aten,attention=fused"; null = the one in force when the run
+    # the kernels (vitkit.models.kernel_plan): e.g. "gemm=aten,attention=fused"; null = the one in force when the run
     # starts ($VITKIT_BACKEND, else auto). A set value wins over the environment; the training commands' --backend
     # sets this field. The run folder's recipe.yaml records the spec it ran with.
     backend: Optional[str] = None

@@ -45,10 +45,10 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from ..data.datasets import Dataset
-from ..errors import ConfigError, TrainingDiverged, VitkitWarning
-from ..models.backend import Backend, use_backend
-from ..models.backend import current as current_backend
-from ..models.backend import record as backend_record
+from ..errors import ConfigError, NotFoundError, TrainingDiverged, VitkitWarning
+from ..models.kernel_plan import Backend, use_backend
+from ..models.kernel_plan import current as current_backend
+from ..models.kernel_plan import source as backend_source
 from ..utils import PathLike, remove_stale_temps
 from . import distributed as D
 from .checkpoint import find_last
@@ -74,7 +74,7 @@ def run_backend(t: TrainConfig) -> Backend:
     overridden = [k for k, v in in_force.__dict__.items() if v != "auto" and v != getattr(backend, k)]
     if t.backend is not None and overridden:  # a fixed choice in force that the recipe's pin replaces
         warnings.warn(f"the recipe pins train.backend={backend.spec}, so the backend in force "
-                      f"({in_force.spec}, from {backend_record()['source']}) is not used by this run; "
+                      f"({in_force.spec}, from {backend_source()}) is not used by this run; "
                       "pass --backend (or train.backend) to change it", VitkitWarning, stacklevel=3)
     return backend.pinned() if t.deterministic else backend
 
@@ -103,7 +103,7 @@ class Trainer:
             torch.set_num_threads(int(t.threads))
         if t.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
-        backend = run_backend(t)  # the kernels of this run (a plan the lead's kernel refactor replaces)
+        backend = run_backend(t)  # the kernels this run declares (planned for its model in build_run)
         # recipe.yaml records what the run computes with (resume reuses it)
         recipe = dataclasses.replace(recipe, train=dataclasses.replace(t, backend=backend.spec))
         dist = D.setup(t.device)
@@ -112,8 +112,8 @@ class Trainer:
                               f"{dist.device}", key="train.precision", hint="use bf16 (or fp32) on a CPU")
         last = find_last(out)  # the run folder's state is checked first: it needs no data
         if resume and last is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {out / 'checkpoints'}; start the run without "
-                                    f"--resume")
+            raise NotFoundError("no checkpoint to resume (--resume)", path=out / "checkpoints",
+                                hint="start the run without --resume")
         self.log: Optional[MetricsLog] = None
         self.run, self.state = build_run(recipe, out, backend, dist, objective, data)
         self.step_fn = objective.make_step(self.run, self.state)
