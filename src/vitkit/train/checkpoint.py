@@ -18,7 +18,7 @@ from torch import nn
 from ..errors import CheckpointError, ConfigError, NotFoundError
 from ..utils import PathLike, atomic_path
 from . import distributed as D
-from .optim import EMA
+from .optim import EMA, set_lr
 
 FORMAT = "vitkit-train-state"
 VERSION = 1
@@ -82,9 +82,11 @@ class RunState:
     """Everything a run changes as it trains, and nothing else: the weights (``model``, the trained module),
     the optimiser, the EMA of the weights, the fp16 gradient scaler, the step count (which fixes the data
     position: epoch and batch, as the epoch order is a function of (seed, epoch)), the training time and the
-    RNG states. This class is the only writer of it: the loop reports each finished step with
-    :meth:`end_step`; :meth:`save` and :meth:`restore` write and read all of it, whole, so a resumed run
-    continues exactly (the loss scale of an fp16 run included)."""
+    RNG states. This class is the only writer of it: the loop opens each step with :meth:`begin_step` (the
+    schedule's lr, the step's noise seed) and reports it finished with :meth:`end_step`; the step function
+    (:class:`~vitkit.train.step.TrainStep`) updates the weights and optimiser moments it was given;
+    :meth:`save` and :meth:`restore` write and read all of it, whole, so a resumed run continues exactly (the
+    loss scale of an fp16 run included)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, ema: Optional[EMA] = None,
                  scaler: Optional[torch.amp.GradScaler] = None, steps_per_epoch: int, total_steps: int):
@@ -98,6 +100,12 @@ class RunState:
     def position(self) -> Tuple[int, int]:
         """(epoch, batch within the epoch) of the next step."""
         return divmod(self.step, self.steps_per_epoch)
+
+    def begin_step(self, lr: float, noise_seed: int) -> None:
+        """Before an optimiser step: the schedule's ``lr`` into the optimiser (times each group's layer-wise
+        scale) and the global RNG (dropout, stochastic depth) seeded with ``noise_seed``."""
+        set_lr(self.optimizer, lr)
+        torch.manual_seed(noise_seed)
 
     def end_step(self, trained_s: float, averaged: nn.Module) -> None:
         """One optimiser step is done: the training time is now ``trained_s`` (agreed by all processes), the

@@ -54,7 +54,6 @@ from . import distributed as D
 from .checkpoint import find_last
 from .distill import Distillation
 from .loggers import check_loggers
-from .optim import set_lr
 from .recipe import Recipe
 from .report import Classification
 from .rundata import build_run
@@ -218,12 +217,12 @@ class Trainer:
         seed, d, step = run.recipe.train.seed, run.dist, state.step
         where = run.progress_step(state)
         lr = run.schedule(where)
-        set_lr(state.optimizer, lr)
+        # the schedule's lr, and the dropout / stochastic-depth noise of this step, set by the run state
+        state.begin_step(lr, _seed_for(seed, step, d.rank, salt=1))
         # the schedule's patch-dropout rate goes to the forward call (no state written into the model)
         forward_kw = {"patch_drop": run.patch_drop_at(where)} if run.config.patch_drop else {}
-        g = torch.Generator().manual_seed(_seed_for(seed, step, d.rank))
+        g = torch.Generator().manual_seed(_seed_for(seed, step, d.rank))  # the augmentation's own generator
         x, y = run.augment(images, labels, g)
-        torch.manual_seed(_seed_for(seed, step, d.rank, salt=1))  # dropout / stochastic depth
         x, y = x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True)
         stats = self.step_fn(x, y, **forward_kw)
         bad = not bool(torch.isfinite(stats["grad_norm"])) or not bool(torch.isfinite(stats["loss"]))
