@@ -107,7 +107,10 @@ def test_fp16_training_with_a_gradient_scaler(tmp_path):
     state = torch.load(tmp_path / "full" / "checkpoints" / "last.pt", weights_only=False)
     assert state["grad_scaler"]["scale"] > 0
     Trainer(recipe, tmp_path / "part", progress=False, stop_after=10).fit()
-    Trainer(recipe, tmp_path / "part", resume=True, progress=False).fit()
+    saved = torch.load(tmp_path / "part" / "checkpoints" / "last.pt", weights_only=True)["grad_scaler"]
+    part = Trainer(recipe, tmp_path / "part", resume=True, progress=False)
+    assert part.state.scaler is part.step_fn.scaler and part.state.scaler.state_dict() == saved  # the loss scale
+    part.fit()
     losses = [[r["loss"] for r in read_metrics(tmp_path / run) if r["kind"] == "train"] for run in ("full", "part")]
     assert all(torch.isfinite(torch.tensor(x)).all() for x in losses)
     assert losses[0] == pytest.approx(losses[1], rel=1e-4)

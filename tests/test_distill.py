@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from vitkit import VisionTransformer, ViTConfig
 from vitkit.checkpoints import save_model
 from vitkit.data.augment import EvalTransform, Normalize
-from vitkit.train.distill import DistillStep, TeacherInput, distillation_loss, load_teacher
+from vitkit.train.distill import Distillation, DistillStep, TeacherInput, TwoHeads, distillation_loss, load_teacher
 from vitkit.train.recipe import load_recipe
 from vitkit.train.step import TrainStep
 
@@ -115,11 +115,14 @@ def test_a_distillation_token_student_learns_the_teacher_on_its_own_head():
     for head in (student.head, student.head_dist):  # non-zero heads, so the two terms differ
         torch.nn.init.normal_(head.weight, std=0.3)
     opt = torch.optim.SGD(student.parameters(), lr=0.0)
-    step = DistillStep(student, opt, teacher=teacher, kind="soft", alpha=0.3, tau=2.0)
-    assert student.distilled_training
+    trained = Distillation(load_recipe("fmnist-fast").distill).wrap(student, None)  # the objective's wrapping
+    assert isinstance(trained, TwoHeads) and trained.vit is student
+    assert Distillation(load_recipe("fmnist-fast").distill).wrap(teacher, None) is teacher  # one head: itself
+    step = DistillStep(trained, opt, teacher=teacher, kind="soft", alpha=0.3, tau=2.0)
     x, y = torch.randn(6, 1, 16, 16), torch.randint(0, 4, (6,))
     with torch.no_grad():
-        cls_logits, dist_logits = student.train()(x)
+        cls_logits, dist_logits = trained.train()(x)
+        torch.testing.assert_close((cls_logits + dist_logits) / 2, student(x))  # the ViT predicts with the mean
         t = teacher(x)
         expected = 0.7 * F.cross_entropy(cls_logits, y) + 0.3 * distillation_loss(dist_logits, y, t, kind="soft",
                                                                                    alpha=1.0, tau=2.0)

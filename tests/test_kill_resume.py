@@ -30,9 +30,9 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=SRC + os.pathsep + os.env
 HARNESS = r'''
 import io, os, signal, sys
 import torch
+import vitkit.train.checkpoint as checkpoint
 import vitkit.train.report as report
 import vitkit.train.runlog as runlog
-import vitkit.train.trainer as trainer
 from vitkit.cli import main
 
 mode, at, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
@@ -68,13 +68,13 @@ elif mode == "in-checkpoint-write":  # the at-th checkpoint: half its bytes are 
         real_save(obj, f, *a, **kw)
     torch.save = save
 elif mode == "after-final-checkpoint":
-    real_state = trainer.save_state
+    real_state = checkpoint.save_state
     def save_state(path, state):
         out = real_state(path, state)
         if state["step"] >= state["total_steps"]:
             die()
         return out
-    trainer.save_state = save_state
+    checkpoint.save_state = save_state
 elif mode == "before-export":  # the final evaluations are logged; the model is not written yet
     def save_model(*a, **kw):
         die()

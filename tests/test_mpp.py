@@ -242,11 +242,13 @@ def test_pretrain_mpp_fills_the_run_folder_and_learns(mpp_run):
 def test_pretrain_mpp_resumes_exactly(quadrants, mpp_run, monkeypatch):
     from safetensors.torch import load_file
 
-    from vitkit.train.mpp import MPPTrainer
+    from vitkit.train import Trainer
+    from vitkit.train.mpp import MaskedPatchObjective
 
     d, data = quadrants
     out = d / "resumed"
-    assert MPPTrainer(_recipe(data), out, progress=False, stop_after=20).fit() == {"stopped_at": 20}
+    assert Trainer(_recipe(data), out, progress=False, stop_after=20,
+                   objective=MaskedPatchObjective()).fit() == {"stopped_at": 20}
     # count the training forward passes of the resumed part: a run started over from step 0 would end
     # with the same weights too (same seed), so equal weights alone do not show a resume
     steps = []
@@ -254,7 +256,7 @@ def test_pretrain_mpp_resumes_exactly(quadrants, mpp_run, monkeypatch):
     monkeypatch.setattr(MaskedPatchPrediction, "forward",
                         lambda self, *a, **k: (steps.append(1) if self.training and torch.is_grad_enabled() else None,
                                                forward(self, *a, **k))[1])
-    MPPTrainer(_recipe(data), out, progress=False, resume=True).fit()
+    Trainer(_recipe(data), out, progress=False, resume=True, objective=MaskedPatchObjective()).fit()
     assert len(steps) == 48 - 16  # from the last checkpoint (every 8 steps) before the stop at 20
     a, b = load_file(str(mpp_run[0] / "model/model.safetensors")), load_file(str(out / "model/model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -266,7 +268,7 @@ def test_mpp_never_reads_labels(quadrants):
     on images MPP never trained on."""
     from vitkit.data.datasets import tensor_file
     from vitkit.train import Trainer, load_recipe
-    from vitkit.train.mpp import MPPTrainer
+    from vitkit.train.mpp import MaskedPatchObjective
 
     d, data = quadrants
     states = []
@@ -274,16 +276,17 @@ def test_mpp_never_reads_labels(quadrants):
         train, test = tensor_file(data, "train"), tensor_file(data, "test")
         if shuffle:
             train.labels = train.labels[torch.randperm(len(train.labels))]
-        t = MPPTrainer(_recipe(data, **{"schedule.epochs": 1, "train.ema": 0.0, "data.val_size": None}),
-                       d / f"labels{shuffle}", progress=False, data={"train": train, "test": test})
+        t = Trainer(_recipe(data, **{"schedule.epochs": 1, "train.ema": 0.0, "data.val_size": None}),
+                    d / f"labels{shuffle}", progress=False, data={"train": train, "test": test},
+                    objective=MaskedPatchObjective())
         t.fit()
-        states.append(t.model.state_dict())
+        states.append(t.run.model.state_dict())
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
-    mpp = MPPTrainer(_recipe(data), d / "split-mpp", progress=False)
+    mpp = Trainer(_recipe(data), d / "split-mpp", progress=False, objective=MaskedPatchObjective())
     clf = Trainer(load_recipe("fmnist-1k", {**{k: v for k, v in TINY.items() if not k.startswith("mpp.")},
                                             "data.dataset": f"tensors:{data}", "data.train_subset": None}),
                   d / "split-clf", progress=False)
-    assert torch.equal(mpp.val_data.images, clf.val_data.images) and len(mpp.val_data) == 64
+    assert torch.equal(mpp.run.data.val.images, clf.run.data.val.images) and len(mpp.run.data.val) == 64
 
 
 def test_finetune_after_mpp_on_a_stratified_subset(quadrants, mpp_run):
@@ -298,16 +301,16 @@ def test_finetune_after_mpp_on_a_stratified_subset(quadrants, mpp_run):
                                        "init.checkpoint": str(mpp_run[0] / "model")})
     t = Trainer(recipe, d / "ft", progress=False)
     # the 512 training images left after the validation hold-out, of which a class-stratified 128
-    per_class = torch.bincount(tensor_file(data, "train").labels) - torch.bincount(t.val_data.labels)
-    got = torch.bincount(t.train_data.labels)
+    per_class = torch.bincount(tensor_file(data, "train").labels) - torch.bincount(t.run.data.val.labels)
+    got = torch.bincount(t.run.data.train.labels)
     assert int(per_class.sum()) == 512 and int(got.sum()) == 128
     assert ((got.double() - per_class.double() * 128 / 512).abs() < 1).all()  # each class in proportion
     pre = load_model(mpp_run[0] / "model").state_dict()
-    assert torch.equal(t.model.state_dict()["blocks.1.mlp.fc1.weight"], pre["blocks.1.mlp.fc1.weight"])
-    assert t.model.config.num_classes == 4 and (t.model.head.weight == 0).all()  # the paper's zero head
+    assert torch.equal(t.run.model.state_dict()["blocks.1.mlp.fc1.weight"], pre["blocks.1.mlp.fc1.weight"])
+    assert t.run.model.config.num_classes == 4 and (t.run.model.head.weight == 0).all()  # the paper's zero head
     res = t.fit()
-    assert res["steps"] == 2 * (len(t.train_data) // 32)
-    assert (t.model.head.weight != 0).any()  # the new head was trained
+    assert res["steps"] == 2 * (len(t.run.data.train) // 32)
+    assert (t.run.model.head.weight != 0).any()  # the new head was trained
     # the reported test accuracy is that of the exported model, as `vitkit eval` measures it
     from vitkit.train import evaluate_checkpoint
     again = evaluate_checkpoint(d / "ft" / "model", f"tensors:{data}")

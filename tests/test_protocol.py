@@ -83,7 +83,7 @@ def test_no_test_image_reaches_training_or_selection(tmp_path, monkeypatch):
     # other test images and labels change nothing but the test numbers: same weights, same choice
     t2, res2, _ = _run(tmp_path, "b", 7, monkeypatch)
     assert res2["val"] == res["val"] and res2["exported_weights"] == res["exported_weights"]
-    a, b = t.model.state_dict(), t2.model.state_dict()
+    a, b = t.run.model.state_dict(), t2.run.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert res2["test_top1"] != res["test_top1"] or res2["test_loss"] != res["test_loss"]
 

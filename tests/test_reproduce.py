@@ -379,9 +379,9 @@ def test_validation_split_is_the_trainers(tmp_path, tiny_data):
     recipe = load_recipe(arm.recipe, runs.recipe_overrides(arm, 1, budget, tmp_path))
     trainer = Trainer(recipe, tmp_path / "t", progress=False)
     train_part, val = measure.validation_split(recipe)
-    assert len(val) == 100 and torch.equal(val.images, trainer.val_data.images)
-    assert torch.equal(val.labels, trainer.val_data.labels)
-    assert not set(map(bytes, val.images.numpy())) & set(map(bytes, trainer.train_data.images.numpy()))
+    assert len(val) == 100 and torch.equal(val.images, trainer.run.data.val.images)
+    assert torch.equal(val.labels, trainer.run.data.val.labels)
+    assert not set(map(bytes, val.images.numpy())) & set(map(bytes, trainer.run.data.train.images.numpy()))
 
 
 def test_time_left_is_estimated_per_arm(tmp_path, monkeypatch):

@@ -77,7 +77,7 @@ def test_the_trainer_is_gone_before_the_process_group(tmp_path, monkeypatch):
 
     def tracked(self, *a, **k):
         init(self, *a, **k)
-        made.extend([weakref.ref(self), weakref.ref(self.model)])
+        made.extend([weakref.ref(self), weakref.ref(self.run.model)])
 
     monkeypatch.setattr(T.Trainer, "__init__", tracked)
     leaving = []  # a process group exists as far as teardown can tell, and only there

@@ -15,7 +15,6 @@ from _synthetic import write_npz, write_recipe
 from vitkit.checkpoints import load_weights, save_model
 from vitkit.models import VisionTransformer
 from vitkit.train import Trainer, TrainingDiverged, load_recipe
-from vitkit.train.step import TrainStep
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
@@ -134,7 +133,7 @@ def test_nan_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(task,
         calls.append(1)
         if len(calls) == 8:  # something blows up at step 8
             with torch.no_grad():
-                trainer.model.blocks[0].mlp.fc1.weight.fill_(float("nan"))
+                trainer.run.model.blocks[0].mlp.fc1.weight.fill_(float("nan"))
         return real(x, y)
 
     trainer.step_fn = poisoned
@@ -158,12 +157,12 @@ def test_finetune_from_a_checkpoint_resizes_positions_and_replaces_the_head(task
                                        "schedule.steps": 3, "schedule.warmup_steps": 1,
                                        "train.eval_every": 0})
     trainer = Trainer(recipe, tmp_path / "ft", progress=False)
-    m = trainer.model
+    m = trainer.run.model
     assert m.config.img_size == (16, 16) and m.config.num_classes == 4 and m.config.width == 32
     assert m.pos_embed.shape == (1, 17, 32)  # 2x2 grid + class slot -> 4x4 grid + class slot
     assert torch.count_nonzero(m.head.weight) == 0  # the paper's zero head
     assert torch.equal(m.blocks[1].attn.qkv.weight, src.blocks[1].attn.qkv.weight)
-    assert any("pos_embed" in n for n in trainer.init_notes)
+    assert any("pos_embed" in n for n in trainer.run.init_notes)
     res = trainer.fit()
     assert res["steps"] == 3
 
@@ -235,7 +234,7 @@ def test_distillation_teaches_the_student_what_the_teacher_predicts(task, full_r
                                        "model.class_token": True, "model.pool": "token", "model.distill_token": True})
     res = Trainer(recipe, tmp_path / "token", progress=False).fit()
     student = load_weights(tmp_path / "token" / "model")
-    assert student.config.distill_token and not student.distilled_training
+    assert student.config.distill_token and not hasattr(student, "distilled_training")
     assert student.head.weight.abs().sum() == 0 and student.head_dist.weight.abs().sum() > 0
     assert res["test_top1"] > 0.85, res["test_top1"]
 
@@ -256,12 +255,12 @@ def test_time_budget_compresses_the_schedule_and_ends_the_run(task, tmp_path):
 
     trainer.step_fn = one_second
     res = trainer.fit()
-    assert trainer.total_steps == 96
+    assert trainer.run.total_steps == 96
     assert res["steps"] == 30 and res["stopped_by"] == "time budget" and res["trained_s"] == 30.0
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     lrs = [r["lr"] for r in rows if r["kind"] == "train"]
     # step k (0-based) runs after k seconds: the schedule stands at max(k, k / 30 * 96)
-    assert lrs == pytest.approx([trainer.schedule(max(k, int(k / 30 * 96))) for k in range(30)])
+    assert lrs == pytest.approx([trainer.run.schedule(max(k, int(k / 30 * 96))) for k in range(30)])
     assert lrs[-1] < 0.01 * recipe.optim.lr  # the decay was completed within the budget
     assert [r for r in rows if r["kind"] == "eval"][-1]["final"]
     st = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
@@ -273,8 +272,8 @@ def test_patch_dropout_schedule(task, tmp_path):
     recipe = load_recipe(recipe_file, {"model.patch_drop": 0.5, "schedule.patch_drop_end": 0.0,
                                        "schedule.patch_drop_from": 0.5})
     trainer = Trainer(recipe, tmp_path / "run", progress=False)
-    total = trainer.total_steps
-    assert [trainer.patch_drop_at(s) for s in (0, total // 2, 3 * total // 4, total)] == \
+    total = trainer.run.total_steps
+    assert [trainer.run.patch_drop_at(s) for s in (0, total // 2, 3 * total // 4, total)] == \
         pytest.approx([0.5, 0.5, 0.25, 0.0])
     seen = []
     real = trainer.step_fn
@@ -285,40 +284,77 @@ def test_patch_dropout_schedule(task, tmp_path):
 
     trainer.step_fn = spy
     trainer.fit()
-    assert seen == pytest.approx([trainer.patch_drop_at(s) for s in range(total)])
+    assert seen == pytest.approx([trainer.run.patch_drop_at(s) for s in range(total)])
     bad = load_recipe(recipe_file, {"schedule.patch_drop_end": 0.25})  # from no patch dropout
     with pytest.raises(ValueError, match="model.patch_drop"):
         Trainer(bad, tmp_path / "bad", progress=False)
     none = Trainer(load_recipe(recipe_file, {"schedule.patch_drop_end": 0.0}), tmp_path / "none", progress=False)
-    assert none.patch_drop_at(none.total_steps) == 0.0  # ending at 0 from 0: nothing to schedule
+    assert none.run.patch_drop_at(none.run.total_steps) == 0.0  # ending at 0 from 0: nothing to schedule
     with pytest.raises(ValueError, match="patch_drop_end"):
         load_recipe(recipe_file, {"model.patch_drop": 0.5, "schedule.patch_drop_end": 1.0})
     with pytest.raises(ValueError, match="minutes"):
         load_recipe(recipe_file, {"schedule.minutes": 0})
 
 
-class _ScaledStep(TrainStep):
+def _cpu_scaler(precision):
     """The fp16 path's loss scaling on the CPU (fp32 compute): a scale that doubles every step, so a resume
     that forgot the saved scale would continue from the initial one."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.scaler = torch.amp.GradScaler("cpu", init_scale=1.0, growth_interval=1)
+    return torch.amp.GradScaler("cpu", init_scale=1.0, growth_interval=1)
 
 
-class _ScaledTrainer(Trainer):
-    step_class = _ScaledStep
+def test_resume_restores_the_gradient_scalers_loss_scale(task, tmp_path, monkeypatch):
+    import vitkit.train.rundata as rundata
 
-
-def test_resume_restores_the_gradient_scalers_loss_scale(task, tmp_path):
+    monkeypatch.setattr(rundata, "grad_scaler", _cpu_scaler)  # the run state's scaler, as fp16 on CUDA has
     _, _, recipe_path = task
     recipe = load_recipe(recipe_path, {"train.ckpt_every": 8, "train.predictions": 0})
-    full = _ScaledTrainer(recipe, tmp_path / "full", progress=False)
+    full = Trainer(recipe, tmp_path / "full", progress=False)
     full.fit()
-    _ScaledTrainer(recipe, tmp_path / "part", progress=False, stop_after=10).fit()
-    part = _ScaledTrainer(recipe, tmp_path / "part", resume=True, progress=False)
-    assert part.step == 8 and part.step_fn.scaler.get_scale() == 2.0 ** 8
+    Trainer(recipe, tmp_path / "part", progress=False, stop_after=10).fit()
+    part = Trainer(recipe, tmp_path / "part", resume=True, progress=False)
+    assert part.step_fn.scaler is part.state.scaler  # the step scales with the scaler the state saves
+    assert part.state.step == 8 and part.state.scaler.get_scale() == 2.0 ** 8
     part.fit()
-    assert part.step_fn.scaler.get_scale() == full.step_fn.scaler.get_scale() == 2.0 ** full.step
-    for k, v in full.model.state_dict().items():
-        assert torch.equal(v, part.model.state_dict()[k]), k
+    assert part.state.scaler.get_scale() == full.state.scaler.get_scale() == 2.0 ** full.state.step
+    assert part.state.scaler.state_dict() == full.state.scaler.state_dict()
+    for k, v in full.run.model.state_dict().items():
+        assert torch.equal(v, part.run.model.state_dict()[k]), k
+
+
+def test_run_state_round_trips_whole_through_a_checkpoint(tmp_path):
+    """Everything the run state holds comes back from checkpoints/last.pt: weights, optimiser moments, EMA,
+    the loss scale and its growth tracker, step, data position, training time, metrics line count, RNG."""
+    from vitkit.train import EMA
+    from vitkit.train.checkpoint import RunState
+    from vitkit.train.distributed import Dist
+
+    def state(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        return RunState(model, opt, ema=EMA(model, 0.9), scaler=torch.amp.GradScaler("cpu", init_scale=4.0,
+                        growth_interval=3), steps_per_epoch=5, total_steps=20)
+
+    a = state(0)
+    for _ in range(7):  # 7 steps: a loss scale grown twice, a growth tracker at 1, moments, an EMA
+        loss = a.model(torch.randn(2, 4)).square().sum()
+        a.scaler.scale(loss).backward()
+        a.scaler.step(a.optimizer)
+        a.scaler.update()
+        a.optimizer.zero_grad()
+        a.end_step(a.trained_s + 1.5, a.model)
+    assert a.step == 7 and a.position == (1, 2) and a.scaler.get_scale() == 16.0
+    a.save(tmp_path, Dist(), metrics_rows=11, recipe={"name": "x"})
+    after = torch.rand(3)  # the RNG after the save, which a resume must reproduce
+    b = state(1)
+    b.restore(tmp_path / "checkpoints" / "last.pt")
+    assert torch.equal(torch.rand(3), after)
+    assert (b.step, b.position, b.trained_s, b.metrics_rows) == (7, (1, 2), 10.5, 11)
+    assert b.scaler.state_dict() == a.scaler.state_dict() and b.scaler.state_dict()["_growth_tracker"] == 1
+    assert all(torch.equal(p, q) for p, q in zip(a.model.state_dict().values(), b.model.state_dict().values()))
+    sa, sb = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]
+    assert all(torch.equal(sa[i][k], sb[i][k]) for i in sa for k in sa[i])
+    assert b.ema.updates == 7 and all(torch.equal(a.ema.shadow[k], b.ema.shadow[k]) for k in a.ema.shadow)
+    longer = RunState(b.model, b.optimizer, steps_per_epoch=5, total_steps=30)
+    with pytest.raises(ValueError, match="20-step run"):
+        longer.restore(tmp_path / "checkpoints" / "last.pt")

@@ -128,7 +128,8 @@ GEOMETRIC_OPS = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
 RAND_AUGMENT_OPS = COLOR_OPS + GEOMETRIC_OPS
 
 
-def _color_op(name: str, x: Tensor, m: float, sign: Tensor) -> Tensor:
+def _color_op(name: str, x: Tensor, m: Tensor, sign: Tensor) -> Tensor:
+    """Op ``name`` on the images ``x`` at their magnitudes ``m`` (per image, in [0, 1]) and signs."""
     f = 1.0 + 0.9 * m * sign  # enhancement factor in [0.1, 1.9]
     if name == "identity":
         return x
@@ -137,11 +138,11 @@ def _color_op(name: str, x: Tensor, m: float, sign: Tensor) -> Tensor:
     if name == "equalize":
         return equalize(x)
     if name == "solarize":
-        thr = 1.0 - m
+        thr = (1.0 - m).view(-1, 1, 1, 1)
         return torch.where(x >= thr, 1.0 - x, x)
     if name == "posterize":
-        bits = max(1, 8 - int(round(4 * m)))
-        step = 2 ** (8 - bits)
+        bits = (8 - torch.round(4 * m)).clamp(min=1)
+        step = (2 ** (8 - bits)).view(-1, 1, 1, 1)
         return torch.div((x * 255).round(), step, rounding_mode="floor") * step / 255
     if name == "color":
         return _blend(x, _gray(x), f)
@@ -155,7 +156,7 @@ def _color_op(name: str, x: Tensor, m: float, sign: Tensor) -> Tensor:
     raise ConfigError(f"unknown op {name}")
 
 
-def _affine_for(name: str, m: float, sign: Tensor, h: int, w: int) -> Tensor:
+def _affine_for(name: str, m: Tensor, sign: Tensor, h: int, w: int) -> Tensor:
     """Per-sample 2x3 matrices (normalised coordinates) mapping output to input pixels."""
     n = sign.shape[0]
     theta = torch.zeros(n, 2, 3)
@@ -183,10 +184,24 @@ def _warp(x: Tensor, theta: Tensor, fill: float) -> Tensor:
     return img + (1 - valid) * fill
 
 
+def _magnitudes(g: torch.Generator, n: int, magnitude: float, std: float) -> Tensor:
+    """``n`` magnitudes out of 10: ``magnitude``, or with ``std`` > 0 one normal draw (mean ``magnitude``,
+    deviation ``std``; ``inf``: uniform in [0, magnitude]) for each, clipped to [0, 10] (timm's ``mstd``)."""
+    if not std:
+        return torch.full((n,), float(magnitude))
+    if math.isinf(std):
+        return _uniform(g, n, 0.0, magnitude)
+    return (magnitude + std * torch.randn(n, generator=g)).clamp(0.0, 10.0)
+
+
 def rand_augment(x: Tensor, g: torch.Generator, num_ops: int = 2, magnitude: float = 9.0,
-                 ops: Sequence[str] = RAND_AUGMENT_OPS, fill: float = 0.5, magnitude_std: float = 0.0) -> Tensor:
+                 ops: Sequence[str] = RAND_AUGMENT_OPS, fill: float = 0.5, magnitude_std: float = 0.0,
+                 prob: float = 1.0) -> Tensor:
     """RandAugment on a float batch in [0, 1]: each image gets ``num_ops`` ops drawn uniformly from ``ops``,
-    at magnitude ``magnitude`` out of 10 (jittered by ``magnitude_std`` per batch, as timm's ``mstd``)."""
+    at magnitude ``magnitude`` out of 10. ``magnitude_std`` (timm's ``mstd``) jitters it for each image and
+    op: a normal draw around ``magnitude`` with that deviation (``inf``: uniform in [0, magnitude]), clipped
+    to [0, 10], as timm's RandAugment does. ``prob``: the chance that each drawn op is applied (timm's ``p``,
+    0.5 in its RandAugment; 1 in the paper's)."""
     unknown = sorted(set(ops) - set(RAND_AUGMENT_OPS))
     if unknown:
         raise ConfigError(f"unknown RandAugment ops {unknown}: choose from {', '.join(RAND_AUGMENT_OPS)}")
@@ -194,8 +209,7 @@ def rand_augment(x: Tensor, g: torch.Generator, num_ops: int = 2, magnitude: flo
     for _ in range(num_ops):
         choice = torch.randint(0, len(ops), (b,), generator=g)
         sign = torch.where(torch.rand(b, generator=g) < 0.5, -1.0, 1.0)
-        mag = magnitude + (float(torch.randn(1, generator=g)) * magnitude_std if magnitude_std else 0.0)
-        m = min(max(mag, 0.0), 10.0) / 10.0
+        m = _magnitudes(g, b, magnitude, magnitude_std) / 10.0
         out = x.clone()
         theta = None
         for k, name in enumerate(ops):
@@ -206,13 +220,13 @@ def rand_augment(x: Tensor, g: torch.Generator, num_ops: int = 2, magnitude: flo
                 if theta is None:
                     theta = torch.zeros(b, 2, 3)
                     theta[:, 0, 0] = theta[:, 1, 1] = 1.0
-                theta[sel] = _affine_for(name, m, sign[sel], h, w)
+                theta[sel] = _affine_for(name, m[sel], sign[sel], h, w)
             else:
-                out[sel] = _color_op(name, x[sel], m, sign[sel])
+                out[sel] = _color_op(name, x[sel], m[sel], sign[sel])
         if theta is not None:
             geo = torch.tensor([ops[int(c)] in GEOMETRIC_OPS for c in range(len(ops))])[choice].nonzero().flatten()
             out[geo] = _warp(x[geo], theta[geo], fill)
-        x = out
+        x = out if prob >= 1 else torch.where((torch.rand(b, generator=g) < prob).view(-1, 1, 1, 1), out, x)
     return x
 
 
@@ -242,32 +256,58 @@ def one_hot(labels: Tensor, num_classes: int) -> Tensor:
     return F.one_hot(labels, num_classes).float()
 
 
-def mix(x: Tensor, targets: Tensor, g: torch.Generator, mixup: float = 0.0, cutmix: float = 0.0,
-        prob: float = 1.0, switch_prob: float = 0.5) -> Tuple[Tensor, Tensor]:
-    """Mixup (alpha ``mixup``) or CutMix (alpha ``cutmix``) with the batch's reverse, one draw per batch.
+@dataclass(frozen=True)
+class MixDraw:
+    """One batch's Mixup / CutMix draw: the Beta draw ``lam`` and, for CutMix, the box's centre (row,
+    column); None for Mixup."""
 
-    ``targets`` are one-hot / soft [B, K]; returns the mixed images and targets (CutMix's weight is the
-    exact pasted area)."""
+    lam: float
+    centre: Optional[Tuple[int, int]] = None
+
+
+def draw_mix(g: torch.Generator, size: Tuple[int, int], mixup: float = 0.0, cutmix: float = 0.0,
+             prob: float = 1.0, switch_prob: float = 0.5) -> Optional[MixDraw]:
+    """The batch's draw (timm's ``Mixup`` in batch mode): with probability ``prob`` Mixup (Beta(``mixup``))
+    or CutMix (Beta(``cutmix``); the one of the two with probability ``switch_prob`` when both are on); None:
+    no mixing this batch."""
     rng = _seeded_rng(g)
     if (mixup <= 0 and cutmix <= 0) or rng.random() >= prob:
-        return x, targets
+        return None
     use_cut = cutmix > 0 and (mixup <= 0 or rng.random() < switch_prob)
     alpha = cutmix if use_cut else mixup
     lam = rng.betavariate(alpha, alpha)
-    partner = x.flip(0)
-    if use_cut:
+    return MixDraw(lam, (rng.randrange(size[0]), rng.randrange(size[1])) if use_cut else None)
+
+
+def apply_mix(x: Tensor, targets: Tensor, d: MixDraw) -> Tuple[Tensor, Tensor]:
+    """Mix each image and its target with the batch's reverse by the draw ``d``: Mixup blends them with
+    weight ``lam``; CutMix pastes the reverse's box of side ``sqrt(1 - lam)`` (clipped at the border, as timm's
+    ``rand_bbox``) and weighs the targets by the exact area kept."""
+    lam, partner = d.lam, x.flip(0)
+    if d.centre is not None:
         h, w = x.shape[-2:]
         cut = math.sqrt(1.0 - lam)
         ch, cw = int(h * cut), int(w * cut)
-        cy, cx = rng.randrange(h), rng.randrange(w)
-        y0, y1 = max(cy - ch // 2, 0), min(cy + ch // 2, h)
-        x0, x1 = max(cx - cw // 2, 0), min(cx + cw // 2, w)
+        cy, cx = d.centre
+        y0, y1 = max(cy - ch // 2, 0), min(cy + (ch + 1) // 2, h)
+        x0, x1 = max(cx - cw // 2, 0), min(cx + (cw + 1) // 2, w)
         x = x.clone()
         x[..., y0:y1, x0:x1] = partner[..., y0:y1, x0:x1]
         lam = 1.0 - (y1 - y0) * (x1 - x0) / float(h * w)
     else:
         x = x * lam + partner * (1.0 - lam)
     return x, targets * lam + targets.flip(0) * (1.0 - lam)
+
+
+def mix(x: Tensor, targets: Tensor, g: torch.Generator, mixup: float = 0.0, cutmix: float = 0.0,
+        prob: float = 1.0, switch_prob: float = 0.5) -> Tuple[Tensor, Tensor]:
+    """Mixup (alpha ``mixup``) or CutMix (alpha ``cutmix``) with the batch's reverse, one draw per batch
+    (:func:`draw_mix`, :func:`apply_mix`).
+
+    ``targets`` are one-hot / soft [B, K]; returns the mixed images and targets (CutMix's weight is the
+    exact pasted area)."""
+    d = draw_mix(g, tuple(x.shape[-2:]), mixup, cutmix, prob, switch_prob)
+    return (x, targets) if d is None else apply_mix(x, targets, d)
 
 
 # --- the pipelines -------------------------------------------------------------------------
@@ -281,7 +321,8 @@ class AugmentConfig:
     ratio: Tuple[float, float] = (3 / 4, 4 / 3)
     flip: bool = False
     randaugment: Optional[Tuple[int, float]] = None  # (num_ops, magnitude out of 10), e.g. (2, 10)
-    magnitude_std: float = 0.0
+    magnitude_std: float = 0.0  # per image and op: N(magnitude, std) clipped to [0, 10] (inf: U[0, magnitude])
+    randaugment_prob: float = 1.0  # chance each drawn op is applied (timm's and DeiT's: 0.5; the paper's: 1)
     fill: float = 0.0  # value ([0, 1]) for pixels that geometric ops bring in
     mixup: float = 0.0  # Beta alpha; 0 = off
     cutmix: float = 0.0
@@ -302,7 +343,10 @@ class AugmentConfig:
                 raise ConfigError(f"augment.randaugment={self.randaugment!r}: give [num_ops, magnitude 0..10], "
                                   f"e.g. [2, 10], or null")
             self.randaugment = (int(ra[0]), float(ra[1]))
-        for k in ("mix_prob", "switch_prob", "erasing"):
+        if not self.magnitude_std >= 0:
+            raise ConfigError(f"augment.magnitude_std must be >= 0 (inf: uniform magnitudes), got "
+                              f"{self.magnitude_std}")
+        for k in ("mix_prob", "switch_prob", "erasing", "randaugment_prob"):
             if not 0 <= getattr(self, k) <= 1:
                 raise ConfigError(f"augment.{k} must be in [0, 1], got {getattr(self, k)}")
         if not 0 <= self.label_smoothing < 1:
@@ -380,7 +424,8 @@ class BatchAugment:
             x = center_crop(x, self.size)
         x = resize(x, self.size)
         if c.randaugment is not None and c.randaugment[0] > 0:
-            x = rand_augment(x, g, c.randaugment[0], c.randaugment[1], fill=c.fill, magnitude_std=c.magnitude_std)
+            x = rand_augment(x, g, c.randaugment[0], c.randaugment[1], fill=c.fill, magnitude_std=c.magnitude_std,
+                             prob=c.randaugment_prob)
         x = self.normalize(x)
         if c.erasing > 0:
             x = random_erasing(x, g, c.erasing)

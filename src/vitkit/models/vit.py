@@ -114,10 +114,9 @@ class VisionTransformer(TimmInterface, nn.Module):
         self.pre_logits = (nn.Sequential(OrderedDict(fc=nn.Linear(d, rep), act=nn.Tanh()))
                            if rep else nn.Identity())
         self.head = nn.Linear(rep or d, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
-        # DeiT: the distillation token's own head; set distilled_training to get both heads' logits in training
+        # DeiT: the distillation token's own head
         self.head_dist = (nn.Linear(d, cfg.num_classes)
                           if cfg.distill_token and cfg.distill_head and cfg.num_classes > 0 else None)
-        self.distilled_training = False
         self.grad_checkpointing = False
         self.reset_parameters()
         self.set_kernel_plan()  # the declared backend and the measurements already known: no timing
@@ -340,13 +339,12 @@ class VisionTransformer(TimmInterface, nn.Module):
     def read_out(self, tokens: torch.Tensor) -> HeadOutputs:
         """The head on the final tokens (all of them, or the leading ones it reads): pool once, the pre-logits
         layer, the head. With a distillation token the logits are the mean of the class head (on token 0) and
-        the distillation head (on token 1), both kept in ``heads``; in training with ``distilled_training``
-        set, the logits are that pair instead, for a loss on each (DeiT)."""
+        the distillation head (on token 1), both kept in ``heads`` for a loss on each (DeiT)."""
         feats = self.pre_logits(self.pool(tokens))
         if self.head_dist is None:
             return HeadOutputs(self.head(feats), feats)
         both = (self.head(tokens[:, 0]), self.head_dist(tokens[:, 1]))
-        return HeadOutputs(both if self.training and self.distilled_training else (both[0] + both[1]) / 2, feats, both)
+        return HeadOutputs((both[0] + both[1]) / 2, feats, both)
 
     def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False):
         """Pool the final tokens, apply the pre-logits layer, then (unless ``pre_logits``) the head

@@ -155,11 +155,10 @@ def run_arm(arm: Arm, seed: int, budget: Budget, root: PathLike, *, progress: bo
         resume = (out / "checkpoints" / "last.pt").is_file()
         if resume:
             _check_same_recipe(out, recipe, root)
-        if arm.kind == "mpp":
-            from ..train.mpp import MPPTrainer as trainer_class
-        else:
-            from ..train.trainer import Trainer as trainer_class
-        trainer = trainer_class(recipe, out, resume=resume, progress=progress, stop_after=stop_after)
+        from ..train.mpp import MaskedPatchObjective
+        from ..train.trainer import Trainer
+        trainer = Trainer(recipe, out, resume=resume, progress=progress, stop_after=stop_after,
+                          objective=MaskedPatchObjective() if arm.kind == "mpp" else None)
         from ..train import distributed as D
         try:
             return trainer.fit()
@@ -188,7 +187,7 @@ def _check_same_recipe(out: Path, recipe, root: Path) -> None:
     import yaml
 
     saved, now = yaml.safe_load((out / "recipe.yaml").read_text()), yaml.safe_load(recipe.to_yaml())
-    for d in (saved, now):  # the MPP trainer records its head-less model (num_classes 0) itself
+    for d in (saved, now):  # an MPP run records its head-less model (num_classes 0) itself
         d["model"].pop("num_classes", None)
     if (now.get("train") or {}).get("backend") is None:  # auto: the run records what it resolved to
         for d in (saved, now):

@@ -1,21 +1,24 @@
-"""Training checkpoints: everything needed to continue a run exactly, written atomically.
+"""The run state and its checkpoints: everything needed to continue a run exactly, written atomically.
 
-``RUN/checkpoints/last.pt`` holds the model, optimiser, EMA, step, epoch, position in the epoch and
-the RNG states; it is replaced atomically (temp file + rename), so a crash mid-write leaves the
-previous one intact. It loads with ``torch.load(weights_only=True)``: no code runs from it. The
-trained model itself is exported in vitkit's format (``RUN/model/``) at the end.
+:class:`RunState` is what a run changes as it trains. ``RUN/checkpoints/last.pt`` holds all of it: the
+model, optimiser, EMA, fp16 loss scale, step, epoch, position in the epoch, training time and the RNG
+states. It is replaced atomically (temp file + rename), so a crash mid-write leaves the previous one intact.
+It loads with ``torch.load(weights_only=True)``: no code runs from it. The trained model itself is exported
+in vitkit's format (``RUN/model/``) at the end.
 """
 from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
+from torch import nn
 
 from ..errors import CheckpointError, ConfigError, NotFoundError
 from ..utils import PathLike, atomic_path
 from . import distributed as D
+from .optim import EMA, set_lr
 
 FORMAT = "vitkit-train-state"
 VERSION = 1
@@ -75,36 +78,88 @@ def find_last(run_dir: PathLike) -> Optional[Path]:
     return p if p.is_file() else None
 
 
-def trainer_state(tr: Any) -> Dict[str, Any]:
-    """What a :class:`~vitkit.train.trainer.Trainer` ``tr`` resumes from exactly: full model and optimiser
-    states, EMA, step and position, RNG states, the fp16 loss scale (collective under FSDP)."""
-    model_state, optim_state = D.full_state(tr.wrapped, tr.optimizer)
-    st = {"step": tr.step, "epoch": tr.step // tr.steps_per_epoch,
-          "batch": tr.step % tr.steps_per_epoch, "model": model_state, "optimizer": optim_state,
-          "rng": rng_state(), "recipe": tr.recipe.to_dict(), "classes": tr.classes,
-          "config": tr.config.to_dict(), "total_steps": tr.total_steps,
-          "trained_s": tr.trained_s, "metrics_rows": tr.log.rows if tr.log is not None else None}
-    if tr.ema is not None:
-        ema = tr.ema.state_dict()
-        ema["shadow"] = {k: D.full_tensor(v) for k, v in ema["shadow"].items()}
-        st["ema"] = ema
-    if getattr(tr.step_fn, "scaler", None) is not None:  # fp16: the loss scale, for an exact resume
-        st["grad_scaler"] = tr.step_fn.scaler.state_dict()
-    return st
+class RunState:
+    """Everything a run changes as it trains, and nothing else: the weights (``model``, the trained module),
+    the optimiser, the EMA of the weights, the fp16 gradient scaler, the step count (which fixes the data
+    position: epoch and batch, as the epoch order is a function of (seed, epoch)), the training time and the
+    RNG states. This class is the only writer of it: the loop opens each step with :meth:`begin_step` (the
+    schedule's lr, the step's noise seed) and reports it finished with :meth:`end_step`; the step function
+    (:class:`~vitkit.train.step.TrainStep`) updates the weights and optimiser moments it was given;
+    :meth:`save` and :meth:`restore` write and read all of it, whole, so a resumed run continues exactly (the
+    loss scale of an fp16 run included)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, ema: Optional[EMA] = None,
+                 scaler: Optional[torch.amp.GradScaler] = None, steps_per_epoch: int, total_steps: int):
+        self.model, self.optimizer, self.ema, self.scaler = model, optimizer, ema, scaler
+        self.steps_per_epoch, self.total_steps = steps_per_epoch, total_steps
+        self.step = 0
+        self.trained_s = 0.0  # training time so far (evaluations and checkpoints excluded), kept on resume
+        self.metrics_rows: Optional[int] = None  # metrics.jsonl lines the restored checkpoint had seen
+
+    @property
+    def position(self) -> Tuple[int, int]:
+        """(epoch, batch within the epoch) of the next step."""
+        return divmod(self.step, self.steps_per_epoch)
+
+    def begin_step(self, lr: float, noise_seed: int) -> None:
+        """Before an optimiser step: the schedule's ``lr`` into the optimiser (times each group's layer-wise
+        scale) and the global RNG (dropout, stochastic depth) seeded with ``noise_seed``."""
+        set_lr(self.optimizer, lr)
+        torch.manual_seed(noise_seed)
+
+    def end_step(self, trained_s: float, averaged: nn.Module) -> None:
+        """One optimiser step is done: the training time is now ``trained_s`` (agreed by all processes), the
+        EMA moves towards ``averaged`` (the plain module), the step is counted."""
+        self.trained_s = trained_s
+        if self.ema is not None:
+            self.ema.update(averaged)
+        self.step += 1
+
+    def state_dict(self, metrics_rows: Optional[int] = None, **about: Any) -> Dict[str, Any]:
+        """The whole state as a checkpoint dict (collective under FSDP); ``about``: what the run was (recipe,
+        classes, model config), stored beside it."""
+        model_state, optim_state = D.full_state(self.model, self.optimizer)
+        epoch, batch = self.position
+        st = {"step": self.step, "epoch": epoch, "batch": batch, "model": model_state, "optimizer": optim_state,
+              "rng": rng_state(), "total_steps": self.total_steps, "trained_s": self.trained_s,
+              "metrics_rows": metrics_rows, **about}
+        if self.ema is not None:
+            ema = self.ema.state_dict()
+            ema["shadow"] = {k: D.full_tensor(v) for k, v in ema["shadow"].items()}
+            st["ema"] = ema
+        if self.scaler is not None:  # fp16: the loss scale and its growth tracker
+            st["grad_scaler"] = self.scaler.state_dict()
+        return st
+
+    def load_state_dict(self, st: Dict[str, Any]) -> None:
+        """Put back what :meth:`state_dict` gave (a run built from the same recipe)."""
+        if st.get("total_steps") not in (None, self.total_steps):
+            raise ConfigError(f"the checkpoint belongs to a {st['total_steps']}-step run but the recipe now has "
+                              f"{self.total_steps} steps: resume with the same recipe")
+        D.load_full_state(self.model, self.optimizer, st["model"], st["optimizer"])
+        if self.ema is not None and "ema" in st:
+            self.ema.load_state_dict(st["ema"])
+        if self.scaler is not None and st.get("grad_scaler"):
+            self.scaler.load_state_dict(st["grad_scaler"])
+        set_rng_state(st["rng"])
+        self.step = int(st["step"])
+        self.trained_s = float(st.get("trained_s", 0.0))
+        self.metrics_rows = st.get("metrics_rows")
+
+    def save(self, run_dir: PathLike, dist: D.Dist, metrics_rows: Optional[int] = None, **about: Any
+             ) -> Optional[Path]:
+        """``run_dir``/checkpoints/last.pt (atomic; collective under FSDP); its path on the main process."""
+        st = self.state_dict(metrics_rows, **about)
+        path = save_state(Path(run_dir) / "checkpoints" / "last.pt", st) if dist.main else None
+        D.barrier(dist)
+        return path
+
+    def restore(self, path: PathLike) -> None:
+        """Continue from the checkpoint at ``path``."""
+        self.load_state_dict(load_state(path))
 
 
-def restore_trainer(tr: Any, st: Dict[str, Any]) -> None:
-    """Put the state :func:`trainer_state` saved back into the Trainer ``tr`` (built from the same recipe)."""
-    if st.get("total_steps") not in (None, tr.total_steps):
-        raise ConfigError(f"the checkpoint belongs to a {st['total_steps']}-step run but the recipe now has "
-                          f"{tr.total_steps} steps: resume with the same recipe")
-    D.load_full_state(tr.wrapped, tr.optimizer, st["model"], st["optimizer"])
-    if tr.ema is not None and "ema" in st:
-        tr.ema.load_state_dict(st["ema"])
-    set_rng_state(st["rng"])
-    tr.step = int(st["step"])
-    scaler = getattr(tr.step_fn, "scaler", None)  # the step function exists: the Trainer builds it first
-    if scaler is not None and st.get("grad_scaler"):
-        scaler.load_state_dict(st["grad_scaler"])
-    tr.trained_s = float(st.get("trained_s", 0.0))
-    tr.resume_rows = st.get("metrics_rows")
+def grad_scaler(precision: str) -> Optional[torch.amp.GradScaler]:
+    """The loss scaler of an fp16 run (CUDA): the loss scaled so small gradients stay representable, unscaled
+    before clipping; a step whose gradients overflowed is skipped and the scale lowered. None otherwise."""
+    return torch.amp.GradScaler("cuda") if precision == "fp16" else None

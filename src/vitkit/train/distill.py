@@ -13,8 +13,13 @@ its own preprocessing (mean / std, resolution), in eval mode and without gradien
 
 A student with one head learns both terms on its class token (DeiT's "usual distillation"). A student
 built with ``distill_token=True`` (DeiT's distillation token, ``model.distill_token`` in the recipe)
-learns the label term on its class head and the teacher term on its distillation head; it predicts
-with the mean of the two heads, as DeiT's distilled models do.
+learns the label term on its class head and the teacher term on its distillation head: the objective
+trains it inside :class:`TwoHeads`, whose forward gives both heads' logits (the model itself is not
+switched into another mode); it predicts, is evaluated and is exported as the bare ViT, with the mean of
+the two heads, as DeiT's distilled models do.
+
+:class:`Distillation` is the objective: it loads the teacher, makes the step that mixes its predictions
+into the loss, and adds the teacher's own test accuracy to the run's results.
 """
 from __future__ import annotations
 
@@ -26,10 +31,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.augment import Normalize, resize
-from ..data.datasets import Dataset
 from ..errors import ConfigError
+from .checkpoint import RunState
 from .evaluate import transform_for
 from .optim import unwrap
+from .report import Classification, step_options
+from .rundata import RunSetup
+from .sections import DistillConfig
 from .selection import Evaluator
 from .step import TrainStep, classification_loss
 
@@ -58,8 +66,25 @@ class TeacherInput:
         return self.teacher(pixels)
 
 
+class TwoHeads(nn.Module):
+    """A student with a distillation token as the distillation objective trains it: the forward gives the
+    class head's logits (token 0) and the distillation head's (token 1) apart, for a loss on each (DeiT)."""
+
+    def __init__(self, vit: nn.Module):
+        super().__init__()
+        self.vit = vit
+
+    def forward(self, x: torch.Tensor, patch_drop: Optional[float] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        # the ViT's own read-out (forward_outputs: the last block for the rows its heads read only), both heads
+        return self.vit.forward_outputs(x, patch_drop=patch_drop).heads
+
+    def no_weight_decay(self):
+        return {"vit." + k for k in self.vit.no_weight_decay()}
+
+
 class DistillStep(TrainStep):
-    """:class:`TrainStep` whose loss mixes the labels with a teacher's predictions."""
+    """:class:`TrainStep` whose loss mixes the labels with a teacher's predictions. The model gives the
+    logits, or (class logits, distillation logits) when trained inside :class:`TwoHeads`."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, teacher: nn.Module,
                  teacher_input=None, kind: str = "hard", alpha: float = 0.5, tau: float = 1.0, **kw: Any):
@@ -69,9 +94,6 @@ class DistillStep(TrainStep):
         self.teacher = teacher.eval().requires_grad_(False)
         self.teacher_input = teacher_input or (lambda x: x)
         self.kind, self.alpha, self.tau = kind, float(alpha), float(tau)
-        core = unwrap(model)
-        if getattr(core, "head_dist", None) is not None:  # a distillation token: train both heads apart
-            core.distilled_training = True
 
     def loss(self, x: torch.Tensor, t: torch.Tensor, **forward_kw) -> Tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad(), self.autocast():
@@ -127,34 +149,54 @@ def load_teacher(path: str, classes: List[str], *, num_heads: Optional[int] = No
     return model.eval().requires_grad_(False), dict(model.meta.preprocessing or {})
 
 
-class Distillation:
-    """The teacher of a classification run (the recipe's ``distill`` section), as one strategy the trainer is
-    given: it loads and freezes the teacher, makes the training step that mixes its predictions into the
-    loss, and adds the teacher's own test accuracy to the run's results. Without a teacher the trainer has
-    none of this."""
+class Teacher:
+    """A loaded, frozen teacher with its preprocessing (mean / std, resolution)."""
 
-    def __init__(self, source: str, classes: List[str], device: torch.device, *, kind: str = "hard",
-                 alpha: float = 0.5, tau: float = 1.0, num_heads: Optional[int] = None):
+    def __init__(self, source: str, classes: List[str], device: torch.device, num_heads: Optional[int] = None):
         model, pre = load_teacher(source, classes, num_heads=num_heads)
-        self.source, self.kind, self.alpha, self.tau = str(source), kind, alpha, tau
-        self.model = model.to(device)
-        self.preprocessing = pre
+        self.source, self.model, self.preprocessing = str(source), model.to(device), pre
         cfg = model.config
         self.normalize = Normalize(pre.get("mean", [0.5]), pre.get("std", [0.5]), channels=cfg.in_chans)
         self.size = tuple(pre.get("size") or cfg.img_size)
 
-    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, student: Normalize,
-             student_size: Sequence[int], **step_kw: Any) -> DistillStep:
-        """The optimiser step: the student's batch goes to the teacher in the teacher's preprocessing."""
-        feed = TeacherInput(student, student_size, self.normalize, self.size)
-        return DistillStep(model, optimizer, teacher=self.model, teacher_input=feed, kind=self.kind,
-                           alpha=self.alpha, tau=self.tau, **step_kw)
 
-    def report(self, test_data: Optional[Dataset], evaluator: Evaluator) -> Dict[str, Any]:
+class Distillation(Classification):
+    """The distillation objective (the recipe's ``distill`` section names the teacher): classification whose
+    loss mixes in a teacher's predictions; a student with a distillation token trains inside
+    :class:`TwoHeads`. The teacher is loaded when the step is made (after the student is built)."""
+
+    name = "distillation"
+
+    def __init__(self, cfg: DistillConfig):
+        self.cfg = cfg
+        self.teacher: Optional[Teacher] = None
+
+    def wrap(self, vit: nn.Module, recipe) -> nn.Module:
+        return TwoHeads(vit) if getattr(vit, "head_dist", None) is not None else vit
+
+    def export(self, module: nn.Module) -> nn.Module:
+        m = unwrap(module)
+        return m.vit if isinstance(m, TwoHeads) else m
+
+    def readout(self, module: nn.Module) -> nn.Module:
+        """The student as it predicts (the mean of its two heads with a distillation token)."""
+        m = unwrap(module)
+        return m.vit if isinstance(m, TwoHeads) else module
+
+    def make_step(self, run: RunSetup, state: RunState) -> DistillStep:
+        """The student's batch goes to the teacher in the teacher's preprocessing."""
+        c = self.cfg
+        self.teacher = Teacher(c.teacher, run.data.classes, run.device, c.num_heads)
+        feed = TeacherInput(run.normalize, run.config.img_size, self.teacher.normalize, self.teacher.size)
+        return DistillStep(run.forward_model, state.optimizer, teacher=self.teacher.model, teacher_input=feed,
+                           kind=c.kind, alpha=c.alpha, tau=c.tau, scaler=state.scaler, **step_options(run))
+
+    def results(self, run: RunSetup, evaluator: Evaluator) -> Dict[str, Any]:
         """results.json's teacher entries: its source and, with a test split, its accuracy on the same images
         in its own preprocessing (the pipeline of ``vitkit eval``)."""
-        out: Dict[str, Any] = {"teacher": self.source}
-        if test_data is not None:
-            tf = transform_for(self.preprocessing, self.model.config, test_data)
-            out["teacher_test_top1"] = dataclasses.replace(evaluator, transform=tf)(self.model, test_data)["top1"]
+        t, test = self.teacher, run.data.test
+        out: Dict[str, Any] = {"teacher": t.source}
+        if test is not None:
+            tf = transform_for(t.preprocessing, t.model.config, test)
+            out["teacher_test_top1"] = dataclasses.replace(evaluator, transform=tf)(t.model, test)["top1"]
         return out

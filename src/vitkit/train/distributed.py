@@ -78,8 +78,13 @@ def wrap(model: nn.Module, d: Dist, kind: str = "ddp") -> nn.Module:
     if kind == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        for blk in getattr(model, "blocks", []):
+        # each block, then the ViT (also when an objective wraps it: its forward may call the ViT alone),
+        # then the whole module
+        inner = next((m for m in model.modules() if hasattr(m, "blocks")), model)
+        for blk in getattr(inner, "blocks", []):
             fully_shard(blk)
+        if inner is not model:
+            fully_shard(inner)
         return fully_shard(model)
     from torch.nn.parallel import DistributedDataParallel as DDP
 

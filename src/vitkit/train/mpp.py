@@ -1,10 +1,10 @@
 """Masked patch prediction pre-training (Section 4.6, Appendix B.1.2) on the training engine.
 
 ``pretrain_mpp(recipe, out)`` runs the engine's loop (optimiser, schedule, run folder, checkpoints,
-exact resume) with the MPP objective instead of classification; labels are never read. The recipe's
-``mpp`` section sets the target and the corruption; the paper's optimiser is Adam, lr 2e-4, linear
-warm-up and cosine decay (``mpp-paper`` scales its 1M steps at batch 4096 to the data). The run folder
-gets, besides the engine's files:
+exact resume) with the MPP objective (:class:`MaskedPatchObjective`) instead of classification; labels
+are never read. The recipe's ``mpp`` section sets the target and the corruption; the paper's optimiser
+is Adam, lr 2e-4, linear warm-up and cosine decay (``mpp-paper`` scales its 1M steps at batch 4096 to
+the data). The run folder gets, besides the engine's files:
 
     model/         the pre-trained ViT (no head) in vitkit's format: fine-tune it with ``vitkit finetune``
     mpp.png        original / corrupted / predicted colours for a few held-out images
@@ -12,7 +12,7 @@ gets, besides the engine's files:
 """
 from __future__ import annotations
 
-import copy
+import dataclasses
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
@@ -22,15 +22,18 @@ from torch import nn
 
 from ..checkpoints import save_model
 from ..errors import ConfigError, InputError
-from ..models import VisionTransformer
 from ..models.mpp import KEPT, MASKED, NONE, RANDOM, MaskedPatchPrediction, patchify
 from ..utils import PathLike, atomic_path, write_json_atomic
 from . import distributed as D
+from .checkpoint import RunState
 from .optim import unwrap
 from .recipe import Recipe
+from .report import step_options
+from .rundata import RunSetup
+from .runlog import MetricsLog, plot_curves
 from .sections import check_mpp
 from .step import TrainStep
-from .trainer import Trainer
+from .trainer import train
 
 
 class MPPStep(TrainStep):
@@ -46,14 +49,15 @@ class MPPStep(TrainStep):
         return out["loss"], correct * (x.shape[0] / out["count"].clamp_min(1))
 
 
-class MPPTrainer(Trainer):
-    """The training engine with the MPP objective: the ViT (no classification head) is wrapped with a
-    mask embedding and a prediction head; evaluation reports the held-out MPP loss; the exported model
-    is the bare ViT."""
+class MaskedPatchObjective:
+    """Masked patch prediction as a training objective: the ViT (no classification head) is wrapped with a
+    mask embedding and a prediction head; evaluation reports the held-out MPP loss; the exported model is
+    the bare ViT."""
 
-    step_class = MPPStep
+    name = "mpp"
 
-    def __init__(self, recipe: Recipe, out: PathLike, **kwargs: Any):
+    def resolve(self, recipe: Recipe) -> Recipe:
+        """Checks the recipe fits MPP; a copy whose model has no classification head (labels are never used)."""
         check_mpp(recipe.mpp)
         if recipe.model.get("patch_drop"):
             raise ConfigError("masked patch prediction must see every patch (the corrupted ones are its targets): "
@@ -61,100 +65,92 @@ class MPPTrainer(Trainer):
         if recipe.augment.mixes:
             raise ConfigError("Mixup/CutMix blend images, so the patch targets would be blends too: turn "
                               "augment.mixup and augment.cutmix off for MPP")
-        recipe = copy.deepcopy(recipe)
-        recipe.model["num_classes"] = 0  # no classification head: labels are never used
-        super().__init__(recipe, out, **kwargs)
+        if recipe.distill.teacher:
+            raise ConfigError("distill.teacher is for classification training, not for masked patch prediction")
+        return dataclasses.replace(recipe, model={**recipe.model, "num_classes": 0})
 
-    def wrap_model(self, vit: nn.Module) -> nn.Module:
-        m, dc = self.recipe.mpp, self.recipe.data
+    def wrap(self, vit: nn.Module, recipe: Recipe) -> nn.Module:
+        m, dc = recipe.mpp, recipe.data
         return MaskedPatchPrediction(vit, m.target, bits=m.bits, ratio=m.ratio, p_mask=m.p_mask,
                                      p_random=m.p_random, pixel_mean=dc.mean, pixel_std=dc.std)
 
+    def export(self, module: nn.Module) -> nn.Module:
+        """The pre-trained ViT alone."""
+        return unwrap(module).vit
+
+    def make_step(self, run: RunSetup, state: RunState) -> MPPStep:
+        return MPPStep(run.forward_model, state.optimizer, scaler=state.scaler, **step_options(run))
+
     # --- evaluation: the MPP loss on a fixed subset of the evaluation split, fixed corruption -----------
     @torch.no_grad()
-    def mpp_eval(self, model: nn.Module, data) -> Dict[str, float]:
-        n = len(data) if not self.recipe.mpp.eval_images else min(len(data), self.recipe.mpp.eval_images)
+    def score(self, run: RunSetup, model: nn.Module, data) -> Dict[str, float]:
+        """MPP loss and accuracy of ``model`` on (a fixed subset of) ``data``, with a fixed corruption."""
+        r = run.recipe
+        n = len(data) if not r.mpp.eval_images else min(len(data), r.mpp.eval_images)
         idx = torch.linspace(0, len(data) - 1, n).long()
-        g = torch.Generator(device=self.device).manual_seed(self.recipe.train.seed + 17)
+        g = torch.Generator(device=run.device).manual_seed(r.train.seed + 17)
         was = model.training
         model.eval()
         sums = torch.zeros(3, dtype=torch.float64)
-        bs = self.recipe.data.eval_batch_size
+        bs = r.data.eval_batch_size
         for i in range(0, n, bs):
             images, _ = data.gather(idx[i:i + bs])
-            x = self.eval_tf(images).to(self.device)
+            x = run.eval_tf(images).to(run.device)
             out = unwrap(model)(x, generator=g)
             k = float(out["count"])
             sums += torch.tensor([float(out["loss"]) * k, float(out["correct"] or 0.0), k], dtype=torch.float64)
         model.train(was)
         return {"mpp_loss": float(sums[0] / sums[2]), "mpp_acc": float(sums[1] / sums[2]), "n": n}
 
-    def _periodic_eval(self) -> Dict[str, Any]:
-        if self.val_data is None:
-            return {}
-        rec: Dict[str, Any] = {"kind": "eval", "split": "val", "step": self.step,
-                               "epoch": round(self.step / self.steps_per_epoch, 4)}
-        for kind, model in self.candidates():
-            for k, v in self.mpp_eval(model, self.val_data).items():
+    def validate(self, run: RunSetup, state: RunState, **extra: Any) -> Dict[str, Any]:
+        rec: Dict[str, Any] = {"kind": "eval", "split": "val", "step": state.step,
+                               "epoch": round(state.step / run.steps_per_epoch, 4)}
+        for kind, model in run.weights(state):
+            for k, v in self.score(run, model, run.data.val).items():
                 if k != "n":
                     rec[k + ("" if kind == "raw" else "_" + kind)] = v
-        self.log.write(rec)
         return rec
 
-    def export_model(self, kind: str = "raw") -> Optional[VisionTransformer]:
-        """The pre-trained ViT alone."""
-        m = super().export_model(kind)
-        return None if m is None else unwrap(m).vit
-
-    def _export_kind(self) -> str:
-        """MPP has no accuracy to choose on: the EMA weights if on (unless train.export=raw)."""
-        return "ema" if self.ema is not None and self.recipe.train.export in ("auto", "ema") else "raw"
-
-    def finish(self, wall: float) -> Dict[str, Any]:
-        from .runlog import plot_curves
-
-        r, d = self.recipe, self.dist
-        results: Dict[str, Any] = {"recipe": r.name, "objective": "mpp", "mpp": asdict(r.mpp), "steps": self.step,
-                                   "epochs": round(self.step / self.steps_per_epoch, 3),
-                                   "train_wall_s": round(wall, 1), "device": str(self.device),
-                                   "params": unwrap(self.model).vit.num_params(), "eval_split": self.eval_split}
-        # the exported weights' MPP loss on the held-out images: the validation split if any, else the test split
-        final = self.val_data if self.val_data is not None else self.test_data
-        split = "val" if self.val_data is not None else "test"
-        kind = self._export_kind()
+    def finish(self, run: RunSetup, state: RunState, log: MetricsLog, wall: float) -> Dict[str, Any]:
+        """The exported weights' MPP loss on the held-out images (the validation split if any, else the test
+        split), the bare ViT exported, results.json, curves.png and mpp.png."""
+        r, d = run.recipe, run.dist
+        results: Dict[str, Any] = {"recipe": r.name, "objective": "mpp", "mpp": asdict(r.mpp), "steps": state.step,
+                                   "epochs": round(state.step / run.steps_per_epoch, 3),
+                                   "train_wall_s": round(wall, 1), "device": str(run.device),
+                                   "params": run.vit.num_params(), "eval_split": run.data.eval_split}
+        final = run.data.val if run.data.val is not None else run.data.test
+        split = "val" if run.data.val is not None else "test"
+        # MPP has no accuracy to choose on: the EMA weights if on (unless train.export=raw)
+        kind = "ema" if state.ema is not None and r.train.export in ("auto", "ema") else "raw"
         results["exported_weights"] = kind
-        shown = dict(self.candidates())[kind]  # the model drawn in mpp.png: the exported one
+        shown = dict(run.weights(state))[kind]  # the model drawn in mpp.png: the exported one
         if final is not None:
-            res = self.mpp_eval(shown, final)
-            self.log.write({"kind": "eval", "split": split, "step": self.step, "epoch": results["epochs"],
-                            "final": True, "weights": kind, "mpp_loss": res["mpp_loss"], "mpp_acc": res["mpp_acc"]})
+            res = self.score(run, shown, final)
+            log.write({"kind": "eval", "split": split, "step": state.step, "epoch": results["epochs"],
+                       "final": True, "weights": kind, "mpp_loss": res["mpp_loss"], "mpp_acc": res["mpp_acc"]})
             results.update({f"{split}_mpp_loss": res["mpp_loss"], f"{split}_mpp_acc": res["mpp_acc"]})
-        vit = self.export_model(kind)  # collective under FSDP
+        vit = run.export_module(state, kind)  # collective under FSDP
         if d.main:
-            save_model(vit, self.out / "model", preprocessing=self.preprocessing(),
-                       extra={"recipe": r.name, "steps": self.step, "objective": "masked patch prediction",
+            save_model(vit, run.out / "model", preprocessing=run.preprocessing(),
+                       extra={"recipe": r.name, "steps": state.step, "objective": "masked patch prediction",
                               "mpp": asdict(r.mpp)})
-            results["model"] = str(self.out / "model")
-            write_json_atomic(self.out / "results.json", results)
-            plot_curves(self.out, title=f"{r.name}: masked patch prediction ({r.mpp.target})")
-            if final is not None and shown is not None and r.mpp.figure_images:
+            results["model"] = str(run.out / "model")
+            write_json_atomic(run.out / "results.json", results)
+            plot_curves(run.out, title=f"{r.name}: masked patch prediction ({r.mpp.target})")
+            if final is not None and r.mpp.figure_images:
                 n = min(r.mpp.figure_images, len(final))
                 images, _ = final.gather(torch.linspace(0, len(final) - 1, n).long())
-                plot_mpp(unwrap(shown), self.eval_tf(images).to(self.device), self.out / "mpp.png",
-                         title=f"{r.name}: masked patch prediction ({r.mpp.target}), step {self.step}",
+                plot_mpp(unwrap(shown), run.eval_tf(images).to(run.device), run.out / "mpp.png",
+                         title=f"{r.name}: masked patch prediction ({r.mpp.target}), step {state.step}",
                          seed=r.train.seed)
         D.barrier(d)
         return results
 
 
-def pretrain_mpp(recipe, out: PathLike, *, resume: bool = False, progress: bool = True) -> Dict[str, Any]:
+def pretrain_mpp(recipe: Recipe, out: PathLike, *, resume: bool = False, progress: bool = True) -> Dict[str, Any]:
     """MPP pre-training of ``recipe`` into the run folder ``out``; returns results.json's dict."""
-    trainer = MPPTrainer(recipe, out, resume=resume, progress=progress)
-    try:
-        return trainer.fit()
-    finally:
-        del trainer  # collected by teardown, before the process group goes
-        D.teardown()
+    return train(recipe, out, resume=resume, progress=progress, objective=MaskedPatchObjective())
 
 
 # --- the figure ---------------------------------------------------------------------------------------

@@ -88,7 +88,7 @@ class TrainConfig:
     ckpt_every: int = 500  # steps between checkpoints (0 = end of epochs and run only)
     log_every: int = 50  # steps between metric lines
     deterministic: bool = False  # torch deterministic algorithms (exact resume on GPU too); pins the backend
-    # the kernels (vitkit.models.backend): e.g. "gemm=aten,attention=fused"; null = the one in force when the run
+    # the kernels (vitkit.models.kernel_plan): e.g. "gemm=aten,attention=fused"; null = the one in force when the run
     # starts ($VITKIT_BACKEND, else auto). A set value wins over the environment; the training commands' --backend
     # sets this field. The run folder's recipe.yaml records the spec it ran with.
     backend: Optional[str] = None

@@ -27,15 +27,18 @@ class TrainStep:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, precision: str = "fp32",
                  clip_grad: Optional[float] = 1.0, accum_steps: int = 1, label_smoothing: float = 0.0,
-                 device: Optional[torch.device] = None):
+                 device: Optional[torch.device] = None, scaler: Optional[torch.amp.GradScaler] = None):
         self.model, self.optimizer = model, optimizer
         self.clip_grad, self.accum_steps, self.label_smoothing = clip_grad, accum_steps, label_smoothing
         self.device = device or next(model.parameters()).device
         self.precision = precision
         self.params = [p for p in model.parameters() if p.requires_grad]
         # fp16 (CUDA): the loss scaled so small gradients stay representable, unscaled before clipping; a step
-        # whose gradients overflowed is skipped and the scale lowered (torch's GradScaler)
-        self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+        # whose gradients overflowed is skipped and the scale lowered (torch's GradScaler). A training run passes
+        # the scaler its run state owns (saved and restored with it); alone, an fp16 step makes its own.
+        if scaler is None and precision == "fp16":
+            scaler = torch.amp.GradScaler("cuda")
+        self.scaler = scaler
 
     def autocast(self):
         """The context the forward pass runs in: bf16 / fp16 autocast for ``precision='bf16'`` / ``'fp16'``,
@@ -82,7 +85,7 @@ class TrainStep:
 
     def loss(self, x: torch.Tensor, t: torch.Tensor, **forward_kw) -> Tuple[torch.Tensor, torch.Tensor]:
         """(mean loss, number of correct predictions) of one micro-batch. Other objectives override this
-        (masked patch prediction: ``vitkit.train.mpp``)."""
+        (distillation: ``vitkit.train.distill``, masked patch prediction: ``vitkit.train.mpp``)."""
         with self.autocast():
             logits = self.model(x, **forward_kw)
         loss = classification_loss(logits, t, self.label_smoothing)

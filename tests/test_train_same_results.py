@@ -1,0 +1,51 @@
+"""The restructured training engine trains exactly what the engine before it trained: same-seed runs of
+each objective give bit-identical weights, checkpoints and metrics.
+
+The expected fingerprints (tests/_same_results.py) were recorded by running that module on the code of
+commit 8791fc2 (the engine before objectives and the run state, with the kernel plan), torch 2.13.0+cpu,
+CPU capability AVX512 (an Intel Xeon), one thread: ``PYTHONPATH=src:tests python -m _same_results``. Its
+weights and checkpoints are those of the engine before the kernel plan (commit fd77616) too; the metrics
+differ from it only by results.json's ``eval_split`` entry, which that engine did not write. Other CPU kinds
+or torch builds compute other last bits, so the comparison runs where those match.
+"""
+import pytest
+import torch
+
+from _same_results import run_all
+
+pytestmark = pytest.mark.slow
+
+RECORDED_ON = ("2.13.0+cpu", "AVX512")
+EXPECTED = {
+    "classification": {"weights": "a7b7f808c06802146890dd99396acd7b9cbf64f5a28ba396f71653ee68f9c489",
+                       "checkpoint": "b9b7828732cfc918cf0060612ca597b4b658f5dd36910d278c51d3f9ef7fb324",
+                       "metrics": "3489058b829514c813e7978776e63b1f0dd47ca6d9c82595b231fe9c4089ae9e",
+                       "test_top1": 0.2890625, "test_loss": 1.4543886184692383, "steps": 32},
+    "distill_hard_token": {"weights": "6be3d24dfce0beae4516483c28dc281ad1b728ed3a2a50ace7e7e6cc121ceace",
+                           "checkpoint": "3ae1758940341bccce5f490a315e986b024acde01869a5dceb87d9520d242166",
+                           "metrics": "6a1ee287e21a9ff65d598fa14ff09c3615f9a630972e37de3e3b3c65f5adc554",
+                           "test_top1": 0.21875, "test_loss": 1.543775737285614, "teacher_test_top1": 0.2890625,
+                           "steps": 32},
+    "distill_soft": {"weights": "3b9eddae40baf8ab2ca8610707b8fd1c40b41d40ee8468ae9bd5197316d1213d",
+                     "checkpoint": "cc48b565f2975bc8fd55169829a32502e86ba3c65b14d19014c0fcafcc7169e5",
+                     "metrics": "f16efa6da150affa56f8a5e477ad1dde41e40c50b5918bbdfad41c0638ac17ee",
+                     "test_top1": 0.3359375, "test_loss": 1.4470973014831543, "teacher_test_top1": 0.2890625,
+                     "steps": 32},
+    "mpp": {"weights": "7dbd5431b736e1c9982eacc6d3fa6d2e851c094891bc12d16c3819a36b2da11d",
+            "checkpoint": "9fe80589945b3ea33aafe798dcd4c0fc8e8dccc28d6c5ac99a5364c88153aaf3",
+            "metrics": "4a67da392d013437debaaa6f92f0cd21f269104252ad246b93e6d3b468198adf",
+            "val_mpp_loss": 1.4146080017089844, "steps": 32},
+    # make demo's recipe (fmnist-demo, real Fashion-MNIST), its first 30 steps, tested on 1,000 test images
+    "demo": {"weights": "19d1bbce9f748ed27d9fe38123600c774d09e3162b9607d5674f3a6786364e0f",
+             "checkpoint": "ec7d310e8c14ad5c7f48977e56644115d9f3c5fc5193af0e777e58c6beb5fc86",
+             "metrics": "1b816961b0ce017aa51c8ad1ce39be78ff4afa219788895a363f9b3c5302fecd",
+             "test_top1": 0.466, "test_loss": 1.738225341796875, "steps": 30},
+}
+
+
+def test_same_seed_runs_of_every_objective_match_the_engine_before(tmp_path):
+    here = (torch.__version__, torch.backends.cpu.get_cpu_capability())
+    if here != RECORDED_ON:
+        pytest.skip(f"the fingerprints were recorded with torch/CPU {RECORDED_ON}; this is {here}")
+    got = run_all(tmp_path)
+    assert got == EXPECTED
