@@ -20,11 +20,13 @@ TIMM_PARAMS = {"deit3_small_patch16_224": 22_059_496, "vit_small_patch14_reg4_di
                "vit_base_patch16_clip_quickgelu_224": 86_193_152, "vit_base_patch16_siglip_224": 92_884_224}
 
 
+SMALL = dict(width=64, num_heads=4, mlp_dim=128, depth=2)  # the sizes the names' weights are cut to here
+
+
 def tiny(name, **kw):
     """A descendant cut to unit-test size: every part kept, 2 blocks of width 64 on 28 px."""
     patch = vitkit.parse_model_name(name)["patch_size"]
-    small = dict(width=64, num_heads=4, mlp_dim=128, depth=2, img_size=2 * patch)
-    return vitkit.create_model(name, **dict(small, **kw))
+    return vitkit.create_model(name, **{**SMALL, "img_size": 2 * patch, **kw})
 
 
 @pytest.mark.parametrize("name", FAMILY)
@@ -139,7 +141,7 @@ def test_timm_file_round_trip_needs_the_name_for_numerics(tmp_path, name):
     keeps every field."""
     model = tiny(name).eval()
     save_weights(model, tmp_path / "w.safetensors", "timm")
-    back = vitkit.create_model(name, weights=tmp_path / "w.safetensors", num_heads=4)
+    back = vitkit.create_model(name, weights=tmp_path / "w.safetensors", **SMALL)  # sizes beside the name, as timm
     assert back.config.replace(name=None) == model.config.replace(name=None)
     x = torch.randn(2, 3, *model.config.img_size)
     with torch.no_grad():
@@ -151,10 +153,16 @@ def test_timm_file_round_trip_needs_the_name_for_numerics(tmp_path, name):
 def test_name_and_weights_disagree_names_both(tmp_path):
     save_weights(tiny("vit_small_patch14_dinov2"), tmp_path / "plain.pth", "timm")
     with pytest.raises(ConfigError, match=r"reg_tokens=0.*'vit_small_patch14_reg4_dinov2' has .*reg_tokens=4"):
-        vitkit.create_model("vit_small_patch14_reg4_dinov2", weights=tmp_path / "plain.pth")
+        vitkit.create_model("vit_small_patch14_reg4_dinov2", weights=tmp_path / "plain.pth", **SMALL)
     save_weights(tiny("vit_base_patch16_siglip_224"), tmp_path / "siglip.pth", "timm")
     with pytest.raises(ConfigError, match=r"class_token=False, pool='map'.*class_token=True, pool='token'"):
-        vitkit.create_model("deit3_small_patch16_224", weights=tmp_path / "siglip.pth")
+        vitkit.create_model("deit3_small_patch16_224", weights=tmp_path / "siglip.pth", **SMALL)
+    # the architecture: a name (with the sizes beside it) that is not the weights' shape is refused, both shown
+    with pytest.raises(ConfigError, match=r"are width 64, depth 2, MLP 128, patch 14x14, but "
+                                          r"'vit_small_patch14_dinov2' is width 384, depth 12, MLP 1536, patch 14x14"):
+        vitkit.create_model("vit_small_patch14_dinov2", weights=tmp_path / "plain.pth")
+    with pytest.raises(ConfigError, match=r"depth 2, .* is width 64, depth 3,"):
+        vitkit.create_model("vit_small_patch14_dinov2", weights=tmp_path / "plain.pth", **dict(SMALL, depth=3))
 
 
 @pytest.mark.parametrize("to", ["torchvision", "npz"])
@@ -214,8 +222,8 @@ def test_analyze_a_headless_tower(tmp_path):
     except FileNotFoundError:
         pytest.skip("Fashion-MNIST not installed (make data)")
     for name in ("vit_small_patch14_reg4_dinov2", "vit_base_patch16_siglip_224"):
-        weights, out = tmp_path / f"{name}.safetensors", tmp_path / name
-        save_weights(tiny(name, img_size=56 if "14" in name else 64), weights, "timm")
+        weights, out = tmp_path / f"{name}-weights", tmp_path / name  # a vitkit folder: it stores the heads
+        save_weights(tiny(name, img_size=56 if "14" in name else 64), weights, "vitkit")
         assert main(["analyze", str(weights), "--out", str(out), "--data", "fashion-mnist", "--num-images", "8",
                      "--rollout-images", "2", "--filters", "4"]) == 0
         summary = json.loads((out / "summary.json").read_text())

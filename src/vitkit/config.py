@@ -98,6 +98,7 @@ class ViTConfig:
     final_norm: str = "tokens"
     dropout: float = 0.0  # after position embedding and after every dense layer but qkv
     attn_dropout: float = 0.0
+    head_dropout: float = 0.0  # on the pooled features before the classifier head (timm's drop_rate)
     drop_path: float = 0.0  # stochastic depth, rate grows linearly to this value over depth
     patch_drop: float = 0.0  # training only: drop this fraction of patch tokens per image (PatchDropout)
     ln_eps: float = 1e-6
@@ -314,7 +315,7 @@ def _check_tokens(c: ViTConfig) -> None:
 
 
 def _check_rates(c: ViTConfig) -> None:
-    for key in ("dropout", "attn_dropout", "drop_path", "patch_drop"):
+    for key in ("dropout", "attn_dropout", "head_dropout", "drop_path", "patch_drop"):
         if not 0.0 <= float(getattr(c, key)) < 1.0:
             raise ConfigError(f"{key} must be in [0, 1), got {getattr(c, key)!r}")
     if c.patch_drop and (c.posemb == "relative" or c.posemb_where != "input"):
