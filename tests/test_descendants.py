@@ -266,3 +266,22 @@ def test_dinov2_repository_files_are_read():
     x = torch.randn(2, 3, 28, 28)
     with torch.no_grad():
         torch.testing.assert_close(back.forward_features(x), model.forward_features(x))
+
+
+@pytest.mark.parametrize("name", ["vit_so400m_patch14_siglip_384", "google/siglip-so400m-patch14-384"])
+def test_siglip_so400m_at_384_reads_27_whole_patches(name):
+    """384 px in 14 px patches: built at 384 (as timm and transformers), 27 patches a side, the last 6 pixels of
+    each side not read; other sizes that are no multiple are still refused without crop_remainder."""
+    m = vitkit.create_model(name, **dict(SMALL, patch_size=14)).eval()
+    assert m.config.img_size == (384, 384) and m.config.grid_size == (27, 27) and m.config.crop_remainder
+    x = torch.randn(2, 3, 384, 384)
+    y = x.clone()
+    y[..., 378:, :] = 5.0  # the pixels past the last whole patch: not read
+    y[..., :, 378:] = -5.0
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), m(y), rtol=0, atol=0)
+    assert param_count(vitkit.create_model(name, depth=1).config.replace(depth=27)) == 428_225_600  # timm's
+    with pytest.raises(ConfigError, match="not divisible by patch 14x14.*crop_remainder=True"):
+        vitkit.create_model("vit_so400m_patch14_siglip_224", img_size=384)
+    with pytest.raises(ConfigError, match="crop_remainder=True .* a hybrid"):
+        vitkit.create_model("R50+B/16", crop_remainder=True)

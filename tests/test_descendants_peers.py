@@ -211,3 +211,34 @@ def test_hf_dinov2_resolution_change(tmp_path, size):
     with torch.no_grad():
         err = rel_err(ours.forward_features(x), ref(pixel_values=x).last_hidden_state)
     assert err < 1e-5
+
+
+# --- SigLIP so400m at 384 px in 14 px patches: 27 patches a side, the last 6 pixels not read -----------------
+def test_siglip_so400m_384_as_timm_and_transformers(tmp_path):
+    """384 is no multiple of 14: timm's and transformers' convolutions read 27 x 14 = 378 pixels a side. vitkit
+    builds the name at 384 px (crop_remainder) and computes their outputs on 384 px images, from timm's state
+    dict under the name and from an HF folder whose config says image_size=384."""
+    timm = pytest.importorskip("timm")
+    t = pytest.importorskip("transformers")
+    name = "vit_so400m_patch14_siglip_384"
+    ref = randomize(timm.create_model(name, pretrained=False, depth=1), std=0.02).eval()
+    ours = vitkit.create_model(name, depth=1)
+    assert ours.num_params() == sum(p.numel() for p in ref.parameters())
+    torch.save(ref.state_dict(), tmp_path / "ref.pth")
+    ours = vitkit.create_model(name, weights=tmp_path / "ref.pth", depth=1)
+    assert ours.config.img_size == (384, 384) and ours.config.grid_size == (27, 27)
+    x = torch.randn(2, 3, 384, 384)
+    with torch.no_grad():
+        errs = [rel_err(ours(x), ref(x))]
+    hf = randomize(t.SiglipVisionModel(t.SiglipVisionConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                                             intermediate_size=128, patch_size=14, image_size=384)))
+    hf.eval().save_pretrained(tmp_path / "hf")
+    ours = load_weights(tmp_path / "hf")
+    assert ours.config.img_size == (384, 384) and ours.config.crop_remainder
+    with torch.no_grad():
+        o = hf(pixel_values=x)
+        feats = ours.forward_features(x)
+        errs += [rel_err(feats, o.last_hidden_state), rel_err(ours.forward_head(feats, pre_logits=True),
+                                                              o.pooler_output)]
+    print("so400m 384/14: timm logits, HF hidden state, HF pooled: " + ", ".join(f"{e:.1e}" for e in errs))
+    assert max(errs) < 1e-5

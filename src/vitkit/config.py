@@ -107,6 +107,9 @@ class ViTConfig:
     posemb_antialias: bool = False  # antialias when a table shrinks (bicubic; timm's resample does, HF's does not)
     dynamic_img_size: bool = False  # accept other input sizes, resizing position embeddings on the fly
     dynamic_img_pad: bool = False  # pad inputs on the right/bottom up to a multiple of the patch size
+    # an image size that is not a multiple of the patch: the pixels past the last whole patch are not read, as a
+    # stride-P convolution without padding (timm, Hugging Face: SigLIP so400m at 384 px with 14 px patches)
+    crop_remainder: bool = False
     # Hybrid (Section 3.1): patches (usually 1x1) of a BiT ResNet feature map instead of the image.
     backbone: Optional[str] = None  # None (pure ViT) | "resnet"
     backbone_layers: Tuple[int, ...] = (3, 4, 9)  # bottleneck units per stage; () = root only
@@ -215,10 +218,10 @@ class ViTConfig:
                 f"{tuple(shape)}): convert the images (e.g. grayscale to RGB with x.expand(-1, 3, -1, -1)) "
                 f"or build the model with in_chans={shape[1]}")
         (h, w), (ph, pw) = shape[-2:], self.patch_size
-        if (h % ph or w % pw) and not self.dynamic_img_pad:
+        if (h % ph or w % pw) and not (self.dynamic_img_pad or self.crop_remainder):
             raise InputError(
                 f"image {h}x{w} is not divisible by patch {ph}x{pw}: resize or crop it to a multiple of "
-                f"{ph}x{pw}, or build the model with dynamic_img_pad=True")
+                f"{ph}x{pw}, or build the model with dynamic_img_pad=True (or crop_remainder=True)")
         if (h, w) != self.img_size and not self.dynamic_img_size:
             bh, bw = self.img_size
             raise InputError(
@@ -338,13 +341,17 @@ def _check_backbone(c: ViTConfig) -> None:
     if c.backbone_width <= 0 or c.backbone_width % 32:
         raise ConfigError(f"backbone_width must be a positive multiple of 32 (GroupNorm has 32 groups), "
                           f"got {c.backbone_width}")
-    if not c.dynamic_img_pad:
+    if c.crop_remainder and (c.backbone is not None or c.dynamic_img_pad):
+        raise ConfigError("crop_remainder=True (pixels past the last whole patch not read) is for a plain ViT's "
+                          "image patches: a hybrid or a model with dynamic_img_pad=True pads instead")
+    if not (c.dynamic_img_pad or c.crop_remainder):
         (h, w), (ph, pw) = c.feature_size(c.img_size), c.patch_size
         if h % ph or w % pw:
             what = "image" if c.backbone is None else f"backbone feature map (stride {c.feature_stride})"
             raise ConfigError(
                 f"{what} {h}x{w} is not divisible by patch {ph}x{pw}: choose an image size that is a "
-                f"multiple of the patch size or pass dynamic_img_pad=True")
+                f"multiple of the patch size, or pass dynamic_img_pad=True (pad) or crop_remainder=True (the "
+                f"pixels past the last whole patch are not read, as timm and Hugging Face do)")
 
 
 def grid_for(img_size: Tuple[int, int], patch_size: Tuple[int, int], pad: bool = False) -> Tuple[int, int]:

@@ -194,7 +194,17 @@ def infer_config(state: Dict[str, Tensor], *, num_heads: Optional[int] = None, i
         fields["representation_size"] = int(state["pre_logits.fc.weight"].shape[0])
     fields["num_classes"] = int(state["head.weight"].shape[0]) if "head.weight" in state else 0
     fields.update(fixed)
+    if not hybrid and not fields.get("dynamic_img_pad") and _uneven(fields.get("img_size"), (ph, pw)):
+        fields.setdefault("crop_remainder", True)  # the source's stride-P convolution does not read the rest
     return ViTConfig(**fields)
+
+
+def _uneven(size, patch: Tuple[int, int]) -> bool:
+    """A stored image size of no whole patch count (SigLIP so400m: 384 px in 14 px patches)."""
+    if size is None:
+        return False
+    h, w = (size, size) if isinstance(size, int) else size
+    return bool(h % patch[0] or w % patch[1])
 
 
 def layout_for(ckpt: Checkpoint, fmt: str) -> Dict[str, Any]:

@@ -174,9 +174,8 @@ def load_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike]
       disagree on raises, naming both (:mod:`vitkit.checkpoints.named`). Without a name the architecture
       is read from the weights; heads a file does not store come from the standard size of its width, else
       64-dim heads (noted in ``model.meta.notes``; the tensors read and convert the same either way).
-    - ``standard_heads``: without ``model_name``, ``model`` or ``num_heads``, refuse to guess: weights that do not
-      store their heads and whose width is not a standard size's raise :class:`~.base.HeadsUnknown` asking for
-      ``num_heads`` (``vitkit.create_model(weights=...)`` without a name: a model built to compute with).
+    - ``standard_heads`` (``create_model`` without a name): no guess; heads not stored, of a width of no standard
+      size, raise :class:`~.base.HeadsUnknown` asking for ``num_heads`` (unless ``model_name`` or ``model``).
 
     Returns the model in eval mode, its :class:`~vitkit.models.meta.ModelMeta` (``model.meta``: labels,
     preprocessing for its resolution, format, source, notes) filled; with ``return_state=True`` returns
@@ -189,7 +188,9 @@ def load_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike]
     ckpt = _read_with_heads(name_or_path, num_heads, model_name, given, standard_heads, read)
     if model_name is not None:
         from .named import name_fields
-        overrides = {**name_fields(model_name, ckpt, given), **overrides}
+        named = name_fields(model_name, ckpt, dict(given, **({"img_size": img_size} if img_size else {})))
+        img_size = named.pop("img_size", img_size)  # the name's size for the same patch grid (so400m: 384 px)
+        overrides = {**named, **overrides}
     return build(ckpt, model=model, img_size=img_size, num_classes=num_classes, labels=labels,
                  representation_size=representation_size, head=head, resize=resize, strict=strict,
                  return_state=return_state, **overrides)

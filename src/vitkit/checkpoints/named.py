@@ -25,7 +25,7 @@ PART_FIELDS = ("class_token", "distill_token", "reg_tokens", "pool", "norm_pre",
 # the parts every name implies (by default: the paper's), compared whether the name states them or not
 STRUCTURE = ("class_token", "distill_token", "reg_tokens", "pool", "norm_pre", "final_norm", "patch_bias")
 # what no weights file stores: always the name's (the class-token slot is folded or added exactly)
-NAME_FIELDS = ("posemb_class_slot", "posemb_resize", "posemb_antialias")
+NAME_FIELDS = ("posemb_class_slot", "posemb_resize", "posemb_antialias", "crop_remainder")
 # how the readers' notes on assumed fields begin (dropped once the name has supplied the fields)
 ASSUMED_NOTES = ("num_heads=", "a LayerNorm before the blocks", "no config.json")
 
@@ -92,6 +92,8 @@ def name_fields(name: str, ckpt: Checkpoint, given: Optional[Mapping[str, Any]] 
         raise ConfigError(f"{ckpt.source or 'the weights'} ({ckpt.format} layout) have {theirs}, but the model "
                           f"{label!r} has {ours}: pass the weights under the name of their model, or without a "
                           f"name (vitkit.load_weights) to build what the weights describe")
+    if "img_size" not in given and full.grid_size == have.grid_size and full.img_size != have.img_size:
+        out["img_size"] = full.img_size  # the same patches at the name's resolution (384 px as 27 x 14 px + 6)
     if ckpt.assumed:  # the readers' notes on what they assumed no longer apply
         ckpt.notes = [n for n in ckpt.notes if not n.startswith(ASSUMED_NOTES)]
         ckpt.notes.append(f"from the model name {label!r}: " + ", ".join(f"{k}={out[k]!r}" for k in ckpt.assumed))

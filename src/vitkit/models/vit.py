@@ -118,8 +118,7 @@ class VisionTransformer(TimmInterface, nn.Module):
         # DeiT: the distillation token's own head; set distilled_training to get both heads' logits in training
         self.head_dist = (nn.Linear(d, cfg.num_classes)
                           if cfg.distill_token and cfg.distill_head and cfg.num_classes > 0 else None)
-        self.distilled_training = False
-        self.grad_checkpointing = False
+        self.distilled_training = self.grad_checkpointing = False
         self.reset_parameters()
         self.set_kernel_plan()  # the declared backend and the measurements already known: no timing
 
