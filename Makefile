@@ -7,6 +7,16 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
+# torch comes from PyTorch's CPU wheel index (TORCH_INDEX), not PyPI's default build (CUDA on Linux, several GB
+# more). The index is probed once per make run, at the first install that needs it (one HTTPS request, 5 s
+# timeout); when it does not answer (no network, a machine with only local package indexes in pip's config),
+# torch is installed from pip's configured indexes instead, and make says so. `make TORCH_INDEX=` skips the
+# probe and uses pip's configuration; TORCH_INDEX_ARGS=... sets pip's arguments for torch directly.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_INDEX_ARGS = $(eval TORCH_INDEX_ARGS := $(if $(TORCH_INDEX),$(shell \
+  $(PY) -c 'import sys, urllib.request as r; r.urlopen(sys.argv[1] + "/torch/", timeout=5)' $(TORCH_INDEX) \
+  2>/dev/null && echo --index-url $(TORCH_INDEX) || \
+  echo "make: $(TORCH_INDEX) does not answer: torch from the indexes in pip's configuration" >&2)))$(TORCH_INDEX_ARGS)
 PEERS ?= .venv-peers
 PEERS_LOCK ?= requirements/peers.txt
 PEERS_MB ?= 5300
@@ -22,7 +32,8 @@ FMNIST ?= /usr/share/datasets/fashion-mnist
 # on first use. It keeps the demo's install short (the demo is timed with it).
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --no-compile $(TORCH_PIN) -e '.[plots]'
+	$(BIN)/pip install -q --no-compile $(TORCH_PIN) $(TORCH_INDEX_ARGS)
+	$(BIN)/pip install -q --no-compile -e '.[plots]'
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
@@ -35,16 +46,23 @@ venv-test: $(VENV)/.installed-test
 lint: venv-test
 	$(BIN)/ruff check src tests benchmarks
 
-# Fashion-MNIST from Debian's package when it is missing and we are root; fails (with how to get it) when it
-# cannot provide the data, so the tests that need it never skip for want of it.
-data:
+# Fashion-MNIST: Debian's /usr/share/datasets/fashion-mnist when it is there; otherwise `vitkit data fetch
+# fashion-mnist` downloads the four files from Zalando's server (FMNIST_URL: another base URL, a mirror) into the
+# user's data folder ($$VITKIT_DATA_DIR, else ~/.cache/vitkit/data/fashion-mnist), each checked against its
+# SHA-256; no root needed, and files already there are checked, not fetched again. When that fails and we
+# are root, Debian's dataset-fashion-mnist package is tried. Fails (with what to do) when nothing provides
+# the data, so the tests that need it never skip for want of it.
+FMNIST_URL ?=
+data: venv
 	@if [ -f $(FMNIST)/train-images-idx3-ubyte.gz ]; then :; \
+	elif $(BIN)/vitkit data fetch fashion-mnist $(if $(FMNIST_URL),--base-url '$(FMNIST_URL)'); then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "make data: trying Debian's dataset-fashion-mnist package instead" >&2; \
 	  (apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
 	   (apt-get update -qq >/dev/null && apt-get install -y -qq dataset-fashion-mnist >/dev/null)) && \
 	  [ -f $(FMNIST)/train-images-idx3-ubyte.gz ] && echo "installed Fashion-MNIST into $(FMNIST)" || \
 	  { echo "could not install Fashion-MNIST (apt-get install dataset-fashion-mnist failed)" >&2; exit 1; }; \
-	else echo "Fashion-MNIST is not in $(FMNIST): run 'sudo apt-get install dataset-fashion-mnist'" >&2; exit 1; fi
+	else exit 1; fi
 
 # Chromium and its driver for the browser test of `vitkit serve`'s page (tests/test_serve_browser.py), from
 # Debian's packages when they are missing and we are root: about 30 s the first time (26-33 s measured, with
@@ -81,7 +99,7 @@ analysis-figures: venv-test data
 # each extra's commands in an environment with only the core and that extra (test-extras, below).
 # -rs prints every skip with its reason.
 BACKEND_TESTS ?= tests/test_backend.py tests/test_inference.py tests/test_export.py tests/test_axial.py \
-	tests/test_config.py tests/test_model.py
+	tests/test_config.py tests/test_model.py tests/test_readout.py
 FIXED_BACKENDS ?= gemm=aten,attention=fused gemm=onednn,attention=explicit
 test: venv-test peers data browser lint
 	env -u VITKIT_BACKEND $(BIN)/python -m pytest -q -rs -m "not peers" $(PYTEST_ARGS)
@@ -89,7 +107,7 @@ test: venv-test peers data browser lint
 	  VITKIT_BACKEND=$$b $(BIN)/python -m pytest -q -m "not peers and not slow" -p no:cacheprovider \
 	    $(BACKEND_TESTS) $(PYTEST_ARGS) || exit 1; done
 	env -u VITKIT_BACKEND $(PEERS)/bin/python -m pytest -q -rs -m peers $(PYTEST_ARGS)
-	$(MAKE) test-extras
+	$(MAKE) test-extras TORCH_INDEX_ARGS='$(TORCH_INDEX_ARGS)'  # the probe's answer, not a second probe
 
 # Each extra's commands, for real, in an environment with only the core and that extra (tests/extras_smoke.py
 # says what runs: ONNX and OpenVINO exports checked by their runtimes, a served classification, the figures,
@@ -109,7 +127,7 @@ PURELIB = $(1)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["pur
 $(CORE_ENV)/.installed: pyproject.toml
 	rm -rf $(CORE_ENV)
 	$(PY) -m venv $(CORE_ENV)
-	$(CORE_ENV)/bin/pip install -q $(TORCH_PIN)
+	$(CORE_ENV)/bin/pip install -q $(TORCH_PIN) $(TORCH_INDEX_ARGS)
 	$(CORE_ENV)/bin/pip install -q -e .
 	touch $@
 

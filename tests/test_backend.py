@@ -196,7 +196,7 @@ def test_a_model_built_where_measurements_exist_runs_them(tiny_cfg, fresh_cache)
     assert model.blocks[0].attn.plan is model.kernel_plan
 
 
-def test_records_are_per_model_not_per_process(tiny_cfg):
+def test_records_are_per_model_not_per_process(tiny_cfg, fresh_cache):
     a = prepare_inference(noisy_model(tiny_cfg), "fp32", measure=False)
     with use_backend("attention=explicit"):
         b = prepare_inference(noisy_model(tiny_cfg), "fp32", measure=False)

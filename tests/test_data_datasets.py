@@ -48,7 +48,8 @@ def test_idx_folder_as_fashion_mnist(tmp_path):
 
 
 def test_missing_fashion_mnist_says_how_to_get_it(tmp_path):
-    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+    from vitkit.errors import NotFoundError
+    with pytest.raises(NotFoundError, match=f"vitkit data fetch fashion-mnist --dir {tmp_path}`"):
         open_dataset(f"fashion-mnist:{tmp_path}")
 
 

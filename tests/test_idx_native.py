@@ -62,6 +62,8 @@ def test_dataset_folder_and_missing_message(tmp_path):
         np.testing.assert_array_equal(images, written[split][0])  # the split's own file, in file order
         np.testing.assert_array_equal(labels, written[split][1])
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        find_idx_dataset(defaults=[tmp_path / "nowhere"])
+    with pytest.raises(FileNotFoundError, match=f"vitkit data fetch fashion-mnist --dir {tmp_path / 'nowhere'}`"):
         find_idx_dataset(tmp_path / "nowhere")
 
 

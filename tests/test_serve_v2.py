@@ -5,6 +5,7 @@ requests get the protocol's ``{"error": ...}``."""
 import base64
 import io
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -113,30 +114,43 @@ def test_bytes_input_gives_eager_logits_with_the_models_preprocessing(server, mo
     assert _rel(_output(r.json(), "logits"), want) < 1e-3
 
 
-def _send_together(server):
-    answers = {}
-    x = torch.randn(2, 3, 32, 32)
-    v2 = threading.Thread(target=lambda: answers.setdefault("v2", _infer(server.url, [_tensor(x)])))
-    v1 = threading.Thread(target=lambda: answers.setdefault("v1", httpx.post(
-        server.url + "/v1/classify", content=image_bytes(), headers={"Content-Type": "image/png"}, timeout=60)))
-    v2.start()
-    v1.start()
-    v2.join(60)
-    v1.join(60)
+def test_v1_and_v2_requests_share_one_batch(ckpt):
+    """The same batcher: a v2 request (2 tensors) and a /v1 request (1 image) queued together run in one batch.
+    Deterministic on a loaded machine: a first request's batch holds the inference thread until both requests'
+    images are queued (at most 30 s), so the next batch takes them together (each answer names its batch)."""
+    app = create_app(str(ckpt), **{**OPTS, "max_batch": 8, "max_wait_ms": 0})
+    answers, queued = {}, threading.Event()
+    with serving(app, ready="/v2/health/ready") as srv:
+        batcher = app.state.service.batcher
+        step = batcher.step
+
+        def held_step(items):
+            if "blocker" not in answers:  # the first batch: wait for the two requests to queue behind it
+                answers["blocker"] = True
+                deadline = time.monotonic() + 30
+                while batcher.pending < 3 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                queued.set()
+            return step(items)
+
+        batcher.step = held_step
+        post_v1 = lambda key: answers.setdefault(key, httpx.post(  # noqa: E731
+            srv.url + "/v1/classify", content=image_bytes(), headers={"Content-Type": "image/png"}, timeout=60))
+        threads = [threading.Thread(target=post_v1, args=("first",))]
+        threads[0].start()
+        while "blocker" not in answers and threads[0].is_alive():
+            time.sleep(0.01)
+        x = torch.randn(2, 3, 32, 32)
+        threads += [threading.Thread(target=lambda: answers.setdefault("v2", _infer(srv.url, [_tensor(x)]))),
+                    threading.Thread(target=post_v1, args=("v1",))]
+        for t in threads[1:]:
+            t.start()
+        for t in threads:
+            t.join(60)
+        batcher.step = step
+    assert queued.is_set() and answers["first"].status_code == 200
     batch = answers["v1"].json()["results"][0]["batch"]
-    return answers["v2"].json()["parameters"]["batches"], batch
-
-
-def test_v1_and_v2_requests_share_one_batch(server):
-    """The same batcher: a v2 request (2 tensors) and a /v1 request (1 image) sent together run in one batch.
-    Sent together means within the batcher's wait; on a loaded machine one try can miss it, so up to 3 tries
-    (each answer is checked: a request never runs in a batch it does not report)."""
-    for _ in range(3):
-        v2_batches, batch = _send_together(server)
-        assert len(v2_batches) >= 1 and batch["size"] >= 1
-        if v2_batches == [batch["id"]] and batch["size"] == 3:
-            return
-    raise AssertionError(f"3 tries and the two requests never shared a batch: last {v2_batches} vs {batch}")
+    assert answers["v2"].json()["parameters"]["batches"] == [batch["id"]] and batch["size"] == 3, (answers, batch)
 
 
 HOSTILE = [  # (what, request body or (content, headers), status, error code)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # an expected failure: bad input, unreadable or unwritable file, bad config
@@ -135,6 +135,39 @@ def require(extra: str, *modules: str, what: str) -> None:
                                     extra=extra) from None
 
 
+class ImageError(DataError):
+    """A file that is not a readable image (corrupt, truncated, unknown format)."""
+
+
+class PeerUnavailable(VitkitError, RuntimeError):
+    """A library vitkit is compared with (timm, Hugging Face, torchvision, a runtime) is missing or cannot
+    build the configuration asked for."""
+
+
+class Fault(VitkitError):
+    """An HTTP request the service refuses: ``status`` (4xx, or 5xx for the server's own state), ``error`` (a
+    stable code), ``detail`` (a sentence naming the problem), ``headers`` for the answer; ``close``: drop the
+    connection after the answer (the rest of an upload is not read)."""
+
+    def __init__(self, status: int, error: str, detail: str, headers: Optional[Dict[str, str]] = None,
+                 close: bool = False):
+        super().__init__(detail)
+        self.status, self.error, self.detail = status, error, detail
+        self.headers = dict(headers or {})
+        if close:
+            self.headers["Connection"] = "close"
+
+    def __reduce__(self):  # picklable with every attribute (Ray ships refusals between processes)
+        return (_restore, (type(self), self.__dict__.copy()))
+
+
+def _restore(cls, state):
+    err = cls.__new__(cls)
+    Exception.__init__(err, state.get("detail", ""))
+    err.__dict__.update(state)
+    return err
+
+
 class VitkitWarning(UserWarning):
     """Something suspicious that does not stop the work (e.g. non-finite weights in a checkpoint)."""
 
@@ -174,6 +207,6 @@ def describe_os_error(err: OSError) -> str:
 
 
 __all__ = ["EXIT_BUG", "EXIT_ERROR", "EXIT_OK", "EXIT_PARTIAL", "EXIT_USAGE", "BusyError", "CheckpointError",
-           "ConfigError", "DataError", "ExportError", "InputError", "MissingDependency", "NotFoundError", "OutputError",
-           "TrainingDiverged", "UnsafeCheckpointError", "UsageError", "VitkitError", "VitkitWarning",
-           "describe_os_error", "os_error_hint", "require"]
+           "ConfigError", "DataError", "ExportError", "Fault", "ImageError", "InputError", "MissingDependency",
+           "NotFoundError", "OutputError", "PeerUnavailable", "TrainingDiverged", "UnsafeCheckpointError",
+           "UsageError", "VitkitError", "VitkitWarning", "describe_os_error", "os_error_hint", "require"]

@@ -164,7 +164,7 @@ def run_delay_s() -> Optional[float]:
 def quiet(timed: Timed) -> bool:
     """Whether a timing can be kept for later processes: the 1-minute load within the cores and its threads
     seldom kept from a CPU (a load average lags, and work that starts or stops during a timing can fake a
-    gain: an encoder block timed beside CI showed 1.57x where the quiet machine gave 1.01x)."""
+    gain much larger than any real one between two kernels: docs/kernels.md, "Noise")."""
     try:
         busy = os.getloadavg()[0] > (os.cpu_count() or 1) + 0.5
     except (AttributeError, OSError):

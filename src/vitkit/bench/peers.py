@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 from torch import nn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PeerUnavailable
 from ..models import VisionTransformer
 
 PEERS = ("timm", "hf", "torchvision", "onnxruntime", "openvino")
@@ -33,10 +33,6 @@ PEER_MODULE = {"timm": "timm", "hf": "transformers", "torchvision": "torchvision
 # the vitkit extra that installs a peer (timm and torchvision: the peers environment, requirements/peers.txt)
 EXTRA = {"hf": "bench", "onnxruntime": "onnx", "openvino": "openvino"}
 INFERENCE_ONLY = ("onnxruntime", "openvino")  # runtimes of vitkit's own export: no training, no torch.compile
-
-
-class PeerUnavailable(RuntimeError):
-    """The peer library is missing or cannot build this configuration."""
 
 
 @dataclass

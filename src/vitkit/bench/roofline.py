@@ -131,8 +131,8 @@ def gemm_rate(g: Gemm, dtype: str = "fp32", device: str = "cpu", repeats: int = 
 
     Candidates are first compared on at most ``probe_rows`` rows (a slow fallback kernel would otherwise take
     minutes); every one within 2x of the probe's fastest is then timed at the full shape, alternated, and the
-    fastest there sets the rate (a probe on fewer rows can rank close libraries the other way round: on an AMD
-    EPYC a probe once put MKL's fp32 products, 1.3x slower than oneDNN's at the model's shapes, in the bound).
+    fastest there sets the rate (a probe on fewer rows can rank close libraries the other way round, and put
+    the slower one's rate in the bound).
     The rate is that of the *fastest* repeat: other processes can only slow a repeat down, and a bound should
     not be lowered by them."""
     dt = resolve_dtype(dtype)

@@ -311,8 +311,8 @@ def run_training(models: List[str], img_sizes: List[Optional[int]], batches: Lis
                           generator=torch.Generator().manual_seed(opts.seed)).to(opts.device)
         cases = {c.library: (lambda s=c.fn: s(x, t)) for c in contenders}
         # a compiled step can recompile on its first calls (after the first backward and optimiser step), each
-        # recompile seconds long: three untimed steps keep them out of the timed rounds (a compiled S/16 fp32
-        # run with one had spreads near 40% and a third of the step rate)
+        # recompile seconds long: three untimed steps keep them out of the timed rounds (with one, the
+        # recompiles land in timed rounds: wide spreads and a much lower step rate)
         return alternate(cases, warmup=max(opts.warmup, TRAIN_COMPILED_WARMUP if compiled else 1),
                          repeats=opts.repeats, sync=sync)
 

@@ -24,9 +24,9 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Type
 
-from ..errors import CheckpointError, NotFoundError
+from ..errors import CheckpointError, NotFoundError, VitkitError
 from ..utils import PathLike, exclusive
 from ..version import __version__
 
@@ -69,30 +69,34 @@ def check_sha256(path: PathLike, expected: str, what: str) -> None:
 
 
 def download_url(url: str, dst: PathLike, *, sha256: Optional[str] = None, progress: bool = True,
-                 retries: int = 3, timeout: float = 60.0, offline: Optional[bool] = None) -> Path:
+                 retries: int = 3, timeout: float = 60.0, offline: Optional[bool] = None,
+                 unavailable: Type[NotFoundError] = WeightsUnavailable,
+                 corrupt: Type[VitkitError] = CheckpointError) -> Path:
     """Download ``url`` to ``dst`` (resuming ``dst.part`` if one is there) and return ``dst``; an existing
     ``dst`` is returned as it is. Processes fetching the same ``dst`` wait for each other (a lock file in
     ``.locks/`` beside it).
 
     ``sha256``: the published digest or prefix (default: the one in the file name, if any); a mismatch
-    deletes the download and raises ValueError. Network failures are retried ``retries`` times, each
-    retry resuming where the last stopped; then :class:`WeightsUnavailable` says where to put the file.
+    deletes the download and raises ``corrupt`` (a ValueError for the default, CheckpointError). Network
+    failures are retried ``retries`` times, each retry resuming where the last stopped; then ``unavailable``
+    (default :class:`WeightsUnavailable`) says where to put the file. The two error types are the caller's
+    kind of file (weights here, a dataset in :mod:`vitkit.data.fetch`).
     """
     dst = Path(dst).expanduser()
     part = dst.with_name(dst.name + ".part")
     expected = sha256 if sha256 is not None else hash_from_name(url)
     if is_offline(offline):
-        raise WeightsUnavailable(_manual(url, dst, "offline mode is on (--offline or HF_HUB_OFFLINE)"))
+        raise unavailable(_manual(url, dst, "offline mode is on (--offline or HF_HUB_OFFLINE)"))
     dst.parent.mkdir(parents=True, exist_ok=True)
     with exclusive(dst.parent / ".locks" / (dst.name + ".lock")):  # one download of a file at a time
         if dst.exists():  # another process fetched it while this one waited
             return dst
-        _download(url, dst, part, expected, progress, retries, timeout)
+        _download(url, dst, part, expected, progress, retries, timeout, unavailable, corrupt)
     return dst
 
 
 def _download(url: str, dst: Path, part: Path, expected: Optional[str], progress: bool, retries: int,
-              timeout: float) -> None:
+              timeout: float, unavailable: Type[NotFoundError], corrupt: Type[VitkitError]) -> None:
     attempt = 0
     while True:
         try:
@@ -100,14 +104,13 @@ def _download(url: str, dst: Path, part: Path, expected: Optional[str], progress
             break
         except urllib.error.HTTPError as err:
             if err.code not in _RETRY_HTTP or attempt >= retries:
-                raise WeightsUnavailable(_manual(url, dst, f"the server answered HTTP {err.code} {err.reason}")) \
-                    from None
+                raise unavailable(_manual(url, dst, f"the server answered HTTP {err.code} {err.reason}")) from None
         except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as err:
             if attempt >= retries:
                 kept = part.stat().st_size if part.exists() else 0
                 resume = f"; {kept:,} bytes kept in {part}, the next try resumes from there" if kept else ""
                 reason = getattr(err, "reason", None) or err or type(err).__name__
-                raise WeightsUnavailable(_manual(url, dst, f"download failed ({reason}){resume}")) from None
+                raise unavailable(_manual(url, dst, f"download failed ({reason}){resume}")) from None
         attempt += 1
         time.sleep(min(0.25 * 2 ** attempt, 4.0))
     if expected:
@@ -115,7 +118,7 @@ def _download(url: str, dst: Path, part: Path, expected: Optional[str], progress
             check_sha256(part, expected, url)
         except ValueError as err:
             part.unlink()
-            raise CheckpointError(f"{err}; the download was deleted, try again") from None
+            raise corrupt(f"{err}; the download was deleted, try again") from None
     os.replace(part, dst)
 
 

@@ -92,7 +92,7 @@ def _read_hf_weights(p: Path) -> Dict[str, Any]:
                 out.update(read_tensors(p / shard)[1])
             return out
         return read_tensors(f)[1]
-    raise FileNotFoundError(f"{p} has config.json but no weights: expected one of {', '.join(HF_WEIGHTS)}")
+    raise NotFoundError(f"{p} has config.json but no weights: expected one of {', '.join(HF_WEIGHTS)}")
 
 
 def _hf_preprocessing(pre: Dict[str, Any], ckpt: Checkpoint) -> Optional[Dict[str, Any]]:

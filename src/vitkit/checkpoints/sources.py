@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from ..errors import InputError
+from ..errors import InputError, NotFoundError
 from ..utils import PathLike
 from .download import WeightsUnavailable, download_url, is_offline
 from .registry import DEFAULT_CACHE, JAX, KNOWN, KnownCheckpoint, get_known
@@ -64,7 +64,7 @@ def resolve_weights(name_or_path: PathLike, *, file: Optional[PathLike] = None,
     if file is not None:
         p = Path(file).expanduser()
         if not p.exists():
-            raise FileNotFoundError(f"{p} (given for {text}) does not exist")
+            raise NotFoundError(f"{p} (given for {text}) does not exist")
         return Resolved(p, entry, text)
     p = Path(text).expanduser()
     if p.exists():
@@ -87,7 +87,7 @@ def resolve_weights(name_or_path: PathLike, *, file: Optional[PathLike] = None,
         except WeightsUnavailable as err:
             raise WeightsUnavailable(f"{text} is no file or folder here, nor a known name; as a Hugging Face Hub "
                                      f"repository: {err}{_hint(text)}") from None
-    raise FileNotFoundError(_unknown(text))
+    raise NotFoundError(_unknown(text))
 
 
 # --- known checkpoints -------------------------------------------------------------

@@ -23,7 +23,7 @@ from ..errors import EXIT_BUG, EXIT_ERROR, VitkitError, VitkitWarning, describe_
 from ..models.kernel_plan import use_backend
 from ..version import __version__
 
-COMMAND_MODULES = ["model", "checkpoints", "analysis", "train", "mpp", "bench", "reproduce", "serve", "backend"]
+COMMAND_MODULES = ["model", "checkpoints", "analysis", "train", "mpp", "bench", "reproduce", "serve", "backend", "data"]
 
 
 BACKEND_HELP = ("the kernels to run, e.g. gemm=aten,attention=explicit (fields gemm, attention, int8; each auto "

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
-from ..errors import UsageError
+from ..errors import NotFoundError, UsageError
 
 
 def add_command(sub, name: str, help: str, description: Optional[str] = None) -> argparse.ArgumentParser:
@@ -99,7 +99,7 @@ class ManyFiles:
         for p in map(Path, paths):
             try:
                 if p.is_symlink() and not p.exists():
-                    raise FileNotFoundError(f"{p} is a symbolic link that leads nowhere (broken, or a loop)")
+                    raise NotFoundError(f"{p} is a symbolic link that leads nowhere (broken, or a loop)")
                 out.extend(find_images([p]))
             except (OSError, ValueError) as err:
                 self.skip(p, err)

@@ -28,7 +28,8 @@ CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog
 
 # --- IDX (Fashion-MNIST, MNIST) -------------------------------------------------
 def fashion_mnist(split: str = "train", root: Optional[PathLike] = None) -> TensorImages:
-    """Fashion-MNIST from ``root`` or Debian's /usr/share/datasets/fashion-mnist (60k train / 10k test)."""
+    """Fashion-MNIST from ``root``, else Debian's /usr/share/datasets/fashion-mnist or the user's data folder
+    (``vitkit data fetch fashion-mnist``; 60k train / 10k test)."""
     x, y = load_idx_split(split, root)
     return TensorImages(torch.from_numpy(x.copy()), torch.from_numpy(y), list(FASHION_MNIST_CLASSES),
                         f"fashion-mnist/{split}")
@@ -36,7 +37,7 @@ def fashion_mnist(split: str = "train", root: Optional[PathLike] = None) -> Tens
 
 def mnist(split: str = "train", root: Optional[PathLike] = None) -> TensorImages:
     """MNIST from its IDX files (``root``, else /usr/share/datasets/mnist), in memory."""
-    x, y = load_idx_split(split, root, defaults=MNIST_DIRS)
+    x, y = load_idx_split(split, root, defaults=MNIST_DIRS, name="MNIST")
     return TensorImages(torch.from_numpy(x.copy()), torch.from_numpy(y), list(MNIST_CLASSES), f"mnist/{split}")
 
 
@@ -59,10 +60,10 @@ def cifar(root: PathLike, split: str = "train", which: Optional[int] = None) -> 
         raise InputError(f"CIFAR comes as 10 or 100 classes, got {which}")
     missing = [str(f) for f in files + [meta_file] if not f.is_file()]
     if missing:
-        raise FileNotFoundError(
-            f"CIFAR-{which} python batches not found: missing {', '.join(missing)}. Download "
-            f"cifar-{which}-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html, extract it and pass "
-            f"the folder (cifar-10-batches-py or cifar-100-python)")
+        raise NotFoundError(
+            f"CIFAR-{which} python batches not found: missing {', '.join(missing)}",
+            hint=f"download cifar-{which}-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html, extract "
+                 f"it and pass the folder (cifar-10-batches-py or cifar-100-python)")
     xs, ys = [], []
     for f in files:
         d = _load_pickle(f)
@@ -116,7 +117,7 @@ def image_folder(root: PathLike, split: Optional[str] = None, *, load_size: int 
                  "for no test split (--set data.eval_split=...)")
     found = sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not found:
-        raise FileNotFoundError(f"{folder} has no class sub-folders: expected {folder}/<class>/*.jpg")
+        raise NotFoundError("no class sub-folders", path=folder, hint=f"expected {folder}/<class>/*.jpg")
     classes = list(classes) if classes is not None else found
     unknown = sorted(set(found) - set(classes))
     if unknown:

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import gzip
+import os
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import DataError, InputError
+from ..errors import DataError, InputError, NotFoundError
 from ..utils import PathLike
 
 _DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
@@ -15,9 +16,23 @@ _DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4",
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
                          "Sneaker", "Bag", "Ankle boot"]
 MNIST_CLASSES = [str(i) for i in range(10)]
-DEFAULT_FASHION_MNIST_DIRS = ("/usr/share/datasets/fashion-mnist",)
-_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-          "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist package
+DATA_DIR_ENV = "VITKIT_DATA_DIR"
+IDX_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+             "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+
+
+def data_home() -> Path:
+    """The user's data folder, where ``vitkit data fetch`` puts datasets (no root needed): ``$VITKIT_DATA_DIR``,
+    else ``$XDG_CACHE_HOME/vitkit/data`` (``~/.cache/vitkit/data``)."""
+    if os.environ.get(DATA_DIR_ENV):
+        return Path(os.environ[DATA_DIR_ENV]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "vitkit" / "data"
+
+
+def fashion_mnist_dirs() -> Tuple[Path, ...]:
+    """Where Fashion-MNIST is looked for, in order: Debian's package, then the user's data folder."""
+    return Path(DEBIAN_FASHION_MNIST), data_home() / "fashion-mnist"
 
 
 def read_idx(path: PathLike) -> np.ndarray:
@@ -50,29 +65,38 @@ def _find(folder: Path, stem: str) -> Optional[Path]:
     return None
 
 
-def find_idx_dataset(root: Optional[PathLike] = None, defaults: Sequence[str] = DEFAULT_FASHION_MNIST_DIRS,
+def find_idx_dataset(root: Optional[PathLike] = None, defaults: Optional[Sequence[PathLike]] = None,
                      name: str = "Fashion-MNIST") -> Path:
-    """The folder holding the four IDX files: ``root`` if given, else the first default that has them."""
-    candidates = [Path(root)] if root is not None else [Path(d) for d in defaults]
+    """The folder holding the four IDX files: ``root`` if given, else the first of ``defaults`` that has them
+    (default: :func:`fashion_mnist_dirs`, Debian's folder and then the user's data folder)."""
+    if root is not None:
+        candidates = [Path(root)]
+    else:
+        candidates = [Path(d) for d in (defaults if defaults is not None else fashion_mnist_dirs())]
     for folder in candidates:
-        if all(_find(folder, stem) for pair in _FILES.values() for stem in pair):
+        if all(_find(folder, stem) for pair in IDX_FILES.values() for stem in pair):
             return folder
     where = ", ".join(str(c) for c in candidates)
-    raise FileNotFoundError(
-        f"{name} IDX files (train-images-idx3-ubyte[.gz] and the other three) not found in {where}. "
-        f"Get them with `sudo apt-get install dataset-fashion-mnist` (Debian/Ubuntu; installs to "
-        f"/usr/share/datasets/fashion-mnist) or download them from "
-        f"https://github.com/zalandoresearch/fashion-mnist and pass the folder (e.g. --data "
-        f"{name.lower()}:DIR)")
+    if name == "Fashion-MNIST" and root is not None:
+        fix = f"run `vitkit data fetch fashion-mnist --dir {root}` (no root needed), or pass the folder that holds them"
+    elif name == "Fashion-MNIST":
+        fix = (f"run `vitkit data fetch fashion-mnist` (downloads them into {data_home() / 'fashion-mnist'}, "
+               f"no root needed), or `sudo apt-get install dataset-fashion-mnist` (Debian/Ubuntu), or pass the "
+               f"folder that holds them (--data fashion-mnist:DIR)")
+    else:
+        fix = f"pass the folder that holds them (--data {name.lower()}:DIR)"
+    raise NotFoundError(f"{name} IDX files (train-images-idx3-ubyte[.gz] and the other three) not found in "
+                        f"{where}", hint=fix)
 
 
 def load_idx_split(split: str = "train", root: Optional[PathLike] = None,
-                   defaults: Sequence[str] = DEFAULT_FASHION_MNIST_DIRS) -> Tuple[np.ndarray, np.ndarray]:
+                   defaults: Optional[Sequence[PathLike]] = None,
+                   name: str = "Fashion-MNIST") -> Tuple[np.ndarray, np.ndarray]:
     """(images uint8 [N, H, W], labels int64 [N]) of the ``train`` or ``test`` split."""
-    if split not in _FILES:
+    if split not in IDX_FILES:
         raise InputError(f"split must be 'train' or 'test', got {split!r}")
-    folder = find_idx_dataset(root, defaults)
-    img_stem, lbl_stem = _FILES[split]
+    folder = find_idx_dataset(root, defaults, name)
+    img_stem, lbl_stem = IDX_FILES[split]
     images = read_idx(_find(folder, img_stem))
     labels = read_idx(_find(folder, lbl_stem)).astype(np.int64)
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
@@ -81,5 +105,5 @@ def load_idx_split(split: str = "train", root: Optional[PathLike] = None,
 
 
 def load_fashion_mnist(split: str = "train", root: Optional[PathLike] = None) -> Tuple[np.ndarray, np.ndarray]:
-    """Fashion-MNIST from ``root`` or Debian's /usr/share/datasets/fashion-mnist."""
+    """Fashion-MNIST from ``root``, else Debian's /usr/share/datasets/fashion-mnist or the user's data folder."""
     return load_idx_split(split, root)

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageOps
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, ImageError, NotFoundError
 from ..models.meta import AUTHORS_PREPROCESSING
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -53,10 +53,6 @@ _PIL_FILTERS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest":
                 "lanczos": Image.LANCZOS}
 
 ImageLike = Union[str, Path, Image.Image]
-
-
-class ImageError(ValueError):
-    """A file that is not a readable image (corrupt, truncated, unknown format)."""
 
 
 # --- decoding -----------------------------------------------------------------
@@ -111,7 +107,7 @@ def load_image(source: Union[ImageLike, bytes], *, exif_transpose: bool = True, 
         else:
             path = opener = Path(source)
             if not path.exists():
-                raise FileNotFoundError(f"image {path} does not exist")
+                raise NotFoundError(f"image {path} does not exist")
             if path.is_dir():
                 raise ImageError(f"{path} is a folder, not an image")
         try:
@@ -150,12 +146,12 @@ def find_images(paths: Sequence[Union[str, Path]], recursive: bool = True) -> Li
             pattern = "**/*" if recursive else "*"
             found = sorted(q for q in p.glob(pattern) if q.is_file() and q.suffix.lower() in IMAGE_EXTENSIONS)
             if not found:
-                raise FileNotFoundError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) in folder {p}")
+                raise NotFoundError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) in folder {p}")
             out.extend(found)
         elif p.exists():
             out.append(p)
         else:
-            raise FileNotFoundError(f"{p} does not exist")
+            raise NotFoundError(f"{p} does not exist")
     return out
 
 

@@ -340,7 +340,7 @@ def resolve(config, dtype: Union[None, torch.dtype, Sequence[torch.dtype]] = Non
             quantized: bool = False, timer=None, retime_noisy: bool = False) -> KernelPlan:
     """The plan for a model of ``config`` on ``device`` in ``dtype`` (default: fp32, and bf16 where the CPU
     multiplies it natively), from the declared ``backend`` (default: the one in force) and ``measurements``
-    (default: the cache file). ``timer(kind, config, dtype, key)`` -> entry is called for a choice under
+    (default: the cache file). ``timer(kind, config, dtype, tokens, images)`` -> entry is called for a choice under
     ``auto`` that no measurement covers (:func:`vitkit.models.planner.plan` passes one), and with
     ``retime_noisy`` also for one timed on a busy machine; without a timer, the static default stands."""
     back = Backend.parse(backend) if backend is not None else current()
@@ -371,7 +371,7 @@ def resolve(config, dtype: Union[None, torch.dtype, Sequence[torch.dtype]] = Non
                 attention[key], why[f"attention {key}"] = _measured(
                     table, timer, "attention training" if grad else "attention", config, dt, tokens,
                     ("fused", "explicit"), "fused", retime_noisy)
-    int8, why["int8"] = _int8(back, table, timer if quantized else None, config)
+    int8, why["int8"] = _int8(back, table, timer if quantized else None, config, retime_noisy)
     rows, why["head_tokens"] = head_tokens_of(config, quantized)
     return KernelPlan(device=dev, backend=back.spec, gemm=gemm, training=training, attention=attention, int8=int8,
                       head_tokens=rows, chunk_bytes=CHUNK_BYTES if dev == "cpu" else 0, why=why)
@@ -382,14 +382,20 @@ def _measured(table: Measurements, timer, kind: str, config, dtype, tokens, allo
     images = 16 if "training" in kind else chunk_images(16, tokens, widest_row(config, dtype))
     key = encoder_key(config, dtype, kind, tokens, images)
     entry = table.choice(key, allowed)
-    if timer is not None and (entry is None or (retime_noisy and not entry.get("quiet", True))):
+    if _due(entry, timer, retime_noisy):
         entry = table.keep(key, timer(kind, config, dtype, tokens, images))
     if entry is None:
         return default, "static default: nothing measured for this shape"
     return entry["choice"], f"measured {entry.get('date', 'now')}: {entry.get('summary', '')}".rstrip(": ")
 
 
-def _int8(back: Backend, table: Measurements, timer, config) -> Tuple[str, str]:
+def _due(entry: Optional[Dict[str, Any]], timer, retime_noisy: bool) -> bool:
+    """Whether a choice is timed now: a timer is given and nothing is measured (or, with ``retime_noisy``, only
+    a timing taken on a busy machine)."""
+    return timer is not None and (entry is None or (retime_noisy and not entry.get("quiet", True)))
+
+
+def _int8(back: Backend, table: Measurements, timer, config, retime_noisy: bool = False) -> Tuple[str, str]:
     if back.int8 != "auto":
         if back.int8 not in int8_candidates():
             raise ConfigError(f"backend int8={back.int8}: this torch build has the quantised engines "
@@ -398,7 +404,7 @@ def _int8(back: Backend, table: Measurements, timer, config) -> Tuple[str, str]:
     default = torch.backends.quantized.engine
     key = f"int8 engine default={default}"
     entry = table.choice(key, int8_candidates())
-    if entry is None and timer is not None:
+    if _due(entry, timer, retime_noisy):
         entry = table.keep(key, timer("int8", config, torch.float32, 0, 0))
     if entry is None:
         return default, "torch's default engine: nothing measured"

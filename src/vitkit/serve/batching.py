@@ -21,12 +21,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence
 
+from ..errors import Fault
+
 log = logging.getLogger("vitkit.serve")
 
 
-class QueueFull(RuntimeError):
+class QueueFull(Fault):
+    """The queue is full: 503 ``busy`` with ``Retry-After`` (``retry_after`` seconds)."""
+
     def __init__(self, retry_after: int, detail: str):
-        super().__init__(detail)
+        super().__init__(503, "busy", detail, {"Retry-After": str(retry_after)})
         self.retry_after = retry_after
 
 

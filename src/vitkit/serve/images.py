@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from ..data.preprocess import ImageError, ImageTooLarge, Preset, load_image
+from ..errors import Fault
 from ..predict import geometry
 
 # (signature test, PIL format name, media type)
@@ -31,12 +32,8 @@ _SIGNATURES = (
 FORMATS = tuple(sorted({name for _, name, _ in _SIGNATURES}))
 
 
-class BadImage(ValueError):
+class BadImage(Fault):
     """An upload that is not an image the server takes: ``status`` (400, 413, 415, 422), ``error`` (a code)."""
-
-    def __init__(self, status: int, error: str, detail: str):
-        super().__init__(detail)
-        self.status, self.error, self.detail = status, error, detail
 
 
 def sniff(data: bytes) -> Optional[Tuple[str, str]]:

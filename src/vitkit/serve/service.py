@@ -16,7 +16,7 @@ import torch
 
 from ..errors import ConfigError
 from ..variants import architecture
-from .batching import Batcher, Done, QueueFull
+from .batching import Batcher, Done
 from .faults import ClientGone, Fault
 from .images import BadImage, Decoded, decode, overlay_png
 from .metrics import Metrics
@@ -189,10 +189,7 @@ class Service:
     async def infer(self, kind: str, decoded: List[Decoded], watch: Optional[Callable[[], Any]] = None) -> List[Done]:
         """Queue the images and wait for their results; ``watch``: an awaitable factory that returns when the
         client has gone (the images are then dropped from their batch, :class:`ClientGone` raised)."""
-        try:
-            futures = self.batcher.submit([(kind, d) for d in decoded])
-        except QueueFull as err:
-            raise Fault(503, "busy", str(err), {"Retry-After": str(err.retry_after)}) from None
+        futures = self.batcher.submit([(kind, d) for d in decoded])  # QueueFull: a 503 Fault with Retry-After
         gathered = asyncio.gather(*futures)
         if watch is None:
             return await gathered

@@ -85,8 +85,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) ->
 
     if cfg.implementation != "auto":
         return make(cfg.implementation)
-    # "auto": the fused kernels (one pass over parameters, gradients and moments; on the CPU since torch 2.4,
-    # and several times faster than foreach there), else foreach.
+    # "auto": the fused kernels (one pass over parameters, gradients and moments; on the CPU since torch 2.4),
+    # else foreach.
     try:
         return make("fused")
     except (RuntimeError, ValueError):  # this torch or device has no fused kernel

@@ -39,7 +39,7 @@ import torch
 from ..data.augment import BatchAugment, Normalize
 from ..data.datasets import Dataset
 from ..data.loader import EpochSampler, Loader
-from ..errors import ConfigError, TrainingDiverged, VitkitWarning
+from ..errors import ConfigError, NotFoundError, TrainingDiverged, VitkitWarning
 from ..models import VisionTransformer
 from ..models.kernel_plan import Backend, bind, use_backend
 from ..models.kernel_plan import current as current_backend
@@ -95,8 +95,8 @@ class Trainer:
         torch.manual_seed(t.seed)
         last = find_last(self.out)  # the run folder's state is checked first: it needs no data
         if resume and last is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {self.out / 'checkpoints'}; start the run "
-                                    f"without --resume")
+            raise NotFoundError(f"--resume: no checkpoint in {self.out / 'checkpoints'}; start the run "
+                                f"without --resume")
         self._build_data(data)
         self._build_model()
         self._build_optim()
