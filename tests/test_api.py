@@ -59,7 +59,7 @@ def test_create_model_with_weights_by_url_and_pretrained_names(small, tmp_path, 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     with FileServer() as server:
         server.files["/w/tiny.pth"] = data
-        m = vitkit.create_model("Ti/16", weights=server.url + "/w/tiny.pth", num_classes=5)
+        m = vitkit.create_model("Ti/16", weights=server.url + "/w/tiny.pth", num_classes=5, depth=1)
     assert m.config.num_classes == 5 and torch.count_nonzero(m.head.weight) == 0
     torch.testing.assert_close(m.blocks[0].attn.qkv.weight, model.blocks[0].attn.qkv.weight)
     assert (tmp_path / "torch" / "hub" / "checkpoints" / "tiny.pth").is_file()

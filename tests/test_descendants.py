@@ -20,11 +20,13 @@ TIMM_PARAMS = {"deit3_small_patch16_224": 22_059_496, "vit_small_patch14_reg4_di
                "vit_base_patch16_clip_quickgelu_224": 86_193_152, "vit_base_patch16_siglip_224": 92_884_224}
 
 
+SMALL = dict(width=64, num_heads=4, mlp_dim=128, depth=2)  # the sizes the names' weights are cut to here
+
+
 def tiny(name, **kw):
     """A descendant cut to unit-test size: every part kept, 2 blocks of width 64 on 28 px."""
     patch = vitkit.parse_model_name(name)["patch_size"]
-    small = dict(width=64, num_heads=4, mlp_dim=128, depth=2, img_size=2 * patch)
-    return vitkit.create_model(name, **dict(small, **kw))
+    return vitkit.create_model(name, **{**SMALL, "img_size": 2 * patch, **kw})
 
 
 @pytest.mark.parametrize("name", FAMILY)
@@ -139,7 +141,7 @@ def test_timm_file_round_trip_needs_the_name_for_numerics(tmp_path, name):
     keeps every field."""
     model = tiny(name).eval()
     save_weights(model, tmp_path / "w.safetensors", "timm")
-    back = vitkit.create_model(name, weights=tmp_path / "w.safetensors", num_heads=4)
+    back = vitkit.create_model(name, weights=tmp_path / "w.safetensors", **SMALL)  # sizes beside the name, as timm
     assert back.config.replace(name=None) == model.config.replace(name=None)
     x = torch.randn(2, 3, *model.config.img_size)
     with torch.no_grad():
@@ -151,10 +153,16 @@ def test_timm_file_round_trip_needs_the_name_for_numerics(tmp_path, name):
 def test_name_and_weights_disagree_names_both(tmp_path):
     save_weights(tiny("vit_small_patch14_dinov2"), tmp_path / "plain.pth", "timm")
     with pytest.raises(ConfigError, match=r"reg_tokens=0.*'vit_small_patch14_reg4_dinov2' has .*reg_tokens=4"):
-        vitkit.create_model("vit_small_patch14_reg4_dinov2", weights=tmp_path / "plain.pth")
+        vitkit.create_model("vit_small_patch14_reg4_dinov2", weights=tmp_path / "plain.pth", **SMALL)
     save_weights(tiny("vit_base_patch16_siglip_224"), tmp_path / "siglip.pth", "timm")
     with pytest.raises(ConfigError, match=r"class_token=False, pool='map'.*class_token=True, pool='token'"):
-        vitkit.create_model("deit3_small_patch16_224", weights=tmp_path / "siglip.pth")
+        vitkit.create_model("deit3_small_patch16_224", weights=tmp_path / "siglip.pth", **SMALL)
+    # the architecture: a name (with the sizes beside it) that is not the weights' shape is refused, both shown
+    with pytest.raises(ConfigError, match=r"are width 64, depth 2, MLP 128, patch 14x14, but "
+                                          r"'vit_small_patch14_dinov2' is width 384, depth 12, MLP 1536, patch 14x14"):
+        vitkit.create_model("vit_small_patch14_dinov2", weights=tmp_path / "plain.pth")
+    with pytest.raises(ConfigError, match=r"depth 2, .* is width 64, depth 3,"):
+        vitkit.create_model("vit_small_patch14_dinov2", weights=tmp_path / "plain.pth", **dict(SMALL, depth=3))
 
 
 @pytest.mark.parametrize("to", ["torchvision", "npz"])
@@ -214,8 +222,8 @@ def test_analyze_a_headless_tower(tmp_path):
     except FileNotFoundError:
         pytest.skip("Fashion-MNIST not installed (make data)")
     for name in ("vit_small_patch14_reg4_dinov2", "vit_base_patch16_siglip_224"):
-        weights, out = tmp_path / f"{name}.safetensors", tmp_path / name
-        save_weights(tiny(name, img_size=56 if "14" in name else 64), weights, "timm")
+        weights, out = tmp_path / f"{name}-weights", tmp_path / name  # a vitkit folder: it stores the heads
+        save_weights(tiny(name, img_size=56 if "14" in name else 64), weights, "vitkit")
         assert main(["analyze", str(weights), "--out", str(out), "--data", "fashion-mnist", "--num-images", "8",
                      "--rollout-images", "2", "--filters", "4"]) == 0
         summary = json.loads((out / "summary.json").read_text())
@@ -258,3 +266,22 @@ def test_dinov2_repository_files_are_read():
     x = torch.randn(2, 3, 28, 28)
     with torch.no_grad():
         torch.testing.assert_close(back.forward_features(x), model.forward_features(x))
+
+
+@pytest.mark.parametrize("name", ["vit_so400m_patch14_siglip_384", "google/siglip-so400m-patch14-384"])
+def test_siglip_so400m_at_384_reads_27_whole_patches(name):
+    """384 px in 14 px patches: built at 384 (as timm and transformers), 27 patches a side, the last 6 pixels of
+    each side not read; other sizes that are no multiple are still refused without crop_remainder."""
+    m = vitkit.create_model(name, **dict(SMALL, patch_size=14)).eval()
+    assert m.config.img_size == (384, 384) and m.config.grid_size == (27, 27) and m.config.crop_remainder
+    x = torch.randn(2, 3, 384, 384)
+    y = x.clone()
+    y[..., 378:, :] = 5.0  # the pixels past the last whole patch: not read
+    y[..., :, 378:] = -5.0
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), m(y), rtol=0, atol=0)
+    assert param_count(vitkit.create_model(name, depth=1).config.replace(depth=27)) == 428_225_600  # timm's
+    with pytest.raises(ConfigError, match="not divisible by patch 14x14.*crop_remainder=True"):
+        vitkit.create_model("vit_so400m_patch14_siglip_224", img_size=384)
+    with pytest.raises(ConfigError, match="crop_remainder=True .* a hybrid"):
+        vitkit.create_model("R50+B/16", crop_remainder=True)

@@ -33,7 +33,7 @@ def test_timm_models_both_ways(tmp_path, name, kw):
     timm = pytest.importorskip("timm")
     ref = randomize(timm.create_model(name, pretrained=False, **kw))
     torch.save(ref.state_dict(), tmp_path / "ref.pth")
-    ours = vitkit.create_model(name, weights=tmp_path / "ref.pth")
+    ours = vitkit.create_model(name, weights=tmp_path / "ref.pth", **kw)  # timm's sizes beside the name, as there
     assert ours.num_params() == sum(p.numel() for p in ref.parameters())
     assert not [n for n in ours.meta.notes if "assumed" in n and "class names" not in n]  # the name said them
     x = torch.randn(2, 3, *ours.config.img_size)
@@ -54,7 +54,7 @@ def test_timm_dinov2_resolution_change_and_intermediates(tmp_path):
     ref = randomize(timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, depth=2,
                                       dynamic_img_size=True))
     torch.save(ref.state_dict(), tmp_path / "ref.pth")
-    ours = vitkit.create_model("vit_small_patch14_reg4_dinov2", weights=tmp_path / "ref.pth", img_size=224)
+    ours = vitkit.create_model("vit_small_patch14_reg4_dinov2", weights=tmp_path / "ref.pth", depth=2, img_size=224)
     x = torch.randn(2, 3, 224, 224)
     with torch.no_grad():
         err = rel_err(ours(x), ref(x))
@@ -72,7 +72,7 @@ def test_name_and_weights_disagree_names_both(tmp_path):
     ref = randomize(timm.create_model("vit_small_patch14_dinov2", pretrained=False, depth=1, img_size=56))
     torch.save(ref.state_dict(), tmp_path / "plain.pth")
     with pytest.raises(vitkit.ConfigError, match=r"reg_tokens=0.*reg_tokens=4"):
-        vitkit.create_model("vit_small_patch14_reg4_dinov2", weights=tmp_path / "plain.pth")
+        vitkit.create_model("vit_small_patch14_reg4_dinov2", weights=tmp_path / "plain.pth", depth=1, img_size=56)
 
 
 # --- Hugging Face -----------------------------------------------------------------------------------
@@ -108,7 +108,9 @@ def test_hf_towers_both_ways(tmp_path, cls, form):
                 "CLIPVisionModel": "openai/clip-vit-base-patch16",
                 "CLIPVisionModelWithProjection": "openai/clip-vit-base-patch16",
                 "SiglipVisionModel": "google/siglip-base-patch16-224"}[cls]
-        ours = vitkit.create_model(name, weights=tmp_path / "ref" / "model.safetensors", num_heads=4)
+        mlp = 256 if cls.startswith("Dinov2") else 128  # Dinov2Config: mlp_ratio 4, not intermediate_size
+        ours = vitkit.create_model(name, weights=tmp_path / "ref" / "model.safetensors", width=64, depth=2,
+                                   mlp_dim=mlp, num_heads=4, patch_size=14)
     x = torch.randn(2, 3, 56, 56)
     with torch.no_grad():
         o = ref(pixel_values=x)
@@ -182,7 +184,8 @@ def test_open_clip_visual_tower_both_ways(tmp_path, quick):
     ref = randomize(open_clip.CLIP(**cfg))
     torch.save(ref.state_dict(), tmp_path / "clip.pth")
     name = "vit_base_patch16_clip_quickgelu_224" if quick else "vit_base_patch16_clip_224"
-    ours = vitkit.create_model(name, weights=tmp_path / "clip.pth", num_heads=4)
+    ours = vitkit.create_model(name, weights=tmp_path / "clip.pth", width=64, depth=2, mlp_dim=128, num_heads=4,
+                               patch_size=14)
     assert ours.config.gelu == ("quick" if quick else "exact") and ours.config.num_classes == 32
     assert any("text tower" in n for n in ours.meta.notes)
     x = torch.randn(2, 3, 56, 56)
@@ -208,3 +211,34 @@ def test_hf_dinov2_resolution_change(tmp_path, size):
     with torch.no_grad():
         err = rel_err(ours.forward_features(x), ref(pixel_values=x).last_hidden_state)
     assert err < 1e-5
+
+
+# --- SigLIP so400m at 384 px in 14 px patches: 27 patches a side, the last 6 pixels not read -----------------
+def test_siglip_so400m_384_as_timm_and_transformers(tmp_path):
+    """384 is no multiple of 14: timm's and transformers' convolutions read 27 x 14 = 378 pixels a side. vitkit
+    builds the name at 384 px (crop_remainder) and computes their outputs on 384 px images, from timm's state
+    dict under the name and from an HF folder whose config says image_size=384."""
+    timm = pytest.importorskip("timm")
+    t = pytest.importorskip("transformers")
+    name = "vit_so400m_patch14_siglip_384"
+    ref = randomize(timm.create_model(name, pretrained=False, depth=1), std=0.02).eval()
+    ours = vitkit.create_model(name, depth=1)
+    assert ours.num_params() == sum(p.numel() for p in ref.parameters())
+    torch.save(ref.state_dict(), tmp_path / "ref.pth")
+    ours = vitkit.create_model(name, weights=tmp_path / "ref.pth", depth=1)
+    assert ours.config.img_size == (384, 384) and ours.config.grid_size == (27, 27)
+    x = torch.randn(2, 3, 384, 384)
+    with torch.no_grad():
+        errs = [rel_err(ours(x), ref(x))]
+    hf = randomize(t.SiglipVisionModel(t.SiglipVisionConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                                             intermediate_size=128, patch_size=14, image_size=384)))
+    hf.eval().save_pretrained(tmp_path / "hf")
+    ours = load_weights(tmp_path / "hf")
+    assert ours.config.img_size == (384, 384) and ours.config.crop_remainder
+    with torch.no_grad():
+        o = hf(pixel_values=x)
+        feats = ours.forward_features(x)
+        errs += [rel_err(feats, o.last_hidden_state), rel_err(ours.forward_head(feats, pre_logits=True),
+                                                              o.pooler_output)]
+    print("so400m 384/14: timm logits, HF hidden state, HF pooled: " + ", ".join(f"{e:.1e}" for e in errs))
+    assert max(errs) < 1e-5

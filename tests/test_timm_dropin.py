@@ -21,7 +21,7 @@ CASES = [("vit_small_patch16_224", dict(depth=3, img_size=64)),
 def _pair(tmp_path, name, kw):
     ref = randomize(timm.create_model(name, pretrained=False, **kw)).eval()
     torch.save(ref.state_dict(), tmp_path / "ref.pth")
-    return ref, vitkit.create_model(name, weights=tmp_path / "ref.pth").eval()
+    return ref, vitkit.create_model(name, weights=tmp_path / "ref.pth", **kw).eval()  # timm's sizes beside the name
 
 
 @pytest.mark.parametrize("name,kw", CASES, ids=[n for n, _ in CASES])

@@ -98,6 +98,7 @@ class ViTConfig:
     final_norm: str = "tokens"
     dropout: float = 0.0  # after position embedding and after every dense layer but qkv
     attn_dropout: float = 0.0
+    head_dropout: float = 0.0  # on the pooled features before the classifier head (timm's drop_rate)
     drop_path: float = 0.0  # stochastic depth, rate grows linearly to this value over depth
     patch_drop: float = 0.0  # training only: drop this fraction of patch tokens per image (PatchDropout)
     ln_eps: float = 1e-6
@@ -106,6 +107,9 @@ class ViTConfig:
     posemb_antialias: bool = False  # antialias when a table shrinks (bicubic; timm's resample does, HF's does not)
     dynamic_img_size: bool = False  # accept other input sizes, resizing position embeddings on the fly
     dynamic_img_pad: bool = False  # pad inputs on the right/bottom up to a multiple of the patch size
+    # an image size that is not a multiple of the patch: the pixels past the last whole patch are not read, as a
+    # stride-P convolution without padding (timm, Hugging Face: SigLIP so400m at 384 px with 14 px patches)
+    crop_remainder: bool = False
     # Hybrid (Section 3.1): patches (usually 1x1) of a BiT ResNet feature map instead of the image.
     backbone: Optional[str] = None  # None (pure ViT) | "resnet"
     backbone_layers: Tuple[int, ...] = (3, 4, 9)  # bottleneck units per stage; () = root only
@@ -214,10 +218,10 @@ class ViTConfig:
                 f"{tuple(shape)}): convert the images (e.g. grayscale to RGB with x.expand(-1, 3, -1, -1)) "
                 f"or build the model with in_chans={shape[1]}")
         (h, w), (ph, pw) = shape[-2:], self.patch_size
-        if (h % ph or w % pw) and not self.dynamic_img_pad:
+        if (h % ph or w % pw) and not (self.dynamic_img_pad or self.crop_remainder):
             raise InputError(
                 f"image {h}x{w} is not divisible by patch {ph}x{pw}: resize or crop it to a multiple of "
-                f"{ph}x{pw}, or build the model with dynamic_img_pad=True")
+                f"{ph}x{pw}, or build the model with dynamic_img_pad=True (or crop_remainder=True)")
         if (h, w) != self.img_size and not self.dynamic_img_size:
             bh, bw = self.img_size
             raise InputError(
@@ -314,7 +318,7 @@ def _check_tokens(c: ViTConfig) -> None:
 
 
 def _check_rates(c: ViTConfig) -> None:
-    for key in ("dropout", "attn_dropout", "drop_path", "patch_drop"):
+    for key in ("dropout", "attn_dropout", "head_dropout", "drop_path", "patch_drop"):
         if not 0.0 <= float(getattr(c, key)) < 1.0:
             raise ConfigError(f"{key} must be in [0, 1), got {getattr(c, key)!r}")
     if c.patch_drop and (c.posemb == "relative" or c.posemb_where != "input"):
@@ -337,13 +341,17 @@ def _check_backbone(c: ViTConfig) -> None:
     if c.backbone_width <= 0 or c.backbone_width % 32:
         raise ConfigError(f"backbone_width must be a positive multiple of 32 (GroupNorm has 32 groups), "
                           f"got {c.backbone_width}")
-    if not c.dynamic_img_pad:
+    if c.crop_remainder and (c.backbone is not None or c.dynamic_img_pad):
+        raise ConfigError("crop_remainder=True (pixels past the last whole patch not read) is for a plain ViT's "
+                          "image patches: a hybrid or a model with dynamic_img_pad=True pads instead")
+    if not (c.dynamic_img_pad or c.crop_remainder):
         (h, w), (ph, pw) = c.feature_size(c.img_size), c.patch_size
         if h % ph or w % pw:
             what = "image" if c.backbone is None else f"backbone feature map (stride {c.feature_stride})"
             raise ConfigError(
                 f"{what} {h}x{w} is not divisible by patch {ph}x{pw}: choose an image size that is a "
-                f"multiple of the patch size or pass dynamic_img_pad=True")
+                f"multiple of the patch size, or pass dynamic_img_pad=True (pad) or crop_remainder=True (the "
+                f"pixels past the last whole patch are not read, as timm and Hugging Face do)")
 
 
 def grid_for(img_size: Tuple[int, int], patch_size: Tuple[int, int], pad: bool = False) -> Tuple[int, int]:

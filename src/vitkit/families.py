@@ -30,6 +30,12 @@ def _dims(size: str, patch: int, img: int) -> Dict[str, Any]:
     return dict(width=width, depth=depth, num_heads=heads, mlp_dim=mlp, patch_size=patch, img_size=img)
 
 
+def _remainder(patch: int, img: int) -> Dict[str, Any]:
+    """384 px in 14 px patches (so400m): 27 patches a side, the last 6 pixels not read (timm's and HF's
+    convolution)."""
+    return dict(crop_remainder=True) if img % patch else {}
+
+
 def _table() -> Dict[str, Dict[str, Any]]:
     out: Dict[str, Dict[str, Any]] = {}
     for size, patch, img in (("small", 16, 224), ("small", 16, 384), ("medium", 16, 224), ("base", 16, 224),
@@ -49,7 +55,7 @@ def _table() -> Dict[str, Dict[str, Any]]:
                 _dims(size, patch, img), **CLIP, gelu="quick", num_classes=quick_classes)
     for size, patch, img in (("base", 16, 224), ("base", 16, 256), ("base", 16, 384), ("base", 16, 512),
                              ("large", 16, 256), ("large", 16, 384), ("so400m", 14, 224), ("so400m", 14, 384)):
-        out[f"vit_{size}_patch{patch}_siglip_{img}"] = dict(_dims(size, patch, img), **SIGLIP)
+        out[f"vit_{size}_patch{patch}_siglip_{img}"] = dict(_dims(size, patch, img), **SIGLIP, **_remainder(patch, img))
     # Hugging Face Hub towers (transformers' numerics; CLIPVisionModel's last hidden state is not normalised)
     for size in ("small", "base", "large"):
         out[f"facebook/dinov2-{size}"] = dict(_dims(size, 14, 518), **DINOV2, **_HF_RESIZE, ln_eps=1e-6)
@@ -63,7 +69,8 @@ def _table() -> Dict[str, Dict[str, Any]]:
                              ("large", 16, 256), ("large", 16, 384)):
         out[f"google/siglip-{size}-patch{patch}-{img}"] = dict(_dims(size, patch, img), **SIGLIP, gelu="tanh")
         out[f"google/siglip-{size}-patch{patch}-{img}"].update(_HF_RESIZE)
-    out["google/siglip-so400m-patch14-384"] = dict(_dims("so400m", 14, 384), **SIGLIP, gelu="tanh")
+    out["google/siglip-so400m-patch14-384"] = dict(_dims("so400m", 14, 384), **SIGLIP, gelu="tanh",
+                                                   **_remainder(14, 384))
     out["google/siglip-so400m-patch14-384"].update(_HF_RESIZE)
     return out
 

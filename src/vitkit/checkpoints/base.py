@@ -47,14 +47,42 @@ class Checkpoint:
                 + "".join(f", {k}={v}" for k, v in variant_fields(c).items()))
 
 
-def guess_num_heads(width: int) -> int:
-    """Heads are not stored in torchvision/timm weights: the standard size with this width, else 64-dim heads."""
+class HeadsUnknown(CheckpointError):
+    """The weights do not store their head count and no rule gives it for their width."""
+
+    def __init__(self, message: str, width: int) -> None:
+        super().__init__(message)
+        self.width = width
+
+
+def standard_num_heads(width: int) -> Optional[int]:
+    """The heads of the standard size (Table 1, Ti, S) with this width; None for any other width."""
     for dims in SIZES.values():
         if dims["width"] == width:
             return dims["num_heads"]
+    return None
+
+
+def guess_num_heads(width: int) -> int:
+    """Heads are not stored in torchvision/timm/OpenCLIP weights: the standard size with this width, else
+    64-dim heads (what reading and converting need: the tensors do not depend on the head count); a width
+    not divisible by 64 raises :class:`HeadsUnknown`. ``create_model(weights=...)`` without a name accepts
+    only the standard sizes (:func:`standard_num_heads`)."""
+    heads = standard_num_heads(width)
+    if heads is not None:
+        return heads
     if width % 64 == 0:
         return width // 64
-    raise CheckpointError(f"cannot guess the number of heads for width {width}: pass num_heads=")
+    raise heads_unknown(width, guessed=True)
+
+
+def heads_unknown(width: int, guessed: bool = False) -> HeadsUnknown:
+    """The error for weights that do not store their head count and whose width is not a standard size's
+    (``guessed``: nor divisible by 64, the reader's fallback)."""
+    known = ", ".join(f"{d['width']} ({d['num_heads']} heads)" for d in SIZES.values())
+    return HeadsUnknown(f"the weights do not store their number of heads and width {width} is not a standard "
+                        f"size's ({known}){' nor divisible by 64' if guessed else ''}: pass num_heads= "
+                        f"(--num-heads), or the model's name", width)
 
 
 def square_grid(n: int) -> Optional[int]:
@@ -166,7 +194,17 @@ def infer_config(state: Dict[str, Tensor], *, num_heads: Optional[int] = None, i
         fields["representation_size"] = int(state["pre_logits.fc.weight"].shape[0])
     fields["num_classes"] = int(state["head.weight"].shape[0]) if "head.weight" in state else 0
     fields.update(fixed)
+    if not hybrid and not fields.get("dynamic_img_pad") and _uneven(fields.get("img_size"), (ph, pw)):
+        fields.setdefault("crop_remainder", True)  # the source's stride-P convolution does not read the rest
     return ViTConfig(**fields)
+
+
+def _uneven(size, patch: Tuple[int, int]) -> bool:
+    """A stored image size of no whole patch count (SigLIP so400m: 384 px in 14 px patches)."""
+    if size is None:
+        return False
+    h, w = (size, size) if isinstance(size, int) else size
+    return bool(h % patch[0] or w % patch[1])
 
 
 def layout_for(ckpt: Checkpoint, fmt: str) -> Dict[str, Any]:

@@ -20,7 +20,7 @@ from ..models.adapt import adapt_state_dict, check_state_dict
 from ..models.meta import ModelMeta
 from ..utils import PathLike
 from . import native
-from .base import Checkpoint
+from .base import Checkpoint, HeadsUnknown, heads_unknown, standard_num_heads
 from .detect import detect_layout
 from .download import check_sha256
 from .files import NPZ, read_json, read_tensors
@@ -150,7 +150,8 @@ def load_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike]
                  representation_size: Any = _KEEP, head: str = "auto", resize: Optional[str] = None,
                  num_heads: Optional[int] = None, strict: bool = True, return_state: bool = False,
                  cache_dir: Optional[PathLike] = None, check_hash: bool = False, offline: Optional[bool] = None,
-                 progress: bool = True, model_name: Optional[str] = None, **overrides: Any):
+                 progress: bool = True, model_name: Optional[str] = None, standard_heads: bool = False,
+                 **overrides: Any):
     """Load weights from a path (any format), a known name, a Hub id or a URL, adapted to the model you want.
 
     - ``name_or_path``: see :func:`vitkit.checkpoints.sources.resolve_weights`; what is not on disk
@@ -169,21 +170,50 @@ def load_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike]
     - ``strict``: missing, unexpected or mis-shaped keys raise, listed by name.
     - ``model_name``: the model the weights are for (``vit_base_patch16_clip_quickgelu_224``, a timm or
       Hub name): its config supplies what the keys cannot say (GELU flavour, LayerNorm epsilon, heads,
-      position-table resize); a part the weights and the name disagree on raises, naming both
-      (:mod:`vitkit.checkpoints.named`).
+      position-table resize); a part or an architecture (width, depth, MLP, patch) the weights and the name
+      disagree on raises, naming both (:mod:`vitkit.checkpoints.named`). Without a name the architecture
+      is read from the weights; heads a file does not store come from the standard size of its width, else
+      64-dim heads (noted in ``model.meta.notes``; the tensors read and convert the same either way).
+    - ``standard_heads`` (``create_model`` without a name): no guess; heads not stored, of a width of no standard
+      size, raise :class:`~.base.HeadsUnknown` asking for ``num_heads`` (unless ``model_name`` or ``model``).
 
     Returns the model in eval mode, its :class:`~vitkit.models.meta.ModelMeta` (``model.meta``: labels,
     preprocessing for its resolution, format, source, notes) filled; with ``return_state=True`` returns
     ``(state_dict, config)`` instead.
     """
-    ckpt = read_weights(name_or_path, file=file, num_heads=num_heads, cache_dir=cache_dir, check_hash=check_hash,
-                        offline=offline, progress=progress)
+    if num_heads is None and model is not None:
+        num_heads = model.config.num_heads
+    given = dict(overrides, **({"num_heads": num_heads} if num_heads else {}))  # the fields beside a name
+    read = dict(file=file, cache_dir=cache_dir, check_hash=check_hash, offline=offline, progress=progress)
+    ckpt = _read_with_heads(name_or_path, num_heads, model_name, given, standard_heads, read)
     if model_name is not None:
         from .named import name_fields
-        overrides = {**name_fields(model_name, ckpt), **overrides}
+        named = name_fields(model_name, ckpt, dict(given, **({"img_size": img_size} if img_size else {})))
+        img_size = named.pop("img_size", img_size)  # the name's size for the same patch grid (so400m: 384 px)
+        overrides = {**named, **overrides}
     return build(ckpt, model=model, img_size=img_size, num_classes=num_classes, labels=labels,
                  representation_size=representation_size, head=head, resize=resize, strict=strict,
                  return_state=return_state, **overrides)
+
+
+def _read_with_heads(name_or_path, num_heads: Optional[int], model_name: Optional[str], given: Dict[str, Any],
+                     standard_heads: bool, read: Dict[str, Any]) -> Checkpoint:
+    """:func:`read_weights` for :func:`load_weights`: heads the weights do not store and the reader cannot guess
+    come from ``model_name``; with ``standard_heads`` (no name) only a standard width's heads are taken."""
+    try:
+        ckpt = read_weights(name_or_path, num_heads=num_heads, **read)
+    except HeadsUnknown as err:
+        if model_name is None:
+            raise heads_unknown(err.width, guessed=not standard_heads) from None
+        from .named import name_config  # a width of no standard size: the name's heads
+        cfg = name_config(model_name, given)
+        same = cfg.width == err.width  # else 1 head, only to read the shapes the name's check then refuses
+        ckpt = read_weights(name_or_path, num_heads=cfg.num_heads if same else 1, **read)
+        ckpt.notes.append(f"{cfg.num_heads} heads from the model name {model_name!r} (the weights do not store them)")
+    if standard_heads and model_name is None and "num_heads" in ckpt.assumed \
+            and standard_num_heads(ckpt.config.width) is None:
+        raise heads_unknown(ckpt.config.width)
+    return ckpt
 
 
 def read_weights(name_or_path: Union[str, PathLike], *, file: Optional[PathLike] = None,

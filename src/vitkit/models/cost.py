@@ -82,7 +82,7 @@ def cost(cfg: ViTConfig, img_size: Union[None, int, Sequence[int]] = None) -> Co
     fsize = cfg.feature_size(size)  # the image itself, or a hybrid's ResNet feature map
     gh, gw = grid_for(fsize, cfg.patch_size, pad=cfg.dynamic_img_pad)
     uneven = fsize[0] % cfg.patch_size[0] or fsize[1] % cfg.patch_size[1]
-    if img_size is not None and not cfg.dynamic_img_pad and uneven:
+    if img_size is not None and not (cfg.dynamic_img_pad or cfg.crop_remainder) and uneven:
         raise InputError(f"image {size[0]}x{size[1]} is not divisible by patch {cfg.patch_size[0]}x{cfg.patch_size[1]}")
     rc = resnet_cost(cfg.in_chans, cfg.backbone_layers, cfg.backbone_width, size) if cfg.backbone else None
     n = gh * gw

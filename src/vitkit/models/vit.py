@@ -113,6 +113,7 @@ class VisionTransformer(TimmInterface, nn.Module):
         rep = cfg.representation_size
         self.pre_logits = (nn.Sequential(OrderedDict(fc=nn.Linear(d, rep), act=nn.Tanh()))
                            if rep else nn.Identity())
+        self.head_drop = nn.Dropout(cfg.head_dropout)  # timm's drop_rate: on the features the head reads
         self.head = nn.Linear(rep or d, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         # DeiT: the distillation token's own head
         self.head_dist = (nn.Linear(d, cfg.num_classes)
@@ -342,7 +343,7 @@ class VisionTransformer(TimmInterface, nn.Module):
         the distillation head (on token 1), both kept in ``heads`` for a loss on each (DeiT)."""
         feats = self.pre_logits(self.pool(tokens))
         if self.head_dist is None:
-            return HeadOutputs(self.head(feats), feats)
+            return HeadOutputs(self.head(self.head_drop(feats)), feats)
         both = (self.head(tokens[:, 0]), self.head_dist(tokens[:, 1]))
         return HeadOutputs((both[0] + both[1]) / 2, feats, both)
 
