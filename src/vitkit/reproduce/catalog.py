@@ -1,9 +1,11 @@
 """The arms and the ten claims of ``vitkit reproduce`` (data; the types are in :mod:`.claims`)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..errors import ConfigError
 from . import analyses
+from .budget import Budget
 from .claims import (
     CLASSES_A,
     CLASSES_B,
@@ -22,6 +24,7 @@ from .claims import (
     diff,
     interaction,
     lr_name,
+    selector_arms,
     size_name,
 )
 
@@ -283,3 +286,36 @@ def claims_table(data_sizes: Tuple[Optional[int], ...] = SIZES) -> Dict[int, Cla
                figure="scatter", metric="fewshot_5", analysis=analyses.transfer_correlation),
     ]
     return {c.id: c for c in cl}
+
+
+def needed_arms(claims: Sequence[Claim], arms: Dict[str, Arm]) -> List[str]:
+    """Arm names the claims need (a selector needs its whole group), parents first, each once."""
+    out: List[str] = []
+
+    def add(name: str) -> None:
+        if name in out:
+            return
+        if arms[name].parent:
+            add(arms[name].parent)
+        out.append(name)
+
+    for c in claims:
+        for t in c.tests:
+            for n, _ in t.weights:
+                for m in selector_arms(n, arms):
+                    add(m)
+        for n in c.arms:
+            add(n)
+    return out
+
+
+def plan(claim_ids: Optional[Sequence[int]], budget: Budget):
+    """(claims asked for, the arm table, arm names to train in order)."""
+    claims = claims_table(budget.data_sizes)
+    arms = arms_table(budget.data_sizes)
+    ids = list(claim_ids) if claim_ids else sorted(claims)
+    unknown = [i for i in ids if i not in claims]
+    if unknown:
+        raise ConfigError(f"unknown claim(s) {unknown}: the claims are {', '.join(map(str, sorted(claims)))}")
+    chosen = [claims[i] for i in sorted(set(ids))]
+    return chosen, arms, needed_arms(chosen, arms)

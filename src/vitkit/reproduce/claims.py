@@ -189,7 +189,8 @@ METRIC_LABELS = {SPEED: "images / s, side by side", "test_top1": "test top-1", "
                  "l0_max_rel": "layer-0 max head distance / uniform",
                  "l0_min_rel": "layer-0 min head distance / uniform",
                  "l0_spread_rel": "layer-0 head spread / uniform", "dist_growth": "distance growth (px)",
-                 "l0_mean_dist": "layer-0 mean distance (px)", "posemb_rowcol": "row/column similarity excess"}
+                 "l0_mean_dist": "layer-0 mean distance (px)", "posemb_rowcol": "row/column similarity excess",
+                 "slope": "fine-tuned accuracy per unit of 5-shot accuracy"}
 PERCENT = {"test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain"}  # shares, shown in percent
 # the smallest difference that matters, per metric (stated in the report)
 MARGINS = {"test_top1": 0.01, "val_top1": 0.01, "fewshot_5": 0.01, "fewshot_10": 0.01, "l0_min_rel": 0.1,

@@ -65,9 +65,15 @@ def passes(arm: Arm, b: Budget) -> Tuple[float, float]:
 def run_list(b: Budget) -> List[Tuple[Arm, int]]:
     """(arm, runs) of a whole campaign of ``b`` (every claim), the sweep included; each family's rate is
     taken as the first of the sweep (the cost does not depend on which wins)."""
-    from . import plan, sweep
+    from . import sweep
+    from .catalog import plan
 
-    _, arms, names = plan(None, b)
+    claims, arms, names = plan(None, b)
+    if b.pilot:  # the pilot trains the arms of the primary hypotheses only
+        from .rule import claim_arms, load_plan
+        prereg = load_plan()
+        wanted = {a for c in claims for a in claim_arms(c, arms, prereg)}
+        names = [n for n in names if n in wanted]
     fams = sweep.families(names, arms)
     points = sweep.sweep_arms(fams, arms, b)
     chosen = {f: {"lr": b.lr_sweep[0]} for f in fams}
@@ -96,7 +102,7 @@ def _v1_runs(report: Dict[str, Any]) -> List[Tuple[int, float]]:
 
 def _run_arms(b: Budget) -> Dict[str, Arm]:
     """Every run name a campaign of ``b`` can have (each arm, and each at every swept rate) -> its arm."""
-    from . import plan
+    from .catalog import plan
 
     _, arms, _ = plan(None, b)
     out: Dict[str, Arm] = {}
@@ -118,7 +124,7 @@ def fit(report: Dict[str, Any], where: str = "report") -> Tuple[float, float]:
     if not c.get("complete"):
         raise DataError(f"{where}: not one invocation that trained every run (compute.complete is false), so its "
                         f"wall time does not cover the campaign; fit to a run of a whole budget")
-    b = get_budget(report["budget"])
+    b = get_budget(report["budget"], int(report.get("version", 2)))
     arms = _run_arms(b)
     unknown = sorted(set(c["train_s"]) - set(arms))
     if unknown:
@@ -160,10 +166,11 @@ REFERENCE = "docs/reproduction/v1/report.json"  # the committed v1 report (93 ru
 
 
 def estimate(budget: Any, reference: PathLike, jobs: int = 2, rate: Optional[float] = None,
-             overhead_s: Optional[float] = None) -> Dict[str, Any]:
-    """Runs, summed run time and wall time (hours) of a whole campaign of ``budget``; the rate (and, from a
-    v2 reference, the per-run overhead) fitted to ``reference`` unless given."""
-    b = get_budget(budget) if isinstance(budget, str) else budget
+             overhead_s: Optional[float] = None, version: int = 3) -> Dict[str, Any]:
+    """Runs, summed run time and wall time (hours) of a whole campaign of ``budget`` (a name: of ``version``'s
+    budgets) at its minimum seeds; the rate (and, from a v2 reference, the per-run overhead) fitted to
+    ``reference`` unless given."""
+    b = get_budget(budget, version) if isinstance(budget, str) else budget
     if rate is None:
         rate, fitted = rates(reference)
         overhead_s = fitted if overhead_s is None else overhead_s
@@ -177,9 +184,11 @@ def estimate(budget: Any, reference: PathLike, jobs: int = 2, rate: Optional[flo
             "wall_s": total / jobs, "jobs": jobs, "seconds_per_gmac": rate * 1e9, "overhead_s_per_run": overhead_s}
 
 
-def budgets_json(reference: PathLike = REFERENCE, jobs: int = 2, name: Optional[str] = None) -> Dict[str, Any]:
-    """Both budgets' estimates (docs/reproduction/budgets.json: ``python -m vitkit.reproduce.estimate``),
-    with the reference's machine, and for a v2 reference its measured wall time beside the estimate."""
+def budgets_json(reference: PathLike = REFERENCE, jobs: int = 2, name: Optional[str] = None,
+                 version: int = 2) -> Dict[str, Any]:
+    """Both budgets' estimates (docs/reproduction/budgets.json: ``python -m vitkit.reproduce.estimate``; the v2
+    budgets unless ``version`` says otherwise), with the reference's machine, and for a v2 reference its
+    measured wall time beside the estimate."""
     report = json.loads(Path(reference).read_text())
     out: Dict[str, Any] = {"reference": str(name or REFERENCE), "jobs": jobs}
     machines = report.get("compute", {}).get("machines") or {}
@@ -189,7 +198,8 @@ def budgets_json(reference: PathLike = REFERENCE, jobs: int = 2, name: Optional[
                            "runs": report["compute"]["runs"], "jobs": report["compute"]["jobs"]}
     rate, overhead = rates(reference)  # fitted once for both budgets
     out["budgets"] = {b: {k: (float(f"{v:.4g}") if isinstance(v, float) else v)
-                          for k, v in estimate(b, reference, jobs, rate, overhead).items()} for b in ("quick", "full")}
+                          for k, v in estimate(b, reference, jobs, rate, overhead, version).items()}
+                      for b in ("quick", "full")}
     return out
 
 

@@ -25,6 +25,8 @@ from .budget import Budget, evaluation_overrides, validation_overrides
 from .claims import HALVES, Arm
 from .measure import record_provenance
 
+DESIGN = "design.json"  # OUT/runs/design.json: a v3 campaign's design, made before its first run
+
 
 def run_folder(root: PathLike, arm: str, seed: int) -> Path:
     return Path(root) / "runs" / arm / f"seed{seed}"
@@ -147,7 +149,7 @@ def run_arm(arm: Arm, seed: int, budget: Budget, root: PathLike, *, progress: bo
                    busy=f"{out} is being trained by another process: wait for it, or stop it first"):
         if is_done(out):  # finished while we waited for the lock's holder
             return json.loads((out / "results.json").read_text())
-        record_provenance(out)
+        record_provenance(out, budget.plan_sha)
         if arm.kind == "init":
             return _untrained(arm, seed, recipe, out)
         if arm.prepare:
