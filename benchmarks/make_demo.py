@@ -5,7 +5,8 @@ training run and its test evaluation; writes docs/figures/training/fmnist-demo.j
     python3 benchmarks/make_demo.py --backend gemm=onednn --out docs/figures/training/fmnist-demo-onednn.json
 
 The JSON holds the wall time of the whole `make demo` (install included), the run's results.json (validation
-scores, the exported weights, the one test evaluation) and the machine line. Fashion-MNIST must be
+scores, the exported weights, the one test evaluation), the lines the command printed last (the README shows
+them) and the machine line. Fashion-MNIST must be
 installed already (`make data`), as the demo's own time does not include fetching it.
 """
 from __future__ import annotations
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
     summary = {"command": command, "commit": commit, "wall_s": round(wall, 1),
                "wall_min": round(wall / 60, 2), "test_top1": res.get("test_top1"), "test_top5": res.get("test_top5"),
                "exported_weights": res.get("exported_weights"), "selected_by": res.get("selected_by"),
-               "results": res, "machine": machine,
+               "results": res, "closing_lines": proc.stdout.strip().splitlines()[-3:], "machine": machine,
                "targets": {"test_top1": 0.88, "wall_min": 10.0},
                "target_met": bool(res.get("test_top1", 0) >= 0.88 and wall < 600)}
     args.out.parent.mkdir(parents=True, exist_ok=True)

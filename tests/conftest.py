@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from vitkit import ViTConfig
-from vitkit.models import backend
+from vitkit.models import kernel_plan
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -10,11 +10,9 @@ def _own_kernel_cache(tmp_path_factory):
     """The suite measures into its own cache file, never the user's (and starts from none); so do the processes
     it starts (vitkit train, torchrun ranks, the CLI), through the environment."""
     path = tmp_path_factory.mktemp("kernel-cache") / "kernels.json"
-    backend.set_cache_file(path)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(backend.CACHE_ENV, str(path))
+        mp.setenv(kernel_plan.CACHE_ENV, str(path))
         yield
-    backend.set_cache_file(None)
 
 
 @pytest.fixture(autouse=True)
@@ -42,12 +40,7 @@ def small_trained_vit():
 
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
-    """An empty measurement cache, no choices made yet in this process and every field auto; restored after."""
-    monkeypatch.delenv(backend.ENV, raising=False)
-    previous = backend.cache_path()  # the suite's own file (see above), restored after
-    backend.set_cache_file(tmp_path / "kernels.json")
-    backend.forget()
-    monkeypatch.setattr(backend, "busy", lambda: False)
+    """An empty measurement file (the default table of plans resolved in the test) and every field auto."""
+    monkeypatch.delenv(kernel_plan.ENV, raising=False)
+    monkeypatch.setenv(kernel_plan.CACHE_ENV, str(tmp_path / "kernels.json"))
     yield tmp_path / "kernels.json"
-    backend.forget()
-    backend.set_cache_file(previous)

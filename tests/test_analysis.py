@@ -77,7 +77,7 @@ def _uniform_attention_model(cfg):
 def test_rollout_of_identity_attention_is_one_hot_on_the_class_token():
     model = _identity_attention_model(depth=3)
     x = torch.randn(2, 1, 8, 8)
-    out = model.forward_intermediates(x, return_attention=True)
+    out = model.forward_intermediates(x, output_fmt="dict", return_attention=True)
     eye = torch.eye(5).expand(2, 2, 5, 5)
     for a in out["attention"]:
         assert torch.equal(a, eye)  # exactly the identity
@@ -87,7 +87,7 @@ def test_rollout_of_identity_attention_is_one_hot_on_the_class_token():
     assert maps.shape == (2, 2, 2) and torch.equal(maps, torch.zeros(2, 2, 2))  # no patch reaches the class token
     # without a class token the read-out is the patch mean: each patch contributes exactly 1/4, a uniform map
     gap = _identity_attention_model(depth=2, class_token=False)
-    for a in gap.forward_intermediates(x, return_attention=True)["attention"]:
+    for a in gap.forward_intermediates(x, output_fmt="dict", return_attention=True)["attention"]:
         assert torch.equal(a, torch.eye(4).expand(2, 2, 4, 4))
     assert torch.equal(rollout_maps(gap, x, upsample=False), torch.full((2, 2, 2), 0.25))
 
@@ -181,7 +181,7 @@ def test_rollout_any_resolution_and_patch_shape():
         # rolled out again in float64 numpy from the model's attention: ((A + I) / 2) per layer, last layer
         # first in the product, the class token's row over the patches, row-major on the (rows, cols) grid
         with torch.no_grad():
-            layers = model.forward_intermediates(x, return_attention=True)["attention"]
+            layers = model.forward_intermediates(x, output_fmt="dict", return_attention=True)["attention"]
             att = [a.double().mean(1).numpy() for a in layers]
         roll = np.broadcast_to(np.eye(1 + gh * gw), att[0].shape)
         for a in att:

@@ -92,8 +92,10 @@ def test_classify_transform_and_reset_classifier(small, images):
     assert loaded(x[None]).shape == (1, 7) and torch.count_nonzero(loaded.head.weight) == 0
     loaded.reset_classifier(0)
     assert loaded(x[None]).shape == (1, 192)
-    with pytest.raises(ValueError, match="pass a preset"):
-        vitkit.create_transform(vitkit.create_model("Ti/16", img_size=32, depth=1))
+    fresh = vitkit.create_model("Ti/16", img_size=32, depth=1)  # no preprocessing came with it: the default, said
+    with pytest.warns(vitkit.errors.VitkitWarning, match="no preprocessing.*default"):
+        tf = vitkit.create_transform(fresh)
+    assert tf.name == "authors" and tf.size == (32, 32) and fresh.pretrained_cfg["default_preprocessing"]
 
 
 def test_list_models_pattern():
@@ -149,6 +151,29 @@ def test_written_files_honour_the_umask(tmp_path):
         finally:
             os.umask(old)
         assert stat.S_IMODE((tmp_path / f"a{mask}.txt").stat().st_mode) == mode
+
+
+def test_exclusive_locks_across_processes(tmp_path):
+    """utils.exclusive (filelock): another process cannot take a held lock (wait=False: BusyError at once),
+    nor can a second lock on the same file in this process; released at the end of the block."""
+    import subprocess
+    import sys
+
+    from vitkit.errors import BusyError
+    from vitkit.utils import exclusive
+    lock = tmp_path / "sub" / "x.lock"  # the folder is made
+    probe = ("import sys; from vitkit.utils import exclusive; from vitkit.errors import BusyError\n"
+             "try:\n    with exclusive(sys.argv[1], wait=False): print('got')\n"
+             "except BusyError as e: print('busy', e)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = lambda: subprocess.run([sys.executable, "-c", probe, str(lock)], capture_output=True, text=True,  # noqa: E731
+                                 env=env, timeout=120).stdout.strip()
+    with exclusive(lock):
+        assert run() == f"busy {lock} is held by another process"
+        with pytest.raises(BusyError, match="taken"):
+            with exclusive(lock, wait=False, busy="taken"):
+                pass
+    assert run() == "got"
 
 
 def test_eval_shows_progress_on_stderr(tmp_path, capsys):

@@ -8,8 +8,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from vitkit import ViTConfig
 from vitkit.config import ConfigError
 from vitkit.models import VisionTransformer
-from vitkit.models.backend import use_backend
 from vitkit.models.cost import cost, param_count
+from vitkit.models.kernel_plan import use_backend
 
 
 def axial_cfg(**kw):
@@ -23,10 +23,10 @@ def test_axial_shapes_and_intermediates():
     m = VisionTransformer(cfg).eval()
     x = torch.randn(3, 1, 8, 12)
     assert m(x).shape == (3, 3)
-    out = m.forward_intermediates(x)
+    out = m.forward_intermediates(x, output_fmt="dict")
     assert [t.shape for t in out["intermediates"]] == [(3, 6, 8)] * 2 and out["grid"] == (2, 3)
     with pytest.raises(ValueError, match="no \\[tokens, tokens\\] attention"):
-        m.forward_intermediates(x, return_attention=True)
+        m.forward_intermediates(x, output_fmt="dict", return_attention=True)
 
 
 def test_axial_block_is_row_blocks_then_column_blocks():
@@ -58,9 +58,11 @@ def test_axial_parameters_and_macs_by_hand():
     # out projection 2*6*8*8, MLP 2*2*6*8*16, patch embedding 6*16*8, head 8*3
     hand_macs = 2304 + 2 * 240 + 768 + 3072 + 768 + 24
     assert cost(cfg).macs == hand_macs
-    m = VisionTransformer(cfg).eval()
-    with FlopCounterMode(display=False) as fc, use_backend(gemm="onednn", attention="explicit"):
-        # the explicit attention path: torch counts its products, not the CPU kernel's; oneDNN declared but
+    with use_backend(gemm="onednn", attention="explicit"):  # the plan of a model built inside
+        m = VisionTransformer(cfg).eval()
+    assert m.kernel_plan.attention_for(torch.float32, grad=False) == "explicit"
+    with FlopCounterMode(display=False) as fc:
+        # the explicit attention path: torch counts its products, not the CPU kernel's; oneDNN planned but
         # the counter gets ATen's GEMMs
         m(torch.randn(1, 1, 8, 12))
     assert fc.get_total_flops() == 2 * hand_macs

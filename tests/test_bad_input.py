@@ -1,6 +1,6 @@
 """A corpus of bad input, each case run through the command line as a careful user would.
 
-Every case asserts the documented ending (README, "Errors and exit codes"): an expected failure is one
+Every case asserts the documented ending (CONTRIBUTING.md, "Errors and exit codes"): an expected failure is one
 line ``vitkit CMD: error: ...`` naming the file or key (exit code 1; 2 for usage errors), never a
 traceback, and leaves no partial output; a many-file command reports each bad file, goes on with the
 rest and exits 3 when some failed. The corpus covers these kinds of bad input: output paths that cannot

@@ -16,10 +16,10 @@ from vitkit.bench.peers import PeerUnavailable, build_peer, parse_peers
 from vitkit.bench.report import plot_figure12, rows_table
 from vitkit.bench.roofline import Gemm, gemm_rate, model_gemms, roofline
 from vitkit.bench.runner import run_inference, run_training
-from vitkit.bench.timing import Stats, alternate, rotations
 from vitkit.cli import main
 from vitkit.config import config_from_name
-from vitkit.models import precision
+from vitkit.models import ops
+from vitkit.timing import Stats, alternate, rotations
 
 
 def rel_err(a, b):
@@ -126,7 +126,7 @@ def test_gemm_rate_and_roofline_arithmetic():
     assert r.flops_per_s > 0 and r.impl in r.all_rates and r.all_rates[r.impl] == r.flops_per_s
     assert "native" in r.all_rates
     rb = gemm_rate(Gemm("t", 64, 32, 48, groups=2), "bf16", repeats=1)
-    assert set(rb.all_rates) >= {"native"} | ({"fp32_units"} if not precision.cpu_has_native_bf16() else set())
+    assert set(rb.all_rates) >= {"native"} | ({"fp32_units"} if not ops.cpu_has_native_bf16() else set())
     cfg = create_model("Ti/16", depth=1, img_size=32).config
     b = roofline(cfg, 2, "fp32", repeats=1)
     assert b.seconds_per_image == pytest.approx(sum(x.gemm.flops / x.flops_per_s for x in b.rates) / 2)
@@ -170,9 +170,9 @@ def _autocast_run(model, x, t):
 def test_widened_bf16_matches_native_bf16_autocast(tiny_cfg, monkeypatch):
     model = noisy(VisionTransformer(tiny_cfg))
     x, t = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
-    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(ops, "cpu_has_native_bf16", lambda: False)
     widened, gw = _autocast_run(model, x, t)
-    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(ops, "cpu_has_native_bf16", lambda: True)
     native, gn = _autocast_run(model, x, t)
     model.zero_grad()
     out32 = model(x)
@@ -189,22 +189,22 @@ def test_widened_bf16_matches_native_bf16_autocast(tiny_cfg, monkeypatch):
 @pytest.mark.parametrize("gemm", ["aten", "onednn"])
 def test_fp32_path_is_the_plain_module_call(tiny_cfg, gemm):
     """With ATen declared, a dense layer is exactly nn.Linear's call; with oneDNN, the same to rounding."""
-    from vitkit.models.backend import use_backend
+    from vitkit.models.kernel_plan import Measurements, resolve
 
     lin = torch.nn.Linear(8, 4)
     x = torch.randn(3, 8, requires_grad=True)
-    assert not precision.widen_bf16(x)
-    with use_backend(gemm=gemm):
-        y = precision.linear(x, lin.weight, lin.bias)
+    assert not ops.widen_bf16(x)
+    plan = resolve(tiny_cfg, torch.float32, backend=f"gemm={gemm}", measurements=Measurements())
+    y = ops.linear(x, lin.weight, lin.bias, plan.mix_for(torch.float32))
     if gemm == "aten":
-        assert torch.equal(y, lin(x))
+        assert plan.mix_for(torch.float32) is None and torch.equal(y, lin(x))
     else:
         torch.testing.assert_close(y, lin(x), rtol=1e-6, atol=1e-6)
-    if not precision.cpu_has_native_bf16():
-        assert precision.widen_bf16(x.bfloat16())
+    if not ops.cpu_has_native_bf16():
+        assert ops.widen_bf16(x.bfloat16())
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            assert precision.widen_bf16(x)
-            assert precision.linear(x, lin.weight, lin.bias).dtype == torch.bfloat16
+            assert ops.widen_bf16(x)
+            assert ops.linear(x, lin.weight, lin.bias).dtype == torch.bfloat16
 
 
 # --- peers -------------------------------------------------------------------------------------------------
@@ -359,6 +359,10 @@ def test_peers_without_patch_dropout_are_refused_not_mismatched(tiny_cfg):
 
 
 def test_cpu_kernel_benchmark_runs_and_reports_every_shape(tmp_path):
+    """benchmarks/cpu_kernels.py times every row through vitkit.models.ops and reports the choice of the kernel
+    plan a model of that shape gets: GEMMs declared ATen here (so the B/16 plan needs no block timing and the
+    MLP's GELU runs separately), each attention shape's path timed by the planner (auto)."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -366,28 +370,40 @@ def test_cpu_kernel_benchmark_runs_and_reports_every_shape(tmp_path):
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_kernels.py"
     out = subprocess.run([sys.executable, str(script), "--threads", "1", "--seconds", "0.001", "--repeats", "1",
                           "--skip", "gemm", "chunks", "--readout-model", "Ti/16", "--out", str(tmp_path / "k.json")],
-                         capture_output=True, text=True, check=True, timeout=300).stdout
+                         capture_output=True, text=True, check=True, timeout=300,
+                         env={**os.environ, "VITKIT_BACKEND": "gemm=aten"}).stdout
     lines = [x for x in out.splitlines() if "x the other" in x or "x the next best" in x]
-    from vitkit.models import kernels, precision
-    gelu = sum(kernels.onednn_ok(d) for d in (torch.float32, torch.bfloat16))  # fc1 + GELU, per dtype
+    gelu = sum(ops.onednn_ok(d) for d in (torch.float32, torch.bfloat16))  # fc1 + GELU, per dtype
     # attention: 6 shapes x fp32/bf16 x training/inference; patch embedding: 5 shapes x training/inference;
-    # the read-out rows in fp32 and bf16
+    # the head's tokens in fp32 and bf16
     assert len(lines) == 24 + 10 + gelu + 2 and sum("vitkit: separate" in x for x in lines) == gelu
-    readout = json.loads((tmp_path / "k.json").read_text())["readout"]
+    data = json.loads((tmp_path / "k.json").read_text())
+    readout = data["readout"]
     assert [r["rows"] for r in readout] == [1, 1] and readout[0]["max_abs_diff"] < 1e-4
     attention = [x for x in lines if "tokens" in x]
     assert len(attention) == 24 and all(" widened " in x for x in attention if "bfloat16" in x)  # 3 paths in bf16
     explicit = [x for x in attention if "vitkit: explicit" in x]
     widened = [x for x in attention if "vitkit: widened" in x]
-    if precision.cpu_has_native_bf16():  # each shape's path measured (auto): fused or explicit, never widened
+    if ops.cpu_has_native_bf16():  # each shape's path measured (auto): fused or explicit, never widened
         assert not widened
     else:  # no bf16 GEMMs: bf16 attention on the fp32 units, by whichever path the measurement chose
         assert all("bfloat16" in x for x in widened)
     assert sum("vitkit: fused" in x for x in attention) == 24 - len(explicit) - len(widened)
     assert sum("vitkit: gemm" in x for x in lines) == 2 * 5
-    data = json.loads((tmp_path / "k.json").read_text())
+    assert data["backend"] == "gemm=aten,attention=auto,int8=auto"
+    for row in data["attention"]:  # each row's choice is its plan's, timed for that shape
+        b, h, t, d = row["shape"]
+        dt = row["dtype"][6:]
+        plan = data["plans"][f"attention heads={h} tokens={t} dim={d} {dt}"]
+        for mode, grad in (("train", "training"), ("inference", "inference")):
+            path = plan["attention"][f"{dt} {grad}"]
+            assert plan["why"][f"attention {dt} {grad}"].startswith("measured")
+            assert row[mode]["vitkit"] == ("widened" if path == "fused" and dt == "bfloat16"
+                                           and not ops.cpu_has_native_bf16() else path)
     assert len(data["attention"]) == 12 and len(data["patches"]) == 5 and "machine" in data["machine_line"]
     assert len(data.get("gelu", [])) == gelu and all(r["max_abs_diff"] < 0.1 for r in data.get("gelu", []))
+    assert all(r["vitkit"] == "separate" and data["plans"][f"B/16 {r['dtype'][6:]}"]["gemm"][r["dtype"][6:]] == "aten"
+               for r in data.get("gelu", []))
     # training GEMMs: 4 shapes x (forward, grad_input, grad_weight) per dtype oneDNN runs, and the layer with
     # each product on its winner wherever oneDNN won one
     products = [x for x in out.splitlines() if "ATen's speed" in x]
@@ -419,7 +435,7 @@ def test_openvino_peer_runs_vitkits_exported_model(tiny_cfg, precision):
     x = torch.randn(3, 3, 32, 32)
     with torch.inference_mode():
         ref = model(x)
-    from vitkit.models.backend import cpu_has_native_bf16
+    from vitkit.models.ops import cpu_has_native_bf16
     if precision == "bf16" and not cpu_has_native_bf16():
         with pytest.raises(PeerUnavailable, match="bf16"):
             build_peer("openvino", model, precision="bf16")
@@ -521,7 +537,7 @@ def test_the_roofline_target_reads_the_eager_run():
 
 
 def test_performance_doc_quotes_the_committed_json():
-    """Every verdict line that the committed results give appears word for word in docs/performance.md,
+    """Every verdict line that the committed results give appears word for word in docs/performance-results.md,
     and every machine-kind folder quoted there exists: the docs cannot drift from the JSON."""
     import sys
     from pathlib import Path
@@ -530,7 +546,7 @@ def test_performance_doc_quotes_the_committed_json():
     sys.path.insert(0, str(root / "benchmarks"))
     from verdict import check
 
-    doc = (root / "docs" / "performance.md").read_text()
+    doc = (root / "docs" / "performance-results.md").read_text()
     kinds = [d for d in (root / "benchmarks" / "results").iterdir() if d.is_dir() and list(d.glob("*/bench.json"))]
     assert kinds, "no committed benchmark results"
     for kind in kinds:
@@ -538,22 +554,38 @@ def test_performance_doc_quotes_the_committed_json():
         lines = [x for x in check(results, kind=kind.name) if "not measured" not in x]
         assert lines
         for line in lines:
-            assert line in doc, f"docs/performance.md does not quote: {line}"
+            assert line in doc, f"docs/performance-results.md does not quote: {line}"
         for res in results:
-            assert res["machine_line"] in doc, f"docs/performance.md lacks the machine line of {kind.name}"
+            assert res["machine_line"] in doc, f"docs/performance-results.md lacks the machine line of {kind.name}"
 
 
-def test_a_bench_file_records_the_kernels_its_runs_chose(fresh_cache):
-    """With every field auto and nothing measured yet, the choices are made by the timed calls: bench.json's
-    machine line and vitkit's row record them (read after the timing, not when the model was built)."""
+def test_a_bench_file_records_the_kernel_plan_its_runs_used(fresh_cache):
+    """With every field auto and nothing measured yet, the bench's prepare_inference plans the kernels, timing
+    what is not known: vitkit's row records that plan (every choice and why), the measurement file keeps the
+    timings behind it, and the machine line says which backend was declared."""
     from vitkit.bench import run_bench
-    from vitkit.models import backend
+    from vitkit.models.kernel_plan import Measurements
 
     res = run_bench(["inference"], ["Ti/16"], img_sizes=[32], batches=[2], options=BenchOptions(
         repeats=1, warmup=0, peers=[], roofline=False, overrides={"depth": 1}, log=lambda m: None))
-    made = backend.decisions()
-    assert any(k.startswith("attention float32 inference") for k in made)
     mine = [r for r in res["rows"] if r["library"] == "vitkit"][0]
-    assert mine["engine"]["backend"]["decisions"] == made
-    for what, v in made.items():
-        assert f"{what}: {v['choice']}" in res["machine_line"]
+    plan = mine["engine"]["kernel_plan"]
+    assert mine["engine"]["backend_source"] == "default" and plan["backend"] == "gemm=auto,attention=auto,int8=auto"
+    assert set(plan["gemm"]) == {"float32"} and plan["head_tokens"] == 1  # planned for the dtype benchmarked
+    chosen = {"gemm float32": plan["gemm"]["float32"], "training float32": plan["training"]["float32"],
+              "attention float32": plan["attention"]["float32 inference"],
+              "attention training float32": plan["attention"]["float32 training"]}
+    for what in ("gemm float32", "training float32", "attention float32 inference", "attention float32 training"):
+        assert plan["why"][what].startswith("measured"), what
+    kept = Measurements.load(fresh_cache).entries
+    for what, choice in chosen.items():  # the timing behind each choice, kept for the next process
+        assert [e["choice"] for k, e in kept.items() if k.startswith(what + " width=")] == [choice], what
+    assert "backend gemm=auto,attention=auto,int8=auto" in res["machine_line"]
+
+
+def test_bench_help_names_every_peer(capsys):
+    """The help says what --peers takes: every peer bench knows (OpenVINO too), from the one list."""
+    from vitkit.bench import PEERS
+    main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert PEERS[-1] == "openvino" and all(p in text for p in PEERS) and "OpenVINO" in text

@@ -57,12 +57,11 @@ def test_b16_multiply_adds():
 def test_cost_matches_flop_counter(tiny_cfg):
     from torch.utils.flop_counter import FlopCounterMode
 
-    from vitkit.models.backend import use_backend
-
     for cfg in (tiny_cfg, tiny_cfg.replace(representation_size=32, img_size=(32, 48))):
         model = vitkit.VisionTransformer(cfg).eval()
-        for gemm in ("aten", "onednn"):  # the counter gets ATen's GEMMs whatever is declared
-            with FlopCounterMode(display=False) as counter, torch.no_grad(), use_backend(gemm=gemm):
+        for gemm in ("aten", "onednn"):  # the counter gets ATen's GEMMs whatever the plan says
+            assert model.set_kernel_plan(f"gemm={gemm}").gemm_for(torch.float32) == gemm
+            with FlopCounterMode(display=False) as counter, torch.no_grad():
                 model(torch.randn(1, 3, *cfg.img_size), return_attention=True)  # explicit path: matmuls counted
             assert counter.get_total_flops() == 2 * cost(cfg).macs
         assert param_count(cfg) == model.num_params()

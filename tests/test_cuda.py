@@ -7,7 +7,7 @@ import torch
 
 from _weights import perturb
 from vitkit import VisionTransformer
-from vitkit.models import kernels, layers, precision
+from vitkit.models import layers
 from vitkit.models.inference import prepare_inference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -36,10 +36,10 @@ def test_cuda_inference_kernels_equal_the_training_path_fp32_and_bf16(tiny_cfg, 
     with torch.inference_mode():
         out = model(x)
     assert calls and rel_err(out, ref.detach()) < 1e-5
-    assert kernels.gemm_kernel(torch.float32, x.device) == "aten"  # cuBLAS through ATen
-    q = torch.zeros(2, 4, 145, 16, device="cuda")
-    assert precision.attention_path(q, q, q) == "fused"
     fast = prepare_inference(copy.deepcopy(model), "bf16")
+    plan = fast.model.kernel_plan  # planned for the GPU: cuBLAS through ATen, the fused attention, whole batches
+    assert plan.device == "cuda" and set(plan.gemm.values()) == {"aten"} and plan.chunk_bytes == 0
+    assert set(plan.attention.values()) == {"fused"}
     out16 = fast(x)
     assert out16.dtype == torch.bfloat16 and out16.device.type == "cuda"
     assert rel_err(out16, ref.detach()) < 3e-2

@@ -133,6 +133,56 @@ def test_image_folder_layouts(tmp_path):
         bad.gather(torch.arange(len(bad)))
 
 
+def test_auto_eval_split_finds_test_else_val_else_none(tmp_path):
+    from vitkit.data.datasets import auto_eval_split
+    assert auto_eval_split("fashion-mnist") == auto_eval_split("cifar10:/x") == "test"
+    _write_images(tmp_path / "flat", ["cat", "dog"], 1)
+    _write_images(tmp_path / "inet" / "train", ["cat", "dog"], 1)
+    _write_images(tmp_path / "inet" / "val", ["cat"], 1)
+    assert auto_eval_split(f"folder:{tmp_path / 'flat'}") is None
+    assert auto_eval_split(f"folder:{tmp_path / 'inet'}") == "val"
+    _write_images(tmp_path / "inet" / "test", ["dog"], 1)
+    assert auto_eval_split("folder", root=tmp_path / "inet") == "test"
+    x = np.zeros((2, 1, 4, 4), np.uint8)
+    np.savez(tmp_path / "plain.npz", images=x, labels=np.zeros(2, np.int64))
+    np.savez(tmp_path / "val.npz", train_images=x, train_labels=np.zeros(2), val_images=x, val_labels=np.zeros(2))
+    assert auto_eval_split(f"tensors:{tmp_path / 'plain.npz'}") is None  # never the training images again
+    assert auto_eval_split(f"tensors:{tmp_path / 'val.npz'}") == "val"
+    (tmp_path / "val-0.tar").write_bytes(b"")
+    assert auto_eval_split(f"shards:{tmp_path}/{{split}}-{{0..0}}.tar") == "val"
+    assert auto_eval_split(f"shards:{tmp_path}/val-{{0..0}}.tar") is None
+
+
+def test_train_on_the_folder_layouts_the_docs_show(tmp_path, capsys):
+    """`vitkit train --data folder:DIR` with no data.eval_split: a flat DIR/<class>/ tree trains with no test
+    split (the validation hold-out from the training images), an ImageNet-style DIR/{train,val}/ tree tests
+    on val/; results.json records which. Asking for a split the folder lacks names what it looked for and
+    the fix."""
+    import json
+
+    from _synthetic import write_recipe
+    from vitkit.cli import main
+    _write_images(tmp_path / "flat", ["cat", "dog"], 6, size=(16, 16))
+    _write_images(tmp_path / "inet" / "train", ["cat", "dog"], 6, size=(16, 16))
+    _write_images(tmp_path / "inet" / "val", ["cat", "dog"], 2, size=(16, 16))
+    recipe = write_recipe(tmp_path, "unused.npz", val_size=2)
+    for layout, split, tested in (("flat", None, None), ("inet", "val", 4)):
+        out = tmp_path / f"run-{layout}"
+        assert main(["train", "-r", str(recipe), "--data", f"folder:{tmp_path / layout}", "--steps", "2",
+                     "--set", "optim.batch_size=4", "--set", "schedule.warmup_steps=1", "--set",
+                     "data.mean=[0.5,0.5,0.5]", "--set", "data.std=[0.5,0.5,0.5]", "--out", str(out),
+                     "--no-progress"]) == 0, capsys.readouterr().err
+        results = json.loads((out / "results.json").read_text())
+        assert results["eval_split"] == split and results.get("test_images") == tested
+        assert results["val_images"] == 2 and results["train_images"] == 10
+    capsys.readouterr()
+    assert main(["train", "-r", str(recipe), "--data", f"folder:{tmp_path / 'flat'}", "--set",
+                 "data.eval_split=test", "--steps", "1", "--out", str(tmp_path / "run-x"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert f"image folder {tmp_path / 'flat' / 'test'} not found (it is a flat ROOT/<class>/ tree)" in err
+    assert "set data.eval_split to auto" in err
+
+
 def test_tar_shards_round_trip(tmp_path):
     rng = np.random.default_rng(3)
     data = TensorImages(torch.from_numpy(rng.integers(0, 256, (25, 1, 12, 12), dtype=np.uint8)),

@@ -46,17 +46,16 @@ def test_new_fields_cost_nothing_when_off():
     assert vitkit.create_model("B/16").num_params() == 86_567_656
 
 
-def test_map_pooling_cost_matches_flop_counter(monkeypatch):
+def test_map_pooling_cost_matches_flop_counter():
     """The attention pool's multiply-adds as torch counts them (the difference from a GAP model; the pool's
-    attention on the explicit path, whose matmuls the counter sees)."""
+    attention on the explicit path, whose matmuls the counter sees, by the model's plan)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from vitkit.models import layers, precision
-    monkeypatch.setattr(layers, "attention", lambda q, k, v: precision.attention(q, k, v, path="explicit"))
-
     def flops(cfg):
+        model = VisionTransformer(cfg).eval()
+        model.set_kernel_plan("attention=explicit")
         with FlopCounterMode(display=False) as counter, torch.no_grad():
-            VisionTransformer(cfg).eval()(torch.randn(1, 3, *cfg.img_size), return_attention=True)
+            model(torch.randn(1, 3, *cfg.img_size), return_attention=True)
         return counter.get_total_flops()
 
     gap = ViTConfig(img_size=32, patch_size=4, width=64, depth=1, num_heads=4, mlp_dim=128, num_classes=0,
@@ -120,11 +119,15 @@ def test_timm_intermediates_and_feature_maps():
         assert inter[0][0].shape == (2, 64, 4, 4) and inter[0][1].shape == (2, 5, 64)
         nlc = model.forward_intermediates(x, [-1], output_fmt="NLC", intermediates_only=True)
         assert torch.equal(nlc[0].transpose(1, 2).reshape(2, 64, 4, 4), inter[1][0])
-        as_dict = model.forward_intermediates(x, [-1])  # today's dict, unchanged
+        as_dict = model.forward_intermediates(x, [-1], output_fmt="dict")  # vitkit's dict, asked for by name
         assert torch.equal(as_dict["intermediates"][0][:, 5:], nlc[0])
+        default = model.forward_intermediates(x, [-1])  # timm's default: NCHW maps, (final, [maps])
+        assert torch.equal(default[1][0], inter[1][0]) and torch.equal(default[0], feats)
         maps = model.forward_feature_maps(x, scales=(4, 2, 1, 0.5))
     assert [tuple(m.shape[-2:]) for m in maps] == [(16, 16), (8, 8), (4, 4), (2, 2)]
-    assert [(i["module"], i["reduction"]) for i in model.feature_info(2)] == [("blocks.2", 14), ("blocks.3", 14)]
+    assert [(i["module"], i["reduction"]) for i in model.feature_info[2:]] == [("blocks.2", 14), ("blocks.3", 14)]
+    assert model.feature_info[0] == {"module": "blocks.0", "num_chs": 64, "reduction": 14}
+    assert len(model.feature_info) == 4
     with pytest.raises(ValueError, match="output_fmt"):
         model.forward_intermediates(x, output_fmt="NHWC")
 

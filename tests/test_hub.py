@@ -19,7 +19,7 @@ import vitkit
 from _http_server import COMMIT, FileServer
 from _weights import randomize
 from vitkit.checkpoints import save_weights
-from vitkit.models import backend
+from vitkit.models import kernel_plan as backend
 
 pytest.importorskip("huggingface_hub")
 SRC = str(Path(vitkit.__file__).resolve().parents[1])
@@ -142,13 +142,20 @@ def test_push_to_the_hub_and_load_back(tmp_path):
     with FileServer() as server:
         env["HF_ENDPOINT"] = server.url
         for repo, to in (("acme/ti-timm", "timm"), ("acme/ti-hf", "hf")):
-            proc = subprocess.run([sys.executable, "-m", "vitkit", "push", str(tmp_path / "w"), repo, "--to", to],
-                                  env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+            push = [sys.executable, "-m", "vitkit", "push", str(tmp_path / "w"), repo, "--to", to]
+            calls = len(server.requests("/api/repos/create", "POST"))
+            dry = subprocess.run(push + ["--dry-run", str(tmp_path / f"dry-{to}")], env=env, cwd=tmp_path,
+                                 capture_output=True, text=True, timeout=120)
+            assert dry.returncode == 0 and "nothing was uploaded" in dry.stdout, dry.stderr[-3000:]
+            assert repo not in server.repos and len(server.requests("/api/repos/create", "POST")) == calls
+            proc = subprocess.run(push, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
             assert proc.returncode == 0, proc.stderr[-3000:]
             assert f"/{repo}/commit/{COMMIT}" in proc.stdout
             files = server.repos[repo]
             assert {"model.safetensors", "config.json", "README.md"} <= set(files)
+            assert files == folder_files(tmp_path / f"dry-{to}")  # the dry run wrote exactly what was uploaded
             assert (f"library_name: {'timm' if to == 'timm' else 'transformers'}").encode() in files["README.md"]
+            assert b"AutoModelForImageClassification.from_pretrained" in files["README.md"]
         assert server.requests("/api/repos/create", "POST") == [None, None]
         proc = run(["acme/ti-timm", "acme/ti-hf"], env, tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]

@@ -136,7 +136,7 @@ def test_unit_structure_and_keys(tiny_hybrid):
 def test_hybrid_forward_shapes_and_gradients(tiny_hybrid):
     model = randomize_head(vitkit.VisionTransformer(tiny_hybrid))
     x = torch.randn(2, 3, 32, 32)
-    out = model.forward_intermediates(x, return_attention=True)
+    out = model.forward_intermediates(x, output_fmt="dict", return_attention=True)
     assert out["grid"] == (4, 4) and out["features"].shape == (2, 17, 64)
     assert out["attention"][0].shape == (2, 4, 17, 17)
     logits = model(x)
@@ -160,7 +160,7 @@ def test_other_resolutions(tiny_hybrid):
     # random weights everywhere (zero head and zero gn3 would hide differences)
     model = randomize(vitkit.VisionTransformer(tiny_hybrid.replace(dynamic_img_size=True)).eval())
     x = torch.randn(2, 3, 64, 48)
-    out = model.forward_intermediates(x)
+    out = model.forward_intermediates(x, output_fmt="dict")
     assert out["grid"] == (8, 6)
     fixed = vitkit.VisionTransformer(tiny_hybrid).eval()
     fixed.load_state_dict(model.state_dict())

@@ -192,9 +192,9 @@ def test_the_cycle_check_can_fail():
 
 
 def _readme_layout() -> Dict[str, str]:
-    """The README's Layout block: each ``src/vitkit/...`` entry (a file, or a folder with its continuation
+    """CONTRIBUTING.md's Layout block: each ``src/vitkit/...`` entry (a file, or a folder with its continuation
     lines) -> its text."""
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "CONTRIBUTING.md").read_text()
     block = text.split("## Layout\n\n```\n", 1)[1].split("```", 1)[0]
     entries: Dict[str, str] = {}
     current = None
@@ -208,7 +208,7 @@ def _readme_layout() -> Dict[str, str]:
 
 
 def test_readme_layout_names_every_module():
-    """A newcomer reads the tree from the README: every module is named under its folder (or on its own
+    """A newcomer reads the tree from CONTRIBUTING.md: every module is named under its folder (or on its own
     line at the top), and every entry exists."""
     import re
     entries = _readme_layout()
@@ -224,9 +224,9 @@ def test_readme_layout_names_every_module():
         text = entries.get(f"src/vitkit/{rel.parts[0]}/", "")
         if not re.search(rf"\b{re.escape(path.stem)}\b", text):
             missing.append(str(rel))
-    assert not missing, f"README's Layout does not name: {missing}"
+    assert not missing, f"CONTRIBUTING.md's Layout does not name: {missing}"
     for entry in entries:
-        assert (ROOT / entry).exists(), f"README's Layout names {entry}, which is not in the tree"
+        assert (ROOT / entry).exists(), f"CONTRIBUTING.md's Layout names {entry}, which is not in the tree"
 
 
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 450, 60

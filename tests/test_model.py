@@ -5,8 +5,8 @@ import torch.nn.functional as F
 import vitkit
 from _weights import randomize_head
 from vitkit import VisionTransformer, create_model
-from vitkit.models.backend import use_backend
-from vitkit.models.layers import patch_dropout
+from vitkit.models.kernel_plan import use_backend
+from vitkit.models.layers import PatchDropout
 
 POSEMB_VARIANTS = [
     dict(posemb="none"), dict(posemb="learn"), dict(posemb="learn2d"), dict(posemb="relative"),
@@ -60,15 +60,16 @@ def test_conv_patch_embedding_equals_flatten_and_linear(tiny_cfg):
 @pytest.mark.parametrize("variant", POSEMB_VARIANTS + POOL_VARIANTS + [dict(representation_size=32)],
                          ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()))
 def test_fused_equals_explicit_attention(tiny_cfg, variant, monkeypatch):
-    """The fused kernel (F.scaled_dot_product_attention), which fp32 attention takes at any length, against
-    the explicit path that returns weights (the fused kernel really runs: counted below)."""
-    from vitkit.models import precision
+    """The fused kernel (F.scaled_dot_product_attention), which a plan with attention=fused runs at any length,
+    against the explicit path that returns weights (the fused kernel really runs: counted below)."""
+    from vitkit.models import ops
 
     calls = []
     fused_kernel = F.scaled_dot_product_attention
-    monkeypatch.setattr(precision.F, "scaled_dot_product_attention",
+    monkeypatch.setattr(ops.F, "scaled_dot_product_attention",
                         lambda *a, **k: calls.append(1) or fused_kernel(*a, **k))
     model = randomize_head(VisionTransformer(tiny_cfg.replace(img_size=48, **variant)))
+    assert model.set_kernel_plan("attention=fused").attention_for(torch.float32, grad=True) == "fused"
     if model.rel_pos is not None:  # non-zero relative biases so the bias path is exercised
         for rel in model.rel_pos:
             torch.nn.init.normal_(rel.table, std=0.5)
@@ -77,12 +78,11 @@ def test_fused_equals_explicit_attention(tiny_cfg, variant, monkeypatch):
     x = torch.randn(3, 3, 48, 48)
     for mode in ("eval", "train"):  # train mode with all dropout rates 0 must agree too
         getattr(model, mode)()
-        with use_backend(attention="fused"):
-            model(x)  # the first call settles what auto measures (its timing runs blocks too)
-            n = len(calls)
-            fused = model(x)
+        n = len(calls)
+        fused = model(x)
         assert len(calls) - n == tiny_cfg.depth  # every block ran the fused kernel
         explicit, maps = model(x, return_attention=True)
+        assert len(calls) - n == tiny_cfg.depth  # the maps come from the explicit path
         torch.testing.assert_close(explicit, fused, rtol=1e-5, atol=1e-5)
     assert len(maps) == tiny_cfg.depth
     t = model.config.seq_len
@@ -155,10 +155,10 @@ def test_position_every_layer_variants_are_used_per_block(tiny_cfg):
     assert shared.pos_embed.shape == (1, 65, 64)
     # changing table 1 changes only what block 1 sees
     x = torch.randn(1, 3, 32, 32)
-    before = every.forward_intermediates(x, [0, 1])["intermediates"]
+    before = every.forward_intermediates(x, [0, 1], output_fmt="dict")["intermediates"]
     with torch.no_grad():
         every.pos_embed[1].add_(1.0)
-    after = every.forward_intermediates(x, [0, 1])["intermediates"]
+    after = every.forward_intermediates(x, [0, 1], output_fmt="dict")["intermediates"]
     torch.testing.assert_close(before[0], after[0])
     assert not torch.allclose(before[1], after[1])
 
@@ -190,7 +190,8 @@ def test_patch_dropout_keeps_a_sorted_random_subset_in_training_only(tiny_cfg, c
     model = VisionTransformer(cfg)
     prefix, n = cfg.num_prefix_tokens, cfg.num_patches  # 64 patches of an 8x8 grid
     x = torch.arange(4 * (prefix + n), dtype=torch.float32).view(4, prefix + n, 1).expand(-1, -1, 64)
-    out = patch_dropout(x, prefix, cfg.patch_drop)
+    out = PatchDropout(prefix).train()(x, cfg.patch_drop)
+    assert torch.equal(PatchDropout(prefix).eval()(x, cfg.patch_drop), x)  # evaluation never drops
     assert out.shape == (4, prefix + 16, 64)
     assert torch.equal(out[:, :prefix], x[:, :prefix])
     kept = out[:, prefix:, 0]
@@ -232,14 +233,14 @@ def test_gradient_checkpointing_gives_same_gradients(tiny_cfg):
 def test_forward_intermediates(tiny_cfg):
     model = VisionTransformer(tiny_cfg.replace(depth=4)).eval()
     x = torch.randn(2, 3, 32, 32)
-    out = model.forward_intermediates(x, [1, -1], norm=True, return_attention=True)
+    out = model.forward_intermediates(x, [1, -1], norm=True, output_fmt="dict", return_attention=True)
     assert out["indices"] == [1, 3] and out["grid"] == (8, 8)
     torch.testing.assert_close(out["intermediates"][1], out["features"])
     torch.testing.assert_close(out["features"], model.forward_features(x))
     assert len(out["attention"]) == 2
-    last2 = model.forward_intermediates(x, 2)
+    last2 = model.forward_intermediates(x, 2, output_fmt="dict")
     assert last2["indices"] == [2, 3]
-    early = model.forward_intermediates(x, [0], stop_early=True)
+    early = model.forward_intermediates(x, [0], stop_early=True, output_fmt="dict")
     assert early["features"] is None and early["intermediates"][0].shape == (2, 65, 64)
     with pytest.raises(ValueError, match="out of range"):
         model.forward_intermediates(x, [7])
@@ -369,38 +370,69 @@ def test_distillation_token_config_and_adaptation(tiny_cfg):
     assert model.pos_embed.shape == (1, 146, 64)
 
 
+def attention_cfg(t):
+    """A one-head, 4-wide ViT whose block attends over ``t`` tokens (a class token where t - 1 is a square)."""
+    side = round((t - 1) ** 0.5)
+    cls = side * side == t - 1
+    side = side if cls else round(t ** 0.5)
+    return vitkit.ViTConfig(img_size=2 * side, patch_size=2, in_chans=1, width=4, depth=1, num_heads=1, mlp_dim=8,
+                            num_classes=2, class_token=cls, pool="token" if cls else "gap")
+
+
 @pytest.mark.parametrize("t,mask_kind", [(17, None), (50, "float"), (9, "bool")])
-def test_attention_paths_follow_the_backend_and_agree(t, mask_kind, monkeypatch):
-    """A declared attention path is the one that runs; ``auto`` measures once per shape and keeps the choice;
-    bf16 on a CPU without bf16 GEMMs runs on widened operands; graph capture gets the fused kernel. Values and
-    gradients of the explicit path equal the fused kernel's."""
-    from vitkit.models import backend, precision
+def test_attention_paths_follow_the_plan_and_agree(t, mask_kind, monkeypatch):
+    """``auto``: the planner times each path once for the model's shape and keeps the choice; a plan's path
+    (declared or measured) is the one that runs, whatever surrounds the forward later (``use_backend`` decides
+    the plans resolved inside it; a graph consumer gets the plan's path too); bf16 on a CPU without bf16
+    GEMMs runs the path on operands widened to fp32. Values and gradients of the explicit path equal the
+    fused kernel's."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vitkit.models import ops, planner
+    from vitkit.models.kernel_plan import Measurements, resolve
 
     def qkv(tokens, dtype=torch.float32, grad=True):
         return [torch.zeros(1, 1, tokens, 4, dtype=dtype, requires_grad=grad) for _ in range(3)]
-    bf16 = torch.bfloat16
-    with use_backend(attention="auto"):
-        decided = precision.attention_path(*qkv(t, grad=False))  # auto: measured (or cached) once
-        assert decided in ("fused", "explicit")
-        assert any(k.startswith(f"attention float32 inference heads=1 q={t} ") for k in backend.decisions())
-        assert precision.attention_path(*qkv(t, grad=False)) == decided
+
+    def never(*a):
+        raise AssertionError(f"{a[0]} timed again")
+    bf16, f32 = torch.bfloat16, torch.float32
+    cfg = attention_cfg(t)
+    assert cfg.num_patches + cfg.num_prefix_tokens == t
+    table, pinned = Measurements(), "gemm=aten,int8=x86"  # the attention choices only
+    decided = planner.plan(cfg, f32, backend=pinned, measurements=table)  # auto: timed now, for this shape
+    assert {decided.attention_for(f32, grad) for grad in (False, True)} <= {"fused", "explicit"}
+    assert sorted(k.split(" width=")[0] for k in table.entries) == ["attention float32", "attention training float32"]
+    assert all(f" tokens={t} " in k for k in table.entries)
+    assert resolve(cfg, f32, backend=pinned, measurements=table, timer=never).attention == decided.attention  # kept
     calls = []
-    real = precision.explicit_attention
-    monkeypatch.setattr(precision, "explicit_attention", lambda *a: calls.append(1) or real(*a))
-    with use_backend(attention="fused"):
-        precision.attention(*qkv(16, bf16))
-        assert not calls and precision.attention_path(*qkv(16)) == "fused"
-    with use_backend(attention="explicit"):
-        precision.attention(*qkv(16))
-        assert calls == [1] and precision.attention_path(*qkv(577, bf16, grad=False)) == "explicit"
-    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)  # bf16 on the fp32 units
-    with use_backend(attention="fused"):
-        assert precision.attention_path(*qkv(16, bf16)) == "widened"
-        assert precision.attention(*qkv(16, bf16)).dtype == bf16
-    with use_backend(attention="explicit"):
-        assert precision.attention(*qkv(16, bf16)).dtype == bf16 and calls == [1, 1]
+    real = ops.explicit_attention
+    monkeypatch.setattr(ops, "explicit_attention", lambda *a: calls.append(1) or real(*a))
+    ops.attention(*qkv(16, bf16), path="fused")
+    assert not calls
+    ops.attention(*qkv(16), path="explicit")
+    assert calls == [1]
+    with use_backend(attention="explicit"):  # a model built inside keeps the declared path after the block
+        model = VisionTransformer(cfg).eval()
+    assert model.kernel_plan.attention == {f"{d} {m}": "explicit" for d in ("float32", "bfloat16")
+                                           for m in ("inference", "training") if d in model.kernel_plan.gemm}
+    x = torch.randn(2, 1, *cfg.img_size)
+    with torch.no_grad(), FlopCounterMode(display=False):  # under a graph consumer too
+        model(x)
+    assert calls == [1, 1]
+    with use_backend(attention="fused"):  # a forward inside the block runs the plan bound before
+        model(x)
+    assert calls == [1, 1, 1]
+    monkeypatch.setattr(ops, "cpu_has_native_bf16", lambda: False)  # bf16 on the fp32 units
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 16, 8, generator=g).to(bf16) for _ in range(3))
+    assert ops.widen_bf16(q)
+    widened = ops.attention(q, k, v, path="fused")  # the operands widened exactly, softmax in fp32, rounded after
+    assert widened.dtype == bf16 and not calls[3:]
+    assert torch.equal(widened, F.scaled_dot_product_attention(q.float(), k.float(), v.float()).to(bf16))
+    assert ops.attention(*qkv(16, bf16), path="explicit").dtype == bf16 and calls == [1, 1, 1, 1]
     with pytest.raises(ValueError, match="attention path 'flash'"):
-        precision.attention(*qkv(16), path="flash")
+        ops.attention(*qkv(16), path="flash")
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(3, 2, t, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
@@ -578,11 +610,11 @@ def test_inference_path_equals_training_path(tiny_cfg, variant):
         model = model.to(dtype)
         x = torch.randn(batch, cfg.in_chans, *size, dtype=dtype, generator=torch.Generator().manual_seed(1))
         ref = model(x)  # autograd on: the training path
-        ref_inter = model.forward_intermediates(x, norm=True)
+        ref_inter = model.forward_intermediates(x, norm=True, output_fmt="dict")
         assert ref.requires_grad
         with torch.inference_mode():
             out = model(x)
-            inter = model.forward_intermediates(x, norm=True)
+            inter = model.forward_intermediates(x, norm=True, output_fmt="dict")
         scale = ref.abs().max().item() + 1e-3
         torch.testing.assert_close(out, ref.detach(), rtol=tol, atol=tol * scale)
         for a, b in zip(inter["intermediates"], ref_inter["intermediates"]):
@@ -594,7 +626,7 @@ def test_explicit_attention_in_low_precision_is_the_fp32_softmax_rounded(dtype):
     """For bf16/fp16 q/k/v the explicit path's softmax accumulates in fp32 and writes the low precision: its
     weights are the fp32 softmax of the same logits rounded once, but for rare weights one rounding step
     apart; a softmax in the low precision itself (or a missing rounding) would miss by far more."""
-    from vitkit.models.precision import explicit_attention
+    from vitkit.models.ops import explicit_attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(4, 6, 197, 64, generator=g).to(dtype) for _ in range(3))

@@ -12,6 +12,7 @@ from _weights import randomize
 from vitkit.checkpoints import load_weights, save_model
 from vitkit.cli import main
 from vitkit.data.preprocess import ImageError, Preset, find_images, get_preset, load_image
+from vitkit.errors import VitkitWarning
 from vitkit.predict import classify
 
 skimage_data = pytest.importorskip("skimage.data")
@@ -145,9 +146,9 @@ def test_predict_errors(checkpoint, photos, tmp_path):
     model = load_weights(checkpoint)
     with pytest.raises(ValueError, match="topk"):
         list(classify(model, [photos / "chelsea.png"], topk=0))
-    model.meta.preprocessing = None
-    with pytest.raises(ValueError, match="pass a preset"):
-        list(classify(model, [photos / "chelsea.png"]))
+    model.meta.preprocessing = None  # weights that said nothing: the default pipeline, with a warning
+    with pytest.warns(VitkitWarning, match="no preprocessing"):
+        assert len(list(classify(model, [photos / "chelsea.png"], progress=False))) == 1
     with pytest.raises(FileNotFoundError):
         find_images([tmp_path / "nowhere"])
 
@@ -164,3 +165,14 @@ def test_single_channel_model_gets_luma(photos):
         ref = model(x[None]).softmax(-1)[0]
     for t in pred.top:
         assert abs(ref[t["index"]].item() - t["prob"]) < 2e-3  # PIL rounds L to integers; we keep fractions
+
+
+def test_predict_at_another_size_describes_what_runs(photos, checkpoint, capsys):
+    """The printed preprocessing is the one that runs at --img-size (the declared 64 px preset at 96 px:
+    shorter side floor(96 / (64/73)) = 109, centre crop 96), also in each row's geometry."""
+    assert main(["predict", str(photos / "chelsea.png"), "-w", str(checkpoint), "--img-size", "96"]) == 0
+    out = capsys.readouterr().out
+    head = out.splitlines()[0]
+    assert "input 96x96; preprocessing: torchvision IMAGENET1K_V1: shorter side 109 bilinear (antialiased), " \
+           "centre crop 96, ImageNet mean/std" in head
+    assert "crop 96x96" in out and "73" not in head and "64" not in head

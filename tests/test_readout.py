@@ -1,5 +1,6 @@
-"""The last block computed for the read-out tokens only (VisionTransformer.readout_rows): the logits and the
-gradients must be those of the whole forward pass, and nothing that watches the model may see fewer tokens."""
+"""The head's contract: the last block computes the tokens the head reads only (``kernel_plan.head_tokens``),
+the logits and the gradients those of the whole forward pass, on every path (eager, training, compile,
+torch.export, ONNX, FSDP, the served engine); a hook observes without changing what is computed."""
 import copy
 
 import pytest
@@ -11,7 +12,7 @@ from vitkit import VisionTransformer, ViTConfig
 from vitkit.bench.roofline import model_gemms
 from vitkit.config import config_from_name
 from vitkit.models.cost import cost
-from vitkit.models.inference import inference_summary, prepare_inference, quantize_int8_
+from vitkit.models.inference import inference_summary, prepare_inference
 
 BASE = dict(img_size=32, patch_size=8, width=48, depth=3, num_heads=4, mlp_dim=96, num_classes=7)
 CASES = {  # name: (config overrides, rows the head reads)
@@ -43,7 +44,7 @@ def _full(model, x):
 def test_logits_equal_the_whole_forward_pass(case):
     kw, rows = CASES[case]
     model = _model(**kw)
-    assert model.readout_rows() == rows
+    assert model.kernel_plan.head_tokens == rows == model.config.head_tokens
     x = torch.randn(5, 3, 32, 32)
     with torch.inference_mode():
         fast, full = model(x), _full(model, x)
@@ -94,27 +95,41 @@ def test_the_last_block_multiplies_only_the_read_rows(monkeypatch):
         assert seen == [3 * tokens] * 3
 
 
-def test_hooks_see_every_token():
+def test_hooks_observe_without_changing_what_is_computed():
     model = _model()
     x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        plain = model(x)
     shapes = []
     handle = model.blocks[-1].mlp.register_forward_hook(lambda m, i, o: shapes.append(tuple(o.shape)))
-    assert model.readout_rows() is None
-    with torch.inference_mode():
-        hooked = model(x)
-    handle.remove()
-    assert shapes == [(2, 17, 48)] and model.readout_rows() == 1
-    with torch.inference_mode():
-        torch.testing.assert_close(model(x), hooked, rtol=0, atol=1e-5)
     glob = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: None)
     try:
-        assert model.readout_rows() is None
+        with torch.inference_mode():
+            hooked = model(x)
     finally:
+        handle.remove()
         glob.remove()
-    # attention maps (rollout) run every token
-    with torch.inference_mode():
+    assert shapes == [(2, 1, 48)]  # the last block's hook sees the head's rows, as documented
+    assert torch.equal(hooked, plain) and model.kernel_plan.head_tokens == 1
+    with torch.inference_mode():  # forward_features and attention maps (rollout) run every token
+        assert model.forward_features(x).shape == (2, 17, 48)
         _, maps = model(x, return_attention=True)
     assert maps[-1].shape == (2, 4, 17, 17)
+
+
+def test_the_opt_out_computes_every_token_and_persists():
+    model = _model(head_tokens_only=False)
+    assert model.kernel_plan.head_tokens is None and model.config.head_tokens is None
+    shapes = []
+    model.blocks[-1].mlp.register_forward_hook(lambda m, i, o: shapes.append(tuple(o.shape)))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        out = model(x)
+    assert shapes == [(2, 17, 48)]
+    torch.testing.assert_close(out, _full(model, x), rtol=0, atol=0)
+    again = VisionTransformer.__new__(VisionTransformer)  # the choice travels with the config (saved with weights)
+    assert ViTConfig.from_dict(model.config.to_dict()).head_tokens_only is False and again is not None
+    assert prepare_inference(model, "fp32", measure=False).model.kernel_plan.head_tokens is None
 
 
 def _grads(model, logits_of, x, y):
@@ -146,12 +161,11 @@ def test_training_step_multiplies_only_the_read_rows(monkeypatch):
     seen = []
     real = layers_mod.linear
 
-    def spy(x, w, b=None):
+    def spy(x, w, b=None, mix=None):
         seen.append((tuple(x.shape[:-1]), w.shape[0]))
-        return real(x, w, b)
+        return real(x, w, b, mix)
 
     x = torch.randn(3, 3, 32, 32)
-    model(x).sum().backward()  # any measurement auto makes (it times blocks of its own) happens here
     monkeypatch.setattr(layers_mod, "linear", spy)
     model(x).sum().backward()
     fc1 = [rows for rows, out in seen if out == 80]  # the MLP's first layer of each block
@@ -160,31 +174,83 @@ def test_training_step_multiplies_only_the_read_rows(monkeypatch):
 
 def test_int8_models_run_every_row():
     model = _model()
-    q = quantize_int8_(copy.deepcopy(model))
-    assert q.readout_rows() is None
-    prepared = prepare_inference(copy.deepcopy(model), "fp32")
-    assert inference_summary(prepared)["last_block_rows"] == 1
-    assert inference_summary(prepare_inference(_model(pool="gap"), "fp32"))["last_block_rows"] is None
+    q = prepare_inference(copy.deepcopy(model), "fp32", quantize="int8", measure=False)
+    assert q.model.kernel_plan.head_tokens is None  # activations are quantised per call over all rows
+    assert "int8" in q.model.kernel_plan.why["head_tokens"]
+    prepared = prepare_inference(copy.deepcopy(model), "fp32", measure=False)
+    assert inference_summary(prepared)["kernel_plan"]["head_tokens"] == 1
+    assert inference_summary(prepare_inference(_model(pool="gap"), "fp32", measure=False))["kernel_plan"][
+        "head_tokens"] is None
 
 
-def test_compiled_model_keeps_the_read_out_and_export_gets_every_token(monkeypatch):
+def _spy_linear(monkeypatch, seen):
+    real = layers_mod.linear
+    monkeypatch.setattr(layers_mod, "linear", lambda v, w, b=None, mix=None: seen.append((tuple(v.shape[:-1]),
+                                                                                         w.shape[0]))
+                        or real(v, w, b, mix))
+
+
+def test_compile_and_torch_export_keep_the_read_out(monkeypatch):
     model = _model(mlp_dim=80)
     x = torch.randn(3, 3, 32, 32)
     with torch.inference_mode():
         eager = model(x)
     seen = []
-    real = layers_mod.linear
-    monkeypatch.setattr(layers_mod, "linear", lambda v, w, b=None: seen.append((tuple(v.shape[:-1]), w.shape[0]))
-                        or real(v, w, b))
-    prepared = prepare_inference(model, "fp32", compile=True)
+    _spy_linear(monkeypatch, seen)
+    prepared = prepare_inference(model, "fp32", compile=True, measure=False)
     out = prepared(x)
     torch.testing.assert_close(out, eager, rtol=0, atol=1e-4)
     assert [rows for rows, n in seen if n == 80] == [(3, 17), (3, 17), (3, 1)]  # what the graph traced
-    assert inference_summary(prepared)["last_block_rows"] == 1
     seen.clear()
     with torch.no_grad():
-        torch.export.export(model, (x,))
-    assert [rows for rows, n in seen if n == 80] == [(3, 17)] * 3
+        exported = torch.export.export(model, (x,))
+    assert [rows for rows, n in seen if n == 80] == [(3, 17), (3, 17), (3, 1)]
+    torch.testing.assert_close(exported.module()(x), eager, rtol=0, atol=1e-5)
+
+
+def test_onnx_export_and_the_served_engine_run_the_head_contract(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from vitkit.export import export_onnx
+    from vitkit.serve.engines import TorchEngine
+
+    model = _model()
+    x = torch.randn(3, 3, 32, 32)
+    with torch.inference_mode():
+        ref = model.forward_outputs(x)
+    report = export_onnx(copy.deepcopy(model), tmp_path / "m.onnx", features=True)
+    assert report["max_abs_diff"] < 1e-4 and report["validated"].startswith("onnxruntime")
+    shapes = []
+    engine = TorchEngine(copy.deepcopy(model), "fp32")
+    engine.model.blocks[-1].mlp.register_forward_hook(lambda m, i, o: shapes.append(tuple(o.shape)))
+    logits, feats = engine.run(x)
+    assert shapes == [(3, 1, 48)]  # the served path computes what forward computes
+    torch.testing.assert_close(torch.from_numpy(logits), ref.logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(feats), ref.features, rtol=0, atol=1e-5)
+
+
+def test_fsdp_keeps_the_read_out(tmp_path):
+    """FSDP's fully_shard registers hooks on every block: the plan, not the hooks, decides what is computed."""
+    import torch.distributed as dist
+    fully_shard = pytest.importorskip("torch.distributed.fsdp").fully_shard
+
+    model = _model()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        ref = model(x)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        sharded = copy.deepcopy(model)
+        for blk in sharded.blocks:
+            fully_shard(blk)
+        fully_shard(sharded)
+        shapes = []
+        sharded.blocks[-1].mlp.register_forward_hook(lambda m, i, o: shapes.append(tuple(o.shape)))
+        with torch.no_grad():
+            out = sharded(x)
+    finally:
+        dist.destroy_process_group()
+    assert shapes == [(2, 1, 48)]
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
 
 
 def test_roofline_counts_the_products_the_logits_need():

@@ -115,7 +115,7 @@ def test_embed_explain_model_and_probes(server, ckpt, photo):
     info = httpx.get(server.url + "/v1/model").json()
     assert info["labels"] == LABELS and info["has_classifier"] and info["preprocessing"]["name"] == "torchvision"
     assert info["engine"]["name"] == "torch" and info["dtype"] == "fp32" and info["format"] == "vitkit"
-    assert info["config"]["width"] == 64 and info["kernels"]["dtype"] == "float32" and "gemm" in info["kernels"]
+    assert info["config"]["width"] == 64 and info["kernels"]["dtype"] == "float32" and "kernel_plan" in info["kernels"]
     assert info["options"]["token_required"] is False and "token" not in info["options"]
     assert httpx.get(server.url + "/healthz").json() == {"status": "alive"}
     assert httpx.get(server.url + "/readyz").status_code == 200
@@ -232,7 +232,7 @@ def _corpus(url, port):
     body, ctype = _multipart([("a.png", good_png, "image/png")], boundary="B")
     yield "no file field", post(content=body.replace(b'name="file"', b'name="image"'),
                                 headers={"Content-Type": ctype}), 400, "no_file"
-    yield "unknown path", httpx.get(url + "/v2/nothing"), 404, "not_found"
+    yield "unknown path", httpx.get(url + "/v3/nothing"), 404, "not_found"
     yield "wrong method", httpx.get(url + "/v1/classify"), 405, "method_not_allowed"
     for k in ("0", "-3", "1000000"):
         yield f"topk={k}", post(params={"topk": k}, content=good_png, headers=img), 400, "bad_topk"
@@ -418,6 +418,22 @@ def test_options_are_checked():
             ServeOptions(device="cuda").check()
 
 
+def test_every_option_has_a_flag_with_the_same_default():
+    from dataclasses import asdict, fields
+
+    from vitkit.cli import build_parser
+    from vitkit.cli.serve import OPTION_FLAGS, options_from_args
+
+    assert set(OPTION_FLAGS) == {f.name for f in fields(ServeOptions)}
+    parse = build_parser().parse_args
+    assert asdict(options_from_args(parse(["serve", "w"]))) == asdict(ServeOptions())
+    opts = options_from_args(parse(["serve", "w", "--body-timeout", "7", "--decode-threads", "3",
+                                    "--no-watch-disconnect", "--max-topk", "9", "--read-timeout", "2.5",
+                                    "--engine-budget", "0", "--model-id", "pets", "--token-file", "t"]))
+    assert (opts.body_timeout_s, opts.decode_threads, opts.watch_disconnect, opts.max_topk) == (7.0, 3, False, 9)
+    assert (opts.read_timeout_s, opts.engine_budget_s, opts.model_id, opts.token) == (2.5, 0.0, "pets", None)
+
+
 def test_engine_that_cannot_serve_is_reported_not_ready(ckpt):
     """A named engine that cannot run the dtype: /healthz answers, /readyz and the API say why (503); the
     command exits 1 with that line (vitkit.serve.server.run's on_failure)."""
@@ -576,3 +592,21 @@ def test_sigterm_drains_in_flight_requests(ckpt):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_run_folder_is_served_under_its_recipe_with_its_architecture(tmp_path):
+    """The page's title is the model's name and architecture: a training run's RUN/model is served as its
+    recipe (not as 'model', the folder's name); /v1/model describes the preprocessing that runs."""
+    from vitkit.serve.service import Service
+
+    run = tmp_path / "demo"
+    tiny_checkpoint(run / "model")
+    (run / "results.json").write_text(json.dumps({"recipe": "fmnist-demo", "model": str(run / "model")}))
+    (run / "recipe.yaml").write_text("name: fmnist-demo\ndata: {dataset: fashion-mnist}\n")
+    info = Service(load_weights(run / "model"), ServeOptions(engine="torch")).model_info()
+    assert info["id"] == "fmnist-demo"
+    assert info["title"] == "fmnist-demo · ViT (width 64, depth 2, 2 heads, MLP 128, patch 8) at 32x32 px"
+    assert info["preprocessing_summary"] == ("torchvision IMAGENET1K_V1: shorter side 36 bilinear (antialiased), "
+                                             "centre crop 32, ImageNet mean/std")
+    (run / "results.json").unlink()  # a folder no run wrote: its config's name
+    assert Service(load_weights(run / "model"), ServeOptions(engine="torch")).model_info()["id"] == "Ti/16"

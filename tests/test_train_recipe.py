@@ -263,7 +263,7 @@ def test_fp16_is_refused_off_cuda_with_the_fix(tmp_path):
 def test_demo_recipe_pins_the_kernels():
     """make demo computes the same function on every machine kind: ATen's GEMMs and the fused attention,
     whatever the machine's measurement would pick (the README's accuracy holds everywhere)."""
-    from vitkit.models.backend import PLAIN, Backend
+    from vitkit.models.kernel_plan import PLAIN, Backend
 
     r = load_recipe("fmnist-demo")
     b = Backend.parse(r.train.backend)

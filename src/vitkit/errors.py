@@ -9,7 +9,7 @@ The classes also derive from the builtin type callers caught before this module 
 (``ValueError``, ``FileNotFoundError``, ``RuntimeError``, ``ImportError``), so ``except ValueError``
 keeps working.
 
-Exit codes of the ``vitkit`` command (README, "Errors and exit codes"): 0 success; 1 an expected
+Exit codes of the ``vitkit`` command (CONTRIBUTING.md, "Errors and exit codes"): 0 success; 1 an expected
 failure, reported in one line; 2 a usage error; 3 a many-file command where some files failed (each
 reported, the rest processed); 70 a bug in vitkit (traceback shown, please report it).
 """

@@ -5,11 +5,15 @@ Every exporter traces the fused-attention forward at the model's resolution
 with a dynamic batch axis, then runs the exported program on fresh inputs and
 compares its logits with eager PyTorch; the report gives the largest absolute
 and relative differences, and the export fails if they exceed the tolerance.
+The ONNX file and the OpenVINO IR carry what vitkit knows of the model (:func:`export_metadata`: labels,
+preprocessing, name, architecture, config, origin) as JSON strings: ONNX in ``metadata_props``, OpenVINO
+in the IR's ``rt_info`` under ``vitkit``.
 OpenVINO reads vitkit's own ONNX graph (the same traced forward), so its IR is
 checked against eager, not against the ONNX file.
 """
 from __future__ import annotations
 
+import json
 import shutil
 import warnings
 from pathlib import Path
@@ -41,10 +45,8 @@ class _PixelsToLogits(torch.nn.Module):
         self.features = features
 
     def forward(self, pixels: torch.Tensor):
-        if not self.features:
-            return self.model(pixels)
-        tokens = self.model.forward_features(pixels)
-        return self.model.forward_head(tokens), self.model.forward_head(tokens, pre_logits=True)
+        out = self.model.forward_outputs(pixels)  # the head's contract: what eager and `vitkit serve` run
+        return (out.logits, out.features) if self.features else out.logits
 
 
 def _compare(ref: torch.Tensor, out: torch.Tensor, atol: float, what: str) -> Dict[str, float]:
@@ -56,10 +58,55 @@ def _compare(ref: torch.Tensor, out: torch.Tensor, atol: float, what: str) -> Di
     return {"max_abs_diff": diff, "max_rel_diff": rel}
 
 
+METADATA_PREFIX = "vitkit."
+
+
+def export_metadata(model, features: bool = False) -> Dict[str, str]:
+    """What vitkit knows of ``model``, as the string values ONNX's ``metadata_props`` and OpenVINO's
+    ``rt_info`` hold (JSON where the value is structured): ``vitkit.labels`` (the class names, index order, or
+    null), ``vitkit.preprocessing`` (the preset at the model's size, as :meth:`Preset.to_dict` writes it: what
+    :func:`vitkit.data.preprocess.get_preset` reads back; null when the model carries none),
+    ``vitkit.preprocessing_summary``, ``vitkit.model_name``, ``vitkit.architecture``, ``vitkit.config``,
+    ``vitkit.source``, ``vitkit.format``, ``vitkit.input`` / ``vitkit.outputs`` (names, layout, shapes) and
+    ``vitkit.version``."""
+    from .data.preprocess import get_preset
+    from .variants import architecture
+    from .version import __version__
+
+    cfg, meta = model.config, model.meta
+    pre = get_preset(meta.preprocessing, cfg.img_size) if meta.preprocessing else None
+    h, w = cfg.img_size
+    outputs = {"logits": ["batch", cfg.num_classes or cfg.representation_size or cfg.width]}
+    if features:
+        outputs["features"] = ["batch", cfg.representation_size or cfg.width]
+    values = {
+        "model_name": cfg.name or "", "architecture": architecture(cfg), "config": cfg.to_dict(),
+        "labels": list(meta.labels) if meta.labels else None, "preprocessing": pre.to_dict() if pre else None,
+        "preprocessing_summary": pre.describe() if pre else "", "source": meta.source or "",
+        "format": meta.format or "", "version": __version__,
+        "input": {"name": "pixels", "datatype": "FP32", "layout": "NCHW", "shape": ["batch", cfg.in_chans, h, w],
+                  "normalised": "with vitkit.preprocessing's mean and std"},
+        "outputs": outputs}
+    return {METADATA_PREFIX + k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
+
+
+def _stamp_onnx(path: Path, metadata: Dict[str, str]) -> None:
+    """Write ``metadata`` into the ONNX file's ``metadata_props`` (in place; weights kept as they are)."""
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)
+    kept = [p for p in proto.metadata_props if p.key not in metadata]
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(kept)
+    for key, value in metadata.items():
+        proto.metadata_props.add(key=key, value=value)
+    onnx.save(proto, str(path))
+
+
 def export_onnx(model, path: PathLike, *, opset: int = 17, dynamic_batch: bool = True, validate: bool = True,
                 atol: float = DEFAULT_ATOL, features: bool = False) -> Dict[str, Any]:
     """Write ``model`` as ONNX (input ``pixels`` [B, C, H, W], output ``logits``; with ``features`` also
-    ``features``, the pooled pre-logits features [B, D]).
+    ``features``, the pooled pre-logits features [B, D]), with :func:`export_metadata` in ``metadata_props``.
 
     With ``validate`` and onnxruntime installed, the file is run on a batch of 3
     random images and compared with eager logits.
@@ -75,6 +122,7 @@ def export_onnx(model, path: PathLike, *, opset: int = 17, dynamic_batch: bool =
         torch.onnx.export(_PixelsToLogits(model, features), (example,), str(tmp), input_names=["pixels"],
                           output_names=outputs, dynamic_axes=axes, opset_version=opset, dynamo=False,
                           do_constant_folding=True)
+        _stamp_onnx(tmp, export_metadata(model, features))
     report: Dict[str, Any] = {"format": "onnx", "path": str(path), "opset": opset, "bytes": path.stat().st_size}
     if not validate:
         return report
@@ -132,7 +180,8 @@ def _openvino():
 def export_openvino(model, path: PathLike, *, opset: int = 17, dynamic_batch: bool = True, validate: bool = True,
                     atol: float = DEFAULT_ATOL, features: bool = False) -> Dict[str, Any]:
     """Write ``model`` as OpenVINO IR (``.xml`` + ``.bin``; input ``pixels``, output ``logits`` and, with
-    ``features``, ``features``), converted from vitkit's ONNX graph, weights kept in fp32.
+    ``features``, ``features``), converted from vitkit's ONNX graph, weights kept in fp32;
+    :func:`export_metadata` in the IR's ``rt_info`` (``model.get_rt_info(["vitkit", "labels"])``).
 
     With ``validate``, the IR is compiled for the CPU in fp32 (``INFERENCE_PRECISION_HINT=f32``: OpenVINO
     would otherwise run bf16 on CPUs that have it) and its logits on a batch of 3 random images compared
@@ -148,6 +197,8 @@ def export_openvino(model, path: PathLike, *, opset: int = 17, dynamic_batch: bo
         onnx_file = Path(tmp) / "model.onnx"
         export_onnx(model, onnx_file, opset=opset, dynamic_batch=dynamic_batch, validate=False, features=features)
         ir = ov.convert_model(str(onnx_file))
+        for key, value in export_metadata(model, features).items():  # rt_info: <vitkit><labels value=.../>
+            ir.set_rt_info(value, ["vitkit", key[len(METADATA_PREFIX):]])
         staged = Path(tmp) / "staged.xml"
         ov.save_model(ir, str(staged), compress_to_fp16=False)
         for src, dst in ((staged.with_suffix(".bin"), binf), (staged, xml)):  # the weights first, then the graph

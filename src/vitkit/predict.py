@@ -22,7 +22,8 @@ import torch
 from PIL import Image
 
 from .data.preprocess import ImageError, Preset, get_preset, load_image, to_gray
-from .errors import ConfigError, InputError, VitkitWarning
+from .errors import InputError, VitkitWarning
+from .models.meta import AUTHORS_PREPROCESSING
 from .utils import PathLike, atomic_path
 
 
@@ -53,14 +54,18 @@ class Prediction:
 
 def create_transform(model, preset: Union[None, str, Preset, Dict[str, Any]] = None) -> Preset:
     """The model's own preprocessing as a callable (image or path -> normalised tensor [C, H, W]) at the
-    model's resolution: ``preset`` when given, else what its checkpoint says (``model.meta.preprocessing``)."""
+    model's resolution: ``preset`` when given, else what its checkpoint says (``model.meta.preprocessing``),
+    else (a freshly built model, or weights that said nothing) the default, the paper authors' pipeline, with a
+    warning that says so (``model.pretrained_cfg["default_preprocessing"]`` marks it too)."""
     size = model.config.img_size
     if preset is not None:
         return get_preset(preset, size)
     if model.meta.preprocessing:
         return get_preset(model.meta.preprocessing, size)
-    raise ConfigError("the model carries no preprocessing (its checkpoint did not say): pass a preset, e.g. "
-                     "--preset torchvision, hf, authors or timm")
+    warnings.warn("the model's weights came with no preprocessing: using the default (the paper authors': "
+                  "squash, mean = std = 0.5); pass a preset (torchvision, hf, authors, timm) if they were trained "
+                  "with another", VitkitWarning, stacklevel=2)
+    return get_preset(AUTHORS_PREPROCESSING, size)
 
 
 def classify(weights, images: Sequence[Union[PathLike, Image.Image]], *, topk: int = 5, batch_size: int = 32,

@@ -131,22 +131,18 @@ def remove_stale_temps(folder: PathLike) -> List[Path]:
 
 @contextlib.contextmanager
 def exclusive(lock: PathLike, *, wait: bool = True, busy: str = "") -> Iterator[None]:
-    """An advisory lock on the file ``lock`` (POSIX ``flock``; elsewhere none), released when the block ends
-    or the process dies. ``wait=False``: raise :class:`~vitkit.errors.BusyError` (``busy``) at once when
-    another process holds it."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
+    """An advisory lock on the file ``lock`` (``filelock``: ``flock`` on POSIX, ``msvcrt`` locking on Windows),
+    released when the block ends or the process dies. ``wait=False``: raise :class:`~vitkit.errors.BusyError`
+    (``busy``) at once when another process (or another lock on the same file) holds it."""
+    from filelock import FileLock, Timeout
     lock = Path(lock)
     lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            raise BusyError(busy or f"{lock} is held by another process") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    held = FileLock(str(lock), timeout=-1 if wait else 0)
+    try:
+        held.acquire()
+    except Timeout:
+        raise BusyError(busy or f"{lock} is held by another process") from None
+    try:
+        yield
+    finally:
+        held.release()

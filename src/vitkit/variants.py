@@ -131,3 +131,18 @@ def _parse_hybrid(name: str, m: "re.Match") -> Dict[str, Any]:
         label += f"@{fields['img_size']}"
     fields.update(patch_size=1, backbone="resnet", backbone_layers=layers, backbone_width=64 * wf, name=label)
     return fields
+
+
+def architecture(cfg: Any) -> str:
+    """A short name of ``cfg``'s architecture for people (page titles, model cards, export metadata):
+    ``ViT-S/16 at 224x224 px`` where the sizes are one of Table 1's (or Ti/S), else the sizes themselves;
+    a hybrid's ResNet as ``ResNet (3, 4, 9) + ...``."""
+    dims = dict(width=cfg.width, depth=cfg.depth, mlp_dim=cfg.mlp_dim, num_heads=cfg.num_heads)
+    size = next((k for k, v in SIZES.items() if v == dims), None)
+    ph, pw = cfg.patch_size
+    patch = str(ph) if ph == pw else f"{ph}x{pw}"
+    body = (f"ViT-{size}/{patch}" if size else
+            f"ViT (width {cfg.width}, depth {cfg.depth}, {cfg.num_heads} heads, MLP {cfg.mlp_dim}, patch {patch})")
+    if cfg.backbone:
+        body = f"ResNet {tuple(cfg.backbone_layers)} + {body}"
+    return f"{body} at {cfg.img_size[0]}x{cfg.img_size[1]} px"

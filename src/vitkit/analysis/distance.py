@@ -54,7 +54,7 @@ def mean_attention_distance(model: torch.nn.Module, batches: Iterable[torch.Tens
     model.eval()
     total, count = None, 0
     for x in tqdm(batches, desc="attention distance", disable=not progress, leave=False):
-        out = model.forward_intermediates(x, return_attention=True)
+        out = model.forward_intermediates(x, output_fmt="dict", return_attention=True)
         d = torch.stack([attention_distance(a, out["grid"], model.config.pixel_patch_size,  # hybrids: ResNet stride
                                             model.config.num_prefix_tokens)
                          for a in out["attention"]]).double() * x.shape[0]

@@ -105,7 +105,7 @@ def rollout_maps(model: torch.nn.Module, x: torch.Tensor, head_fusion: str = "me
     padded border is cropped away after upsampling.
     """
     model.eval()
-    out = model.forward_intermediates(x, return_attention=True)
+    out = model.forward_intermediates(x, output_fmt="dict", return_attention=True)
     roll = attention_rollout(out["attention"], head_fusion)
     maps = rollout_to_grid(roll, out["grid"], model.config.num_prefix_tokens, readout_of(model.config))
     if not upsample:

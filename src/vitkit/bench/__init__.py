@@ -17,13 +17,13 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import ConfigError, InputError
 from ..models.inference import prepare_inference
+from ..timing import Stats, alternate
 from .machine import busy_warning, machine_info, machine_line, set_threads
 from .memory import run_memory
 from .peers import PEERS, PeerUnavailable, build_peer, parse_peers, peer_version
 from .report import comparison_table, plot_figure12, rows_table, write_json
 from .roofline import Gemm, Roofline, model_gemms, peak_gemm, roofline
 from .runner import BenchOptions, compare, run_inference, run_training
-from .timing import Stats, alternate
 
 KINDS = ("inference", "latency", "train", "memory", "roofline")
 

@@ -14,8 +14,10 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from ..models import backend
-from ..models.backend import cpu_fields, cpu_has_native_bf16, cpu_model_id
+from ..models.kernel_plan import cpu_fields, cpu_model_id
+from ..models.kernel_plan import current as current_backend
+from ..models.kernel_plan import source as backend_source
+from ..models.ops import cpu_has_native_bf16
 from ..version import code_version, describe_code
 
 _ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_tile")
@@ -31,7 +33,7 @@ def native_bf16_matmul(device: str = "cpu") -> bool:
 
     On a CPU without AVX-512-BF16 / AMX / AVX2-VNNI-2, torch's bf16 GEMM falls
     back to a slow generic loop; vitkit then multiplies bf16 operands with the
-    fp32 units instead (see :mod:`vitkit.models.precision`).
+    fp32 units instead (see :mod:`vitkit.models.ops`).
     """
     if str(device).startswith("cuda"):
         return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
@@ -39,13 +41,13 @@ def native_bf16_matmul(device: str = "cpu") -> bool:
 
 
 def chosen_paths(device: str = "cpu") -> Dict[str, Any]:
-    """What vitkit runs here: the bf16 path, the declared backend and every kernel choice this process has
-    made so far (nothing is measured here; see :mod:`vitkit.models.backend`)."""
+    """What vitkit runs here: the bf16 path and the declared backend with where it comes from (each model's
+    own choices are its kernel plan, which results record beside this; nothing is measured here)."""
     cuda = str(device).startswith("cuda")
     return {"bf16": ("native bf16 (CUDA)" if cuda else
                      "native bf16 GEMMs (oneDNN: avx512_bf16/amx)" if cpu_has_native_bf16() else
                      "bf16 operands widened to fp32 (no bf16 GEMM hardware)"),
-            "backend": backend.record()}
+            "backend": {"declared": current_backend().spec, "source": backend_source()}}
 
 
 def machine_info(device: str = "cpu") -> Dict[str, Any]:
@@ -109,8 +111,7 @@ def machine_line(info: Optional[Dict[str, Any]] = None, device: str = "cpu") -> 
     paths = i.get("paths") or {}
     if paths:
         rec = paths.get("backend") or {}
-        made = ", ".join(f"{k}: {v['choice']}" for k, v in (rec.get("decisions") or {}).items())
-        parts.append(f"path: {paths['bf16']}; backend {rec.get('declared', '?')}" + (f" ({made})" if made else ""))
+        parts.append(f"path: {paths['bf16']}; backend {rec.get('declared', '?')}")
     if i.get("gpu"):
         parts.insert(2, f"GPU {i['gpu']} (sm {i['gpu_capability']}, {i['gpu_mem_gib']} GiB, CUDA {i['cuda']})")
     return " | ".join(p for p in parts if p)

@@ -209,7 +209,7 @@ class OvModel(nn.Module):
         import openvino as ov
 
         from ..export import export_openvino
-        from ..models.backend import cpu_has_native_bf16
+        from ..models.ops import cpu_has_native_bf16
 
         if precision not in ("f32", "bf16"):
             raise ConfigError(f"OpenVINO precision {precision!r}: use f32 or bf16")

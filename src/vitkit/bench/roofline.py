@@ -17,7 +17,7 @@ high as this machine allows: fractions are conservative.
 
 The products are those the logits need: where the head reads only the class token (token pooling), the
 last block's queries, attention rows, output projection and MLP for that token alone, as vitkit's model
-computes them in inference (:meth:`vitkit.models.VisionTransformer.readout_rows`); a library that computes
+computes them in inference (:attr:`vitkit.ViTConfig.head_tokens`); a library that computes
 every token's last block does ~7% more products at B/16 than the bound counts.
 """
 from __future__ import annotations
@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from ..config import ViTConfig
 from ..models.cost import cost
 from ..models.inference import resolve_dtype
-from ..models.kernels import onednn_ok
-from .timing import alternate, synchronizer
+from ..models.ops import onednn_ok
+from ..timing import alternate, synchronizer
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ def roofline(cfg: ViTConfig, batch: int, dtype: str = "fp32", device: str = "cpu
              repeats: int = 5, progress: Optional[Callable[[str], None]] = None) -> Roofline:
     """Measure every distinct GEMM shape of the products ``batch`` images' logits need (:func:`model_gemms`
     with the model's read-out rows) and add up the bound."""
-    rows = cfg.head_rows
+    rows = cfg.head_tokens
     gemms = model_gemms(cfg, batch, img_size, rows)
     skipped = sum(g.flops for g in model_gemms(cfg, batch, img_size)) - sum(g.flops for g in gemms)
     seen: Dict[Tuple[int, int, int, int], GemmRate] = {}

@@ -19,12 +19,12 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from ..models.cost import cost
 from ..models.inference import inference_summary, prepare_inference, resolve_dtype
-from ..models.precision import settle_attention
+from ..models.planner import plan as plan_kernels
+from ..timing import alternate, synchronizer
 from .gpu import peak_flops
 from .models import build_model, clone, example_batch, model_config
 from .peers import PEERS, PeerUnavailable, build_peer
 from .roofline import roofline
-from .timing import alternate, synchronizer
 
 
 @dataclass
@@ -257,9 +257,8 @@ def training_contenders(model, dtype: str, compiled: bool, opts: BenchOptions
     dev = opts.device
     notes: List[str] = []
     mine = clone(model).to(dev).train()
+    mine.set_kernel_plan(plan_kernels(mine.config, resolve_dtype(dtype), dev))  # as the trainer's set-up does
     if compiled:
-        if str(dev) == "cpu":  # the compiled graph keeps the attention path chosen now
-            settle_attention(model.config, resolve_dtype(dtype), grad=True)
         mine = torch.compile(mine, mode=opts.compile_mode)
     step, how, fused = _vitkit_train_step(mine, dtype, dev)
     out = [("vitkit", step, {"step": how, "optimizer": f"torch.optim.AdamW({'fused' if fused else 'foreach'})"})]

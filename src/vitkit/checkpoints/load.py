@@ -117,15 +117,14 @@ def _hf_preprocessing(pre: Dict[str, Any], ckpt: Checkpoint) -> Optional[Dict[st
     extra: Dict[str, Any] = {}
     if isinstance(crop, dict) and crop.get("height"):
         ch, cw = int(crop["height"]), int(crop.get("width") or crop["height"])
-        mode, what = ("shorter", f"shorter side to {shortest}") if shortest else ("square", f"resize to {h}x{w}")
+        mode = "shorter" if shortest else "square"
         if not shortest and int(h) != int(w):  # a non-square resize before the crop: not a vitkit preset
-            mode, what = "shorter", f"shorter side to {min(h, w)}"
+            mode = "shorter"
             ckpt.notes.append(f"preprocessor_config.json resizes to {h}x{w} before its centre crop; vitkit "
                               f"resizes the shorter side to {min(h, w)} instead (the same on images of that shape)")
         extra = dict(name="hf-crop", size=(ch, cw), resize=int(shortest or min(h, w)), resize_mode=mode,
                      crop_rounding="floor", crop_pct=None,
-                     description=f"Hugging Face {pre.get('image_processor_type', 'image processor')}: {what}, "
-                                 f"centre crop {ch}x{cw}")
+                     description=f"Hugging Face {pre.get('image_processor_type', 'image processor')}")
     interp = FORMATS["hf"].RESAMPLE.get(pre.get("resample"), base.interpolation)
     return dataclasses.replace(base, mean=tuple(pre.get("image_mean", base.mean)), interpolation=interp,
                                std=tuple(pre.get("image_std", base.std)), **extra).to_dict()

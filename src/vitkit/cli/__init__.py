@@ -20,7 +20,7 @@ import warnings
 from typing import List, Optional, Tuple
 
 from ..errors import EXIT_BUG, EXIT_ERROR, VitkitError, VitkitWarning, describe_os_error
-from ..models.backend import use_backend
+from ..models.kernel_plan import use_backend
 from ..version import __version__
 
 COMMAND_MODULES = ["model", "checkpoints", "analysis", "train", "mpp", "bench", "reproduce", "serve", "backend"]

@@ -1,10 +1,12 @@
-"""``vitkit bench``: speed and memory of vitkit and its peers (timm, Hugging Face, torchvision), side by side."""
+"""``vitkit bench``: speed and memory of vitkit and its peers (timm, Hugging Face, torchvision, and vitkit's own
+exports run by ONNX Runtime and OpenVINO), side by side."""
 from __future__ import annotations
 
 import json
 import shlex
 import sys
 
+from ..bench.peers import PEERS
 from ..errors import UsageError
 from ._util import add_command, nonneg_int, parse_overrides, positive_int
 
@@ -13,11 +15,12 @@ WHAT = ("inference", "latency", "train", "memory", "roofline")
 
 def register(sub) -> None:
     p = add_command(sub, "bench", help="""
-        throughput, latency, training steps, peak memory and GEMM roofline, against timm / HF / torchvision in the
-        same run""", description="""
-        Benchmark vitkit against timm, Hugging Face transformers (sdpa) and torchvision: the same configuration
-        and weights, the same input and threads, repeats alternated; medians and spread, ratios vitkit / best
-        peer, fraction of the GEMM roofline (GPU: MFU). Peers that are not installed are skipped with a note.""")
+        throughput, latency, training steps, peak memory and GEMM roofline, against timm / HF / torchvision /
+        ONNX Runtime / OpenVINO in the same run""", description="""
+        Benchmark vitkit against timm, Hugging Face transformers (sdpa), torchvision, and vitkit's own ONNX export
+        run by ONNX Runtime and by OpenVINO (inference only): the same configuration and weights, the same input
+        and threads, repeats alternated; medians and spread, ratios vitkit / best peer, fraction of the GEMM
+        roofline (GPU: MFU). Peers that are not installed are skipped with a note.""")
     p.add_argument("models", nargs="+", metavar="MODEL",
                    help="model names (B/16, S/16, vit_base_patch16_224, ...) or recipe:NAME (a training recipe's "
                         "model, e.g. recipe:fmnist-fast)")
@@ -38,7 +41,7 @@ def register(sub) -> None:
     p.add_argument("--compile-mode", default=None,
                    help="torch.compile mode, e.g. reduce-overhead (CUDA graphs) or max-autotune")
     p.add_argument("--peers", nargs="+", default=["all"], metavar="LIB",
-                   help="timm hf torchvision onnxruntime, 'all' (default) or 'none'")
+                   help=f"{' '.join(PEERS)}, 'all' (default) or 'none'")
     p.add_argument("--peer-bf16", choices=("weights", "autocast"), default="weights",
                    help="how peers run bf16: bf16 weights (model.to(bfloat16), default) or fp32 weights + autocast")
     p.add_argument("--vitkit-module", action="store_true",

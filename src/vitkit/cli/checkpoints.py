@@ -84,6 +84,10 @@ def register(sub) -> None:
     p.add_argument("--revision", help="branch to commit to (default: main)")
     p.add_argument("--message", help="commit message")
     p.add_argument("--num-heads", type=positive_int, help="heads, for torchvision/timm files of non-standard sizes")
+    p.add_argument("--license", help="the card's licence (a Hub licence id, e.g. apache-2.0; default: the source's "
+                   "where vitkit knows it, else 'unknown')")
+    p.add_argument("--dry-run", metavar="DIR", help="write the exact folder that would be uploaded (weights, "
+                   "config, model card) to DIR and stop: no network, no token")
     p.set_defaults(func=_push)
 
     p = sub.add_parser("inspect", help="recognise a checkpoint's format and show its config, layout and notes "
@@ -117,7 +121,13 @@ def _push(args) -> int:
     from ..checkpoints import push_to_hub
 
     url = push_to_hub(args.weights, args.repo_id, to=args.to, private=args.private, token=args.token,
-                      revision=args.revision, message=args.message, num_heads=args.num_heads)
+                      revision=args.revision, message=args.message, num_heads=args.num_heads, license=args.license,
+                      dry_run=args.dry_run)
+    if args.dry_run:
+        files = sorted(p.name for p in Path(url).iterdir())
+        print(f"wrote {url}: what 'vitkit push' would upload to {args.repo_id} ({args.to}): {', '.join(files)}; "
+              f"nothing was uploaded")
+        return 0
     print(f"pushed {args.weights} to {args.repo_id} ({args.to}): {url}")
     return 0
 
@@ -150,7 +160,7 @@ def _predict(args) -> int:
     if not args.json:
         where = f", from {model.meta.source}" if model.meta.source != args.weights else ""
         print(f"{args.weights} ({model.meta.format}{where}): input {pre.size[1]}x{pre.size[0]}; "
-              f"preprocessing: {pre.description or pre.name}")
+              f"preprocessing: {pre.describe()}")
     return _report_predictions(args, iter_classify(model, files, topk=args.topk, batch_size=args.batch_size,
                                                    preset=pre, save_crop=args.save_crop,
                                                    progress=not args.no_progress), many)

@@ -19,7 +19,9 @@ def register(sub) -> None:
     p = sub.add_parser("serve", help="serve a checkpoint over HTTP: classify, embed, explain, a web page",
                        description="Serve WEIGHTS (any checkpoint vitkit reads) with its own preprocessing and "
                        "labels: POST /v1/classify, /v1/embed, /v1/explain; GET /v1/model, /healthz, /readyz, "
-                       "/metrics, /openapi.json, and a web page at /. Concurrent requests are batched dynamically. "
+                       "/metrics, /openapi.json, and a web page at /; the Open Inference Protocol (KServe, "
+                       "Triton, MLServer): GET /v2/health/live, /v2/health/ready, /v2/models/ID, POST "
+                       "/v2/models/ID/infer. Concurrent requests are batched dynamically. "
                        "Binds 127.0.0.1; any other address needs a token (--token-file or $VITKIT_SERVE_TOKEN) "
                        "or an explicit --insecure. SIGTERM drains: no new connections, every accepted request "
                        "is answered, exit 0. Needs the serve extra: pip install 'vitkit[serve]'.")
@@ -46,6 +48,12 @@ def register(sub) -> None:
     p.add_argument("--max-topk", type=positive_int, default=100, help="largest ?topk= (default 100)")
     p.add_argument("--read-timeout", type=_positive_float, default=10.0,
                    help="seconds an upload may pause before 408 (default 10)")
+    p.add_argument("--body-timeout", type=_positive_float, default=60.0,
+                   help="seconds an upload may take in all before 408 (default 60)")
+    p.add_argument("--decode-threads", type=positive_int, default=2,
+                   help="threads that decode and resize uploaded images (default 2)")
+    p.add_argument("--no-watch-disconnect", dest="watch_disconnect", action="store_false",
+                   help="keep the images of a request whose client has gone in their batch (default: drop them)")
     p.add_argument("--drain-timeout", type=_positive_float, default=30.0,
                    help="on SIGTERM, seconds to finish accepted requests (default 30)")
     p.add_argument("--engine-budget", type=_positive_float, default=2.0,
@@ -66,6 +74,23 @@ def register(sub) -> None:
     p.set_defaults(func=_serve)
 
 
+# each ServeOptions field and the flag (argparse dest) that sets it; the token is read from --token-file (or
+# $VITKIT_SERVE_TOKEN) by the server, never taken from the command line, where other users could see it
+OPTION_FLAGS = {"engine": "engine", "dtype": "dtype", "max_batch": "max_batch", "max_wait_ms": "max_wait_ms",
+                "max_queue": "max_queue", "max_bytes": "max_bytes", "max_pixels": "max_pixels",
+                "max_images": "max_images", "max_topk": "max_topk", "read_timeout_s": "read_timeout",
+                "body_timeout_s": "body_timeout", "token": "token_file", "model_id": "model_id", "preset": "preset",
+                "engine_budget_s": "engine_budget", "device": "device", "decode_threads": "decode_threads",
+                "watch_disconnect": "watch_disconnect"}
+
+
+def options_from_args(args):
+    """The :class:`~vitkit.serve.options.ServeOptions` the flags give (the token comes later, from its file)."""
+    from ..serve.options import ServeOptions
+
+    return ServeOptions(**{f: getattr(args, dest) for f, dest in OPTION_FLAGS.items() if f != "token"})
+
+
 # an engine asked for by name: the extra that installs it and what it imports (auto times those installed)
 ENGINE_EXTRAS = {"onnxruntime": ("onnx", "onnx", "onnxruntime"), "openvino": ("openvino", "onnx", "openvino")}
 
@@ -82,13 +107,7 @@ def _serve(args) -> int:
         from ..serve.ray import require_ray_serve
 
         require_ray_serve()
-    from ..serve.app import ServeOptions
-
-    options = ServeOptions(engine=args.engine, dtype=args.dtype, max_batch=args.max_batch,
-                           max_wait_ms=args.max_wait_ms, max_queue=args.max_queue, max_bytes=args.max_bytes,
-                           max_pixels=args.max_pixels, max_images=args.max_images, max_topk=args.max_topk,
-                           read_timeout_s=args.read_timeout, model_id=args.model_id, preset=args.preset,
-                           engine_budget_s=args.engine_budget, device=args.device)
+    options = options_from_args(args)
     if args.ray:
         from ..serve.ray import run_ray
 

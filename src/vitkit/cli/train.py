@@ -110,11 +110,13 @@ def _run(args, ov: dict) -> int:
     recipe, out = run
     res = train(recipe, out, resume=args.resume, progress=not args.no_progress)
     if res:
-        _report(res, out)
+        print_report(res, out)
     return 0
 
 
-def _report(res: dict, out: Path) -> None:
+def print_report(res: dict, out: Path) -> None:
+    """The closing lines of a training command: validation, test accuracy, the run folder's files (the README
+    shows them for `make demo`'s measured run)."""
     import os
     if int(os.environ.get("RANK", "0")) != 0:
         return

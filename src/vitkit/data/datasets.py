@@ -99,13 +99,21 @@ def image_folder(root: PathLike, split: Optional[str] = None, *, load_size: int 
                  classes: Optional[List[str]] = None) -> FileImages:
     """``root/<class>/*.jpg`` (one sub-folder per class, sorted names = label order), or
     ``root/<split>/<class>/*.jpg`` when ``split`` is given and ``root/<split>`` exists (the authors'
-    ``{train,test}/class`` layout). Pass ``classes`` to fix the label order (e.g. the training split's)."""
+    ``{train,test}/class`` layout, ImageNet's ``{train,val}/class``). Pass ``classes`` to fix the label order
+    (e.g. the training split's)."""
     folder = Path(root)
+    if not folder.is_dir():
+        raise NotFoundError("image folder not found", path=folder,
+                            hint="expected ROOT/<class>/*.jpg or ROOT/{train,val,test}/<class>/*.jpg")
     if split is not None and (folder / split).is_dir():
         folder = folder / split
-    elif split not in (None, "train") or not folder.is_dir():
-        raise FileNotFoundError(f"image folder {folder / split if split else folder} not found: expected "
-                                f"ROOT/<class>/*.jpg or ROOT/{{train,test}}/<class>/*.jpg")
+    elif split not in (None, "train"):
+        splits = folder_splits(folder)
+        has = f"it has {', '.join(s + '/' for s in splits)}" if splits else "it is a flat ROOT/<class>/ tree"
+        raise NotFoundError(
+            f"image folder {folder / split} not found ({has})", path=None,
+            hint="set data.eval_split to auto (test/, else val/, else none), to one of its splits, or to null "
+                 "for no test split (--set data.eval_split=...)")
     found = sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not found:
         raise FileNotFoundError(f"{folder} has no class sub-folders: expected {folder}/<class>/*.jpg")
@@ -121,6 +129,15 @@ def image_folder(root: PathLike, split: Optional[str] = None, *, load_size: int 
     if not items:
         raise NotFoundError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) in the class folders", path=folder)
     return FileImages(items, classes, load_size, channels, f"folder:{folder}")
+
+
+def folder_splits(root: PathLike) -> List[str]:
+    """The split sub-folders (train, val, test) of an image folder in the split layout (one with ``train/``);
+    [] for a flat ``ROOT/<class>/`` tree."""
+    folder = Path(root)
+    if not (folder / "train").is_dir():
+        return []
+    return [s for s in ("train", "val", "test") if (folder / s).is_dir()]
 
 
 # --- tensors ------------------------------------------------------------------------------------
@@ -171,6 +188,32 @@ def _read_tensor_file(p: Path) -> Any:
     except (zipfile.BadZipFile, EOFError, RuntimeError, KeyError, UnicodeDecodeError) as err:
         raise DataError(f"could not be read ({' '.join(str(err).split()) or type(err).__name__})", path=p,
                         hint="the file is truncated or corrupt, write it again") from None
+
+
+EVAL_SPLITS = ("test", "val")  # what data.eval_split: auto looks for, in this order
+
+
+def auto_eval_split(spec: str, root: Optional[PathLike] = None) -> Optional[str]:
+    """The split ``data.eval_split: auto`` evaluates on: ``test`` where the dataset has one, else ``val``, else
+    None (the run then has no test split; its validation hold-out comes from the training images).
+    Fashion-MNIST, MNIST and CIFAR have ``test``; an image folder the split sub-folders it has (a flat
+    ``ROOT/<class>/`` tree none); a tensor file the ``test_images`` / ``val_images`` arrays it holds; a
+    shard pattern with ``{split}`` the splits whose files exist."""
+    kind, _, path = spec.partition(":")
+    kind = kind.strip().lower().replace("_", "-")
+    path = path or (str(root) if root is not None else "")
+    if kind == "folder":
+        have = folder_splits(path)
+    elif kind == "tensors":
+        p = Path(path)
+        have = [s for s in EVAL_SPLITS if p.is_file() and f"{s}_images" in _read_tensor_file(p)]
+    elif kind == "shards":
+        from .shards import expand_pattern
+        have = [s for s in EVAL_SPLITS if "{split}" in path
+                and all(Path(f).is_file() for f in expand_pattern(path.replace("{split}", s)) or [""])]
+    else:
+        have = ["test"]
+    return next((s for s in EVAL_SPLITS if s in have), None)
 
 
 # --- one entry point ----------------------------------------------------------------------------

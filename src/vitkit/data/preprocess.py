@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from PIL import Image, ImageOps
 
 from ..errors import ConfigError, DataError
+from ..models.meta import AUTHORS_PREPROCESSING
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -184,7 +185,7 @@ class Preset:
     backend: str = "pil"  # pil | tensor
     mean: Tuple[float, float, float] = IMAGENET_MEAN
     std: Tuple[float, float, float] = IMAGENET_STD
-    description: str = ""
+    description: str = ""  # where the pipeline comes from (what it does: :meth:`describe`, from the fields)
     crop_pct: Optional[float] = None  # crop / resize, kept when the size changes (timm's 0.9; else derived)
     crop_rounding: str = "round"  # round (torchvision, timm) | floor (Hugging Face)
 
@@ -210,6 +211,26 @@ class Preset:
             raise ConfigError(f"resize_mode={self.resize_mode!r} needs a resize size")
         if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
             raise ConfigError(f"mean and std need 3 values each, std > 0 (got {self.mean}, {self.std})")
+
+    def describe(self) -> str:
+        """One line: where the pipeline comes from, then what it does at its size, written from the fields
+        (so a preset adapted with :meth:`with_size` never shows the sizes it was declared at)."""
+        origin = self.description.split(": ", 1)[0] or self.name  # older files stored "origin: steps"
+        h, w = self.size
+        crop = str(h) if h == w else f"{h}x{w}"
+        how = self.interpolation + (" (antialiased)" if self.backend == "pil" and self.interpolation != "nearest"
+                                    else " (tensor, no antialias)" if self.backend == "tensor" else "")
+        if self.resize_mode == "squash":
+            steps = f"resize to {h}x{w} {how}"
+        elif self.resize_mode == "shorter":
+            steps = f"shorter side {self.resize} {how}, centre crop {crop}"
+        else:
+            steps = f"resize to {self.resize}x{self.resize} {how}, centre crop {crop}"
+        named = {IMAGENET_MEAN + IMAGENET_STD: "ImageNet mean/std", HALF + HALF: "mean = std = 0.5",
+                 CLIP_MEAN + CLIP_STD: "CLIP mean/std"}
+        norm = named.get(self.mean + self.std) or (f"mean {', '.join(f'{v:g}' for v in self.mean)}, "
+                                                   f"std {', '.join(f'{v:g}' for v in self.std)}")
+        return f"{origin}: {steps}, {norm}"
 
     def crop_fraction(self) -> float:
         if self.resize_mode == "squash":
@@ -332,19 +353,18 @@ def _interp(x: torch.Tensor, size: Sequence[int], mode: str) -> torch.Tensor:
 
 PRESETS: Dict[str, Preset] = {p.name: p for p in (
     Preset("torchvision", (224, 224), 256, "shorter", "bilinear", "pil", IMAGENET_MEAN, IMAGENET_STD,
-           "torchvision IMAGENET1K_V1: shorter side 256 bilinear (antialiased), centre crop 224, ImageNet mean/std"),
+           "torchvision IMAGENET1K_V1"),
     Preset("torchvision-swag", (384, 384), 384, "shorter", "bicubic", "pil", IMAGENET_MEAN, IMAGENET_STD,
-           "torchvision SWAG weights: shorter side to the model size, bicubic, centre crop, ImageNet mean/std"),
-    Preset("authors", (224, 224), None, "squash", "bilinear", "tensor", HALF, HALF,
-           "the paper's code (vit_jax): squash to the model size, TF-style bilinear, (x - 127.5) / 127.5"),
+           "torchvision SWAG weights"),
+    Preset(**AUTHORS_PREPROCESSING),
     Preset("hf", (224, 224), None, "squash", "bilinear", "pil", HALF, HALF,
-           "Hugging Face ViTImageProcessor: squash to the model size, PIL bilinear, mean = std = 0.5"),
+           "Hugging Face ViTImageProcessor"),
     Preset("timm", (224, 224), 248, "shorter", "bicubic", "pil", HALF, HALF,
-           "timm ViT: shorter side floor(size / 0.9) bicubic, centre crop, mean = std = 0.5", 0.9),
+           "timm ViT (crop_pct 0.9)", 0.9),
     Preset("timm-imagenet", (224, 224), 248, "shorter", "bicubic", "pil", IMAGENET_MEAN, IMAGENET_STD,
-           "timm / DeiT: shorter side floor(size / 0.9) bicubic, centre crop, ImageNet mean/std", 0.9),
+           "timm / DeiT (crop_pct 0.9)", 0.9),
     Preset("clip", (224, 224), 224, "shorter", "bicubic", "pil", CLIP_MEAN, CLIP_STD,
-           "OpenAI CLIP / OpenCLIP: shorter side to the model size bicubic, centre crop, CLIP mean/std", 1.0),
+           "OpenAI CLIP / OpenCLIP", 1.0),
 )}
 _ALIASES = {"imagenet1k_v1": "torchvision", "tv": "torchvision", "swag": "torchvision-swag",
             "vit_jax": "authors", "big_vision": "authors", "jax": "authors", "npz": "authors",

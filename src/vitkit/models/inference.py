@@ -5,13 +5,15 @@ The fast inference path is the model itself: ``model.eval()`` called under
 training with the inference kernels (:mod:`vitkit.models.layers`: GEMMs
 without autograd on the declared library, GELU in place, chunks of whole
 images, the patch embedding as one GEMM, the last block only for the tokens
-the head reads: :meth:`VisionTransformer.readout_rows`;
-:mod:`vitkit.models.backend` says which kernels). :func:`prepare_inference` only does what a caller would
-otherwise type:
+the head reads), as the model's bound kernel plan says (:mod:`vitkit.models.kernel_plan`).
+:func:`prepare_inference` only does what a caller would otherwise type, and plans the kernels for it:
 
 - casts the weights to ``dtype`` (``bf16`` runs native bf16 GEMMs where the
   hardware has them - AVX-512-BF16 / AMX CPUs, CUDA - and widens bf16
-  operands exactly to fp32 on CPUs without, see :mod:`vitkit.models.precision`);
+  operands exactly to fp32 on CPUs without, see :mod:`vitkit.models.ops`);
+- binds a kernel plan for that dtype and device (:func:`vitkit.models.planner.plan`: the declared backend,
+  the measurements kept for this machine, and a timing of the model's shape for any ``auto`` choice no
+  measurement covers yet; ``measure=False`` skips the timing);
 - ``quantize="int8"`` (CPU): swaps every encoder Linear for torch's dynamic
   int8 Linear (per-tensor weights, activations quantised per call). It
   changes the numbers: measure its accuracy before use;
@@ -29,10 +31,9 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from . import backend
-from .backend import cpu_has_native_bf16
-from .kernels import summary as kernel_summary
-from .precision import settle_attention
+from .kernel_plan import source as backend_source
+from .ops import cpu_has_native_bf16, pack_int8
+from .planner import plan as plan_kernels
 from .vit import VisionTransformer
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
@@ -64,11 +65,8 @@ def native_low_precision_matmul(dtype: torch.dtype, device: Union[str, torch.dev
 
 def quantize_int8_(model: VisionTransformer, engine: Optional[str] = None) -> VisionTransformer:
     """Swap each encoder block's Linear layers for dynamic int8 ones, in place (CPU, fp32 activations), their
-    weights packed for ``engine`` (default: the quantised engine :func:`kernels.int8_engine` measured
-    fastest on this CPU)."""
-    from .kernels import int8_engine, pack_int8
-
-    engine = engine or int8_engine()
+    weights packed for ``engine`` (default: the model's kernel plan's ``int8`` engine)."""
+    engine = engine or model.kernel_plan.int8
     with warnings.catch_warnings():  # torch.ao's eager quantisation is deprecated in favour of torchao
         warnings.simplefilter("ignore")
         from torch.ao.quantization import quantize_dynamic
@@ -103,9 +101,11 @@ class Prepared(nn.Module):
 
 def prepare_inference(model: VisionTransformer, dtype: Union[str, torch.dtype] = "fp32", *,
                       device: Union[None, str, torch.device] = None, compile: bool = False,
-                      quantize: Optional[str] = None, compile_mode: Optional[str] = None) -> Prepared:
-    """``model`` in eval mode, cast to ``dtype`` (in place), optionally int8-quantised or compiled; the
-    returned module maps images (any float dtype) to logits under ``torch.inference_mode``."""
+                      quantize: Optional[str] = None, compile_mode: Optional[str] = None, measure: bool = True
+                      ) -> Prepared:
+    """``model`` in eval mode, cast to ``dtype`` (in place), its kernels planned (timing what is not known yet
+    unless ``measure=False``), optionally int8-quantised or compiled; the returned module maps images (any
+    float dtype) to logits under ``torch.inference_mode``."""
     if not isinstance(model, VisionTransformer):
         raise ConfigError(f"prepare_inference takes a vitkit VisionTransformer, got {type(model).__name__}")
     if model.config.attention != "global":
@@ -126,16 +126,15 @@ def prepare_inference(model: VisionTransformer, dtype: Union[str, torch.dtype] =
         if compile:
             raise ConfigError("int8 quantisation runs eagerly: drop compile=True")
     model = model.to(dt)
+    model.set_kernel_plan(plan_kernels(model.config, dt, dev, quantized=bool(quantize), measure=measure))
     if quantize:
         quantize_int8_(model)
-    if compile and next(model.parameters()).device.type == "cpu":  # the graph keeps the attention path chosen now
-        settle_attention(model.config, dt, grad=False)
     compiled = torch.compile(model, mode=compile_mode) if compile else None
     return Prepared(model, compiled, quantize)
 
 
 def inference_summary(module: nn.Module) -> Dict[str, Any]:
-    """What a prepared module does (for benchmark reports): dtype, GEMM kernel, bf16 path, compile, int8."""
+    """What a prepared module does (for benchmark reports): dtype, bf16 path, compile, int8, the kernel plan."""
     model = module.model if isinstance(module, Prepared) else module
     dt = model.norm.weight.dtype
     dev = model.norm.weight.device
@@ -146,9 +145,7 @@ def inference_summary(module: nn.Module) -> Dict[str, Any]:
             "dtype": str(dt).replace("torch.", ""),
             "bf16_path": None if dt != torch.bfloat16 else
             ("native" if native_low_precision_matmul(dt, dev) else "widened to fp32"),
-            "gemm": kernel_summary(dt, str(dev)), "backend": backend.record(),
-            # the model (eager or compiled) computes the last block for the tokens the head reads only (None: all)
-            "last_block_rows": model.readout_rows()}
+            "backend_source": backend_source(), "kernel_plan": model.kernel_plan.as_dict()}
 
 
 __all__: List[str] = ["Prepared", "inference_summary", "native_low_precision_matmul", "prepare_inference",

@@ -1,77 +1,41 @@
 """Building blocks of the encoder: patch embedding (Eq. 1), MSA, MLP and the pre-norm block (Eq. 2-3).
 
 Each module has one forward pass, used in training and in inference alike, so forward hooks, attention maps
-and intermediates see the computation that produced the logits. Only the kernels differ: in evaluation mode
-without autograd (``model.eval()`` under ``torch.no_grad()`` / ``torch.inference_mode()``) the dense layers
-call :func:`precision.dense` (the declared GEMM library, no autograd bookkeeping), the MLP's first layer
-and its GELU run as one call (:func:`precision.dense_gelu`: oneDNN fuses them where chosen);
-on the CPU the model runs large batches through the encoder in chunks of whole images (:func:`chunk_images`).
+and intermediates see the computation that produced the logits. Only the kernels differ, as the module's
+bound plan (``self.plan``, a :class:`~vitkit.models.kernel_plan.KernelPlan`) says: in evaluation mode without
+autograd (``model.eval()`` under ``torch.no_grad()`` / ``torch.inference_mode()``) the dense layers call
+:func:`ops.dense` (no autograd bookkeeping) and the MLP's first layer and its GELU run as one call
+(:func:`ops.dense_gelu`); in training :func:`ops.linear`.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple, Union
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError, InputError
-from .backend import graph_capture
-from .precision import attention, dense, dense_gelu, explicit_attention, linear, merge_heads, split_heads
-
-# Inference runs the encoder on chunks of whole images (every image is independent, so no number changes),
-# sized by memory: each chunk's largest temporary (the MLP's hidden activations, or qkv) stays within
-# this many bytes, the largest block glibc's allocator hands out from its reused heap (its mmap threshold
-# tops out at 32 MiB on 64-bit Linux). A larger block is a fresh mapping whose pages fault in again on
-# every call. It also caps the encoder's scratch memory, so peak memory grows with the batch only by the
-# input and the residual stream.
-INFERENCE_CHUNK_BYTES = 32 << 20
-
-
-def chunk_images(batch: int, tokens: int, row_bytes: int, chunk_tokens: Optional[int] = None,
-                 device: Union[None, str, torch.device] = None) -> int:
-    """Images per inference chunk: as many as keep ``tokens x row_bytes`` per image within
-    :data:`INFERENCE_CHUNK_BYTES` (or ``chunk_tokens`` tokens, if given), spread evenly over the chunks
-    the batch needs (a small last chunk would run the GEMMs at a poor shape). Chunks serve a CPU's caches;
-    on any other ``device`` the whole batch is one chunk (on an H200, B/16 in bf16 cut into 26-image chunks
-    ran at about half the peers' rate: benchmarks/results/nvidia-h200)."""
-    if device is not None and torch.device(device).type != "cpu":
-        return batch
-    per = chunk_tokens // tokens if chunk_tokens else INFERENCE_CHUNK_BYTES // max(1, tokens * row_bytes)
-    chunks = -(-batch // max(1, per))
-    return -(-batch // chunks)
+from ..errors import ConfigError
+from .kernel_plan import STATIC
+from .ops import (
+    attention,
+    dense,
+    dense_gelu,
+    explicit_attention,
+    graph_capture,
+    linear,
+    merge_heads,
+    product_dtype,
+    split_heads,
+)
 
 
 def fast_inference(module: nn.Module) -> bool:
-    """Whether ``module`` may use the inference kernels: evaluation mode, no autograd, no autocast (under
+    """Whether ``module`` runs the inference kernels: evaluation mode, no autograd, no autocast (under
     autocast the training kernels run, so autocast's casting rules hold), not watched by a graph consumer."""
     return (not module.training and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
             and not (torch.cuda.is_available() and torch.is_autocast_enabled("cuda")) and not graph_capture())
-
-
-def check_images(cfg, x: torch.Tensor) -> None:
-    """An InputError unless ``x`` is a batch of images [B, C, H, W] the model of ``cfg`` takes."""
-    if x.ndim != 4:
-        raise InputError(
-            f"expected a batch of images [batch, channels, height, width], got a {x.ndim}-D tensor of "
-            f"shape {tuple(x.shape)}" + (": add a batch axis with x.unsqueeze(0)" if x.ndim == 3 else ""))
-    if x.shape[1] != cfg.in_chans:
-        raise InputError(
-            f"the model takes {cfg.in_chans}-channel images, got {x.shape[1]} channels (shape "
-            f"{tuple(x.shape)}): convert the images (e.g. grayscale to RGB with x.expand(-1, 3, -1, -1)) "
-            f"or build the model with in_chans={x.shape[1]}")
-    (h, w), (ph, pw) = x.shape[-2:], cfg.patch_size
-    if (h % ph or w % pw) and not cfg.dynamic_img_pad:
-        raise InputError(
-            f"image {h}x{w} is not divisible by patch {ph}x{pw}: resize or crop it to a multiple of "
-            f"{ph}x{pw}, or build the model with dynamic_img_pad=True")
-    if (h, w) != cfg.img_size and not cfg.dynamic_img_size:
-        bh, bw = cfg.img_size
-        raise InputError(
-            f"the model was built for {bh}x{bw} images, got {h}x{w}: resize the input, call "
-            f"model.set_img_size(({h}, {w})) to resize the position embeddings once, or build the model "
-            f"with dynamic_img_size=True to resize them on the fly")
 
 
 class PatchEmbed(nn.Module):
@@ -88,6 +52,7 @@ class PatchEmbed(nn.Module):
         self.patch_size = tuple(patch_size)
         self.pad = pad
         self.proj = nn.Conv2d(in_chans, width, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
+        self.plan = STATIC
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Images [B, C, H, W] -> the patch grid [B, D, rows, cols] (right / bottom padded first with ``pad``)."""
@@ -107,18 +72,17 @@ class PatchEmbed(nn.Module):
         patches = x.reshape(b, c, rows, ph, cols, pw).permute(0, 2, 4, 1, 3, 5).reshape(b, rows, cols, -1)
         w_ = self.proj.weight.reshape(self.proj.out_channels, -1)
         if fast_inference(self):
-            flat = dense(patches.reshape(b * rows * cols, -1), w_, self.proj.bias)
+            flat = dense(patches.reshape(b * rows * cols, -1), w_, self.proj.bias, self.plan.gemm_for(x.dtype))
             return flat.view(b, rows, cols, -1).permute(0, 3, 1, 2)
-        return linear(patches, w_, self.proj.bias).permute(0, 3, 1, 2)
+        return linear(patches, w_, self.proj.bias, self.plan.mix_for(product_dtype(x))).permute(0, 3, 1, 2)
 
 
 class Attention(nn.Module):
     """Multi-head self-attention with one fused q/k/v projection.
 
-    ``need_weights=False`` uses :func:`precision.attention` (the fused kernel
-    ``F.scaled_dot_product_attention`` or the explicit path, as the declared backend says);
-    ``need_weights=True`` computes :func:`precision.explicit_attention` for this call and also returns
-    the weights [B, heads, T, T].
+    ``need_weights=False`` uses :func:`ops.attention` on the plan's path (the fused kernel
+    ``F.scaled_dot_product_attention`` or the explicit path); ``need_weights=True`` computes
+    :func:`ops.explicit_attention` for this call and also returns the weights [B, heads, T, T].
     """
 
     def __init__(self, width: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0,
@@ -131,6 +95,7 @@ class Attention(nn.Module):
         self.attn_drop = attn_drop
         self.proj = nn.Linear(width, width)
         self.proj_drop = nn.Dropout(proj_drop)
+        self.plan = STATIC
 
     def mix(self, qkv: torch.Tensor, n: int, t: int, bias: Optional[torch.Tensor] = None,
             need_weights: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -146,23 +111,24 @@ class Attention(nn.Module):
         if need_weights:
             out, weights = explicit_attention(q, k, v, bias, drop)
         else:
-            out = attention(q, k, v, None if bias is None else bias.to(q.dtype), drop)
+            path = self.plan.attention_for(q.dtype, torch.is_grad_enabled() and q.requires_grad)
+            out = attention(q, k, v, None if bias is None else bias.to(q.dtype), drop, path)
         return merge_heads(out), weights
 
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None, need_weights: bool = False,
-                rows: Optional[int] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                head_tokens: Optional[int] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Tokens [B, T, D] -> (attended tokens [B, T, D], the attention weights [B, heads, T, T] when
-        ``need_weights``, else None). ``rows``: only the first ``rows`` tokens attend (queries), over all T
-        (keys and values): [B, rows, D] out, the same rows as without it (see :meth:`Block.forward`)."""
+        ``need_weights``, else None). ``head_tokens``: only the first ``head_tokens`` tokens attend (queries),
+        over all T (keys and values): [B, head_tokens, D] out, the same as without it (:meth:`Block.forward`)."""
         b, t, d = x.shape
-        if rows is None:
+        if head_tokens is None:
             out, weights = self.mix(_apply(x, self.qkv, self), b, t, bias, need_weights)
         else:
-            q = _apply(x[:, :rows], self.qkv, self, 0, d).view(b, rows, self.num_heads, self.head_dim)
+            q = _apply(x[:, :head_tokens], self.qkv, self, 0, d).view(b, head_tokens, self.num_heads, self.head_dim)
             k, v = split_heads(_apply(x, self.qkv, self, d, 3 * d), b, t, self.num_heads, self.head_dim, 2)
-            out, weights = self.attend(q.transpose(1, 2), k, v, None if bias is None else bias[..., :rows, :],
+            out, weights = self.attend(q.transpose(1, 2), k, v, None if bias is None else bias[..., :head_tokens, :],
                                        need_weights)
-            t = rows
+            t = head_tokens
         return self.proj_drop(_apply(out, self.proj, self)).view(b, t, d), weights
 
 
@@ -184,12 +150,14 @@ class Mlp(nn.Module):
         self.act = QuickGELU() if gelu == "quick" else nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
         self.fc2 = nn.Linear(hidden, width)
         self.drop = nn.Dropout(drop)
+        self.plan = STATIC
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens [..., D] -> [..., D] through the two dense layers."""
         fast_gelu = fast_inference(self) and type(self.act) is nn.GELU
         if fast_gelu and type(self.fc1) is nn.Linear:  # product and GELU in one call (fused where chosen)
-            rows = dense_gelu(x.reshape(-1, x.shape[-1]), self.fc1.weight, self.fc1.bias, self.act.approximate)
+            rows = dense_gelu(x.reshape(-1, x.shape[-1]), self.fc1.weight, self.fc1.bias, self.act.approximate,
+                              self.plan.gemm_for(x.dtype))
             h = rows.view(*x.shape[:-1], rows.shape[-1])
         elif fast_gelu:  # e.g. an int8 quantised fc1
             h = torch.ops.aten.gelu_(_apply(x, self.fc1, self), approximate=self.act.approximate)
@@ -220,23 +188,30 @@ def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
     return x * mask.div_(keep)
 
 
-def patch_dropout(x: torch.Tensor, prefix: int, rate: float) -> torch.Tensor:
-    """PatchDropout (Liu et al. 2022) on tokens [B, prefix + N, D]: keep a random ``1 - rate`` of each image's
-    patch tokens (in grid order) and every prefix token. Training only; positions must already be added."""
-    n = x.shape[1] - prefix
-    keep = max(1, int(round(n * (1.0 - rate))))
-    if keep >= n:
-        return x
-    idx = torch.rand(x.shape[0], n, device=x.device).argsort(dim=1)[:, :keep].sort(dim=1).values
-    patches = x[:, prefix:].gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-    return torch.cat([x[:, :prefix], patches], dim=1) if prefix else patches
+class PatchDropout(nn.Module):
+    """PatchDropout (Liu et al. 2022) on tokens [B, prefix + N, D]: in training keep a random ``1 - rate`` of each
+    image's patch tokens (in grid order) and every prefix token; positions must already be added. The rate is
+    the call's (a schedule passes it step by step); evaluation never drops."""
+
+    def __init__(self, prefix: int):
+        super().__init__()
+        self.prefix = prefix
+
+    def forward(self, x: torch.Tensor, rate: float) -> torch.Tensor:
+        n = x.shape[1] - self.prefix
+        keep = max(1, int(round(n * (1.0 - rate))))
+        if not self.training or keep >= n:
+            return x
+        idx = torch.rand(x.shape[0], n, device=x.device).argsort(dim=1)[:, :keep].sort(dim=1).values
+        patches = x[:, self.prefix:].gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        return torch.cat([x[:, :self.prefix], patches], dim=1) if self.prefix else patches
 
 
 def _apply(x: torch.Tensor, lin: nn.Module, owner: nn.Module, start: int = 0, stop: Optional[int] = None
            ) -> torch.Tensor:
-    """A dense layer (its outputs ``start:stop``): :func:`precision.dense` on the rows (inference kernels)
-    when ``owner`` is in :func:`fast_inference`, else :func:`precision.linear` (training); a layer that is
-    not a plain ``nn.Linear`` (e.g. int8 dynamic quantised) is called as a module."""
+    """A dense layer (its outputs ``start:stop``) on the kernels of ``owner``'s plan: :func:`ops.dense` on the
+    rows (inference kernels) when ``owner`` is in :func:`fast_inference`, else :func:`ops.linear` (training);
+    a layer that is not a plain ``nn.Linear`` (e.g. int8 dynamic quantised) is called as a module."""
     if type(lin) is not nn.Linear:
         out = lin(x)
         return out if (start, stop) == (0, None) else out[..., start:stop]
@@ -244,9 +219,9 @@ def _apply(x: torch.Tensor, lin: nn.Module, owner: nn.Module, start: int = 0, st
     if (start, stop) != (0, None):  # a block of the weight's rows: a contiguous view, no copy
         w, b = w[start:stop], None if b is None else b[start:stop]
     if fast_inference(owner):
-        rows = dense(x.reshape(-1, x.shape[-1]), w, b)
+        rows = dense(x.reshape(-1, x.shape[-1]), w, b, owner.plan.gemm_for(x.dtype))
         return rows.view(*x.shape[:-1], rows.shape[-1])
-    return linear(x, w, b)
+    return linear(x, w, b, owner.plan.mix_for(product_dtype(x)))
 
 
 class Block(nn.Module):
@@ -266,15 +241,15 @@ class Block(nn.Module):
         self.ls2 = LayerScale(width, layer_scale) if layer_scale is not None else None
 
     def forward(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None, need_weights: bool = False,
-                rows: Optional[int] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                head_tokens: Optional[int] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Eq. 2-3 on tokens [B, T, D] (each residual branch scaled by LayerScale where the block has it);
-        returns (tokens, attention weights or None). ``rows``: the block's output for the first ``rows``
-        tokens only, [B, rows, D] (every token is still a key and value): the last block when only the
-        prefix tokens are read out (:mod:`vitkit.models.readout`), about 84% of a B/16 block's products
+        returns (tokens, attention weights or None). ``head_tokens``: the block's output for the first
+        ``head_tokens`` tokens only, [B, head_tokens, D] (every token is still a key and value): the last block when the
+        prefix tokens are read out (the plan's ``head_tokens``), about 84% of a B/16 block's products
         skipped, every row that is computed the same sums."""
-        y, weights = self.attn(self.norm1(x), bias, need_weights, rows)
-        if rows is not None:
-            x = x[:, :rows]
+        y, weights = self.attn(self.norm1(x), bias, need_weights, head_tokens)
+        if head_tokens is not None:
+            x = x[:, :head_tokens]
         if self.ls1 is not None:
             y = self.ls1(y)
         x = x + drop_path(y, self.drop_path, self.training)
@@ -299,6 +274,7 @@ class AttentionPool(nn.Module):
         self.proj = nn.Linear(width, width)
         self.norm = nn.LayerNorm(width, eps=ln_eps)
         self.mlp = Mlp(width, mlp_dim, gelu)
+        self.plan = STATIC
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens [B, N, D] -> one pooled vector per image [B, D]."""
@@ -306,7 +282,8 @@ class AttentionPool(nn.Module):
         h, dh = self.num_heads, self.head_dim
         q = _apply(self.latent.expand(b, -1, -1).to(x.dtype), self.q, self).view(b, 1, h, dh).transpose(1, 2)
         k, v = (t.transpose(1, 2) for t in _apply(x, self.kv, self).view(b, n, 2, h, dh).unbind(2))
-        z = _apply(attention(q, k, v).transpose(1, 2).reshape(b, 1, d), self.proj, self)
+        path = self.plan.attention_for(q.dtype, torch.is_grad_enabled() and q.requires_grad)
+        z = _apply(attention(q, k, v, path=path).transpose(1, 2).reshape(b, 1, d), self.proj, self)
         z = z + self.mlp(self.norm(z))
         return z[:, 0]
 

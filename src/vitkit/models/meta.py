@@ -10,6 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+# The paper authors' evaluation pipeline (vit_jax): squash to the model size with TF-style bilinear resizing,
+# then (x - 127.5) / 127.5. The one definition: vitkit.data.preprocess's "authors" preset is built from it, and
+# a model whose weights brought no preprocessing reports it as its default (``pretrained_cfg``).
+AUTHORS_PREPROCESSING: Dict[str, Any] = {
+    "name": "authors", "size": (224, 224), "resize": None, "resize_mode": "squash", "interpolation": "bilinear",
+    "backend": "tensor", "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5),
+    "description": "the paper's code (vit_jax, TF-style resize)"}
+
 
 @dataclass
 class ModelMeta:

@@ -2,27 +2,24 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..config import ViTConfig
-from ..errors import InputError
-from .backend import compiling, graph_capture
-from .intermediates import check_output_fmt, feature_pyramid, resolve_indices, timm_layout
-from .kernels import inference_gemms
+from .intermediates import TimmInterface
+from .kernel_plan import Backend, KernelPlan, bind, resolve, widest_row
 from .layers import (
     AttentionPool,
     AxialBlock,
     Block,
+    PatchDropout,
     PatchEmbed,
-    check_images,
-    chunk_images,
     fast_inference,
     lecun_normal_,
-    patch_dropout,
 )
 from .meta import ModelMeta
 from .posemb import (
@@ -33,14 +30,23 @@ from .posemb import (
     resize_relative_table,
     sincos_table,
 )
-from .readout import readout_rows
 from .resnet import HybridEmbed
-from .tune import block_on, encoder_gemm, encoder_shape, training_gemms_of, widest_row
 
 Grid = Tuple[int, int]
 
 
-class VisionTransformer(nn.Module):
+@dataclass(frozen=True)
+class HeadOutputs:
+    """What the head makes of the last block: ``logits`` (what ``forward`` returns), the pooled pre-logits
+    ``features`` [B, D], and for a model with a distillation head the pair (class logits, distillation
+    logits) as ``heads`` (None otherwise)."""
+
+    logits: Any
+    features: torch.Tensor
+    heads: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+
+
+class VisionTransformer(TimmInterface, nn.Module):
     """ViT: patch embedding, class token, position embeddings, L pre-norm blocks, final LN, head.
 
     The descendants are the same class with config fields set: register tokens (``reg_tokens``), a
@@ -89,6 +95,7 @@ class VisionTransformer(nn.Module):
         elif cfg.posemb == "sincos2d":
             self.register_buffer("pos_embed_fixed", sincos_table(gh_gw, d, cfg.num_posemb_prefix), persistent=False)
         self.pos_drop = nn.Dropout(cfg.dropout)
+        self.patch_dropout = PatchDropout(cfg.num_prefix_tokens)
         self.norm_pre = nn.LayerNorm(d, eps=cfg.ln_eps) if cfg.norm_pre else None  # CLIP's ln_pre
 
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]  # linear stochastic depth
@@ -113,6 +120,7 @@ class VisionTransformer(nn.Module):
         self.distilled_training = False
         self.grad_checkpointing = False
         self.reset_parameters()
+        self.set_kernel_plan()  # the declared backend and the measurements already known: no timing
 
     # --- initialisation (the authors' Flax initialisers) ---------------------
     def reset_parameters(self) -> None:
@@ -164,6 +172,20 @@ class VisionTransformer(nn.Module):
             if isinstance(head, nn.Linear):  # the paper's zero-initialised head
                 nn.init.zeros_(head.weight)
                 nn.init.zeros_(head.bias)
+
+    def set_kernel_plan(self, plan: Union[None, str, Backend, KernelPlan] = None) -> KernelPlan:
+        """Bind a kernel plan to the modules (:mod:`vitkit.models.kernel_plan`): ``plan`` itself, or one
+        resolved now for this model's config from a backend (a spec such as ``"gemm=aten"``; None: the backend
+        in force) and the measurements already known. The forward reads it and decides nothing; the last
+        block computes ``plan.head_tokens`` tokens (None: every one). Returns the plan bound."""
+        if not isinstance(plan, KernelPlan):
+            plan = resolve(self.config, backend=plan)
+        if plan.head_tokens is not None and (type(self.blocks[-1]) is not Block or plan.head_tokens
+                                             != self.config.head_tokens):
+            plan = plan.replace(head_tokens=None)  # a swapped last block, or a plan made for another config
+        self.kernel_plan = plan
+        bind(self, plan)
+        return plan
 
     def set_grad_checkpointing(self, enable: bool = True) -> "VisionTransformer":
         """Recompute block activations in backward instead of storing them (saves memory)."""
@@ -223,7 +245,7 @@ class VisionTransformer(nn.Module):
     # --- forward pieces ----------------------------------------------------------
     def embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
         """Eq. 1 without positions: [B, C, H, W] -> tokens [B, prefix + N, D] and the patch grid."""
-        check_images(self.config, x)
+        self.config.check_images(x.shape)
         x = self.patch_embed(x)
         grid = (x.shape[-2], x.shape[-1])
         return self.add_prefix_tokens(x.flatten(2).transpose(1, 2)), grid
@@ -236,7 +258,8 @@ class VisionTransformer(nn.Module):
         return torch.cat(prefix + [patches], dim=1) if prefix else patches
 
     def _run_blocks(self, x: torch.Tensor, grid: Grid, keep: Sequence[int] = (), need_weights: bool = False,
-                    stop_after: Optional[int] = None, patch_drop: float = 0.0, rows: Optional[int] = None
+                    stop_after: Optional[int] = None, patch_drop: float = 0.0,
+                    head_tokens: Optional[int] = None
                     ) -> Tuple[torch.Tensor, Dict[int, torch.Tensor], Dict[int, torch.Tensor]]:
         cfg = self.config
         pe = self.position_embedding(grid)
@@ -247,7 +270,7 @@ class VisionTransformer(nn.Module):
             x = x + pe
         x = self.pos_drop(x)
         if patch_drop and self.training:
-            x = patch_dropout(x, cfg.num_prefix_tokens, patch_drop)
+            x = self.patch_dropout(x, patch_drop)
         if self.norm_pre is not None:
             x = self.norm_pre(x)
         biases = None
@@ -257,14 +280,13 @@ class VisionTransformer(nn.Module):
         keep = set(keep)
         ckpt = self.grad_checkpointing and self.training and torch.is_grad_enabled() and not need_weights
         axial = {"grid": grid} if cfg.attention == "axial" else {}  # axial blocks attend along the grid
-        gemms = training_gemms_of(cfg, x, self.blocks)  # the training products' libraries (tune.py)
         for i, blk in enumerate(self.blocks):
             if pe is not None and every:
                 x = x + pe[i if pe.shape[0] > 1 else 0]
             bias = None if biases is None else biases[i if len(biases) > 1 else 0]
-            last = {"rows": rows} if rows is not None and i == len(self.blocks) - 1 else {}
-            x, w = (checkpoint(block_on, blk, gemms, x, bias, use_reentrant=False, **axial, **last) if ckpt
-                    else block_on(blk, gemms, x, bias, need_weights and i in keep, **axial, **last))
+            last = {"head_tokens": head_tokens} if head_tokens is not None and i == len(self.blocks) - 1 else {}
+            x, w = (checkpoint(blk, x, bias, use_reentrant=False, **axial, **last) if ckpt
+                    else blk(x, bias, need_weights and i in keep, **axial, **last))
             if i in keep:
                 saved[i] = x
                 if w is not None:
@@ -280,25 +302,18 @@ class VisionTransformer(nn.Module):
         training (a schedule passes it step by step); None: ``config.patch_drop``. Evaluation never drops."""
         return self._features(x, patch_drop)
 
-    def readout_rows(self) -> Optional[int]:
-        """Leading tokens the logits read from the last block, which :meth:`forward` computes for them only
-        (None: every token): :func:`vitkit.models.readout.readout_rows`."""
-        return readout_rows(self)
-
-    def _features(self, x: torch.Tensor, patch_drop: Optional[float] = None, rows: Optional[int] = None):
-        """:meth:`forward_features`, the last block for the first ``rows`` tokens only (None: all)."""
-        if fast_inference(self):  # whole images in chunks (CPU) that keep each block's temporaries in reused memory,
-            cfg = self.config     # the products on the library that runs blocks of this shape faster
-            dtype = next(p.dtype for p in self.parameters() if p.is_floating_point())
-            with inference_gemms(encoder_gemm(dtype, x.device, *encoder_shape(cfg, dtype))):
-                x, grid = self.embed(x)
-                per = chunk_images(x.shape[0], x.shape[1], widest_row(cfg, dtype), device=x.device)
-                if per < x.shape[0]:
-                    return torch.cat([self.norm(self._run_blocks(c, grid, rows=rows)[0]) for c in x.split(per)])
-                return self.norm(self._run_blocks(x, grid, rows=rows)[0])
+    def _features(self, x: torch.Tensor, patch_drop: Optional[float] = None, head_tokens: Optional[int] = None):
+        """:meth:`forward_features`, the last block for the first ``head_tokens`` tokens only (None: all)."""
+        if fast_inference(self):  # whole images in chunks (CPU) that keep each block's temporaries in reused memory
+            x, grid = self.embed(x)
+            per = self.kernel_plan.images_per_chunk(x.shape[0], x.shape[1], widest_row(self.config, x.dtype), x.device)
+            if per < x.shape[0]:
+                return torch.cat([self.norm(self._run_blocks(c, grid, head_tokens=head_tokens)[0])
+                                  for c in x.split(per)])
+            return self.norm(self._run_blocks(x, grid, head_tokens=head_tokens)[0])
         x, grid = self.embed(x)
         rate = self.config.patch_drop if patch_drop is None else float(patch_drop)
-        x, _, _ = self._run_blocks(x, grid, patch_drop=rate, rows=rows)
+        x, _, _ = self._run_blocks(x, grid, patch_drop=rate, head_tokens=head_tokens)
         return self.norm(x)
 
     def forward_tokens(self, tokens: torch.Tensor, grid: Grid) -> torch.Tensor:
@@ -322,97 +337,38 @@ class VisionTransformer(nn.Module):
             out = tokens[:, cfg.num_prefix_tokens:].mean(dim=1)
         return out if self.fc_norm is None else self.fc_norm(out)
 
-    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False):
-        """Pool the final tokens, apply the pre-logits layer, then (unless ``pre_logits``) the head.
-
-        With a distillation token the logits are the mean of the class head (on token 0) and the
-        distillation head (on token 1); in training with ``distilled_training`` set, the pair
-        ``(class logits, distillation logits)`` instead, for a loss on each (DeiT)."""
-        if self.head_dist is not None and not pre_logits:
-            cls, dist = self.head(tokens[:, 0]), self.head_dist(tokens[:, 1])
-            if self.training and self.distilled_training:
-                return cls, dist
-            return (cls + dist) / 2
+    def read_out(self, tokens: torch.Tensor) -> HeadOutputs:
+        """The head on the final tokens (all of them, or the leading ones it reads): pool once, the pre-logits
+        layer, the head. With a distillation token the logits are the mean of the class head (on token 0) and
+        the distillation head (on token 1), both kept in ``heads``; in training with ``distilled_training``
+        set, the logits are that pair instead, for a loss on each (DeiT)."""
         feats = self.pre_logits(self.pool(tokens))
-        return feats if pre_logits else self.head(feats)
+        if self.head_dist is None:
+            return HeadOutputs(self.head(feats), feats)
+        both = (self.head(tokens[:, 0]), self.head_dist(tokens[:, 1]))
+        return HeadOutputs(both if self.training and self.distilled_training else (both[0] + both[1]) / 2, feats, both)
+
+    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False):
+        """Pool the final tokens, apply the pre-logits layer, then (unless ``pre_logits``) the head
+        (:meth:`read_out`'s ``features`` or ``logits``)."""
+        out = self.read_out(tokens)
+        return out.features if pre_logits else out.logits
+
+    def forward_outputs(self, x: torch.Tensor, *, patch_drop: Optional[float] = None) -> HeadOutputs:
+        """Images -> :class:`HeadOutputs` (logits and pooled features) in one pass: the head's contract, what
+        :meth:`forward`, ``vitkit serve``, the exporters and the benchmarks call. The last block computes the
+        tokens the head reads only (``kernel_plan.head_tokens``; hooks on it see those rows), the same logits
+        as every token would give; ``forward_features`` gives every token. ``patch_drop``: as in
+        :meth:`forward_features`."""
+        return self.read_out(self._features(x, patch_drop, self.kernel_plan.head_tokens))
 
     def forward(self, x: torch.Tensor, return_attention: bool = False, *, patch_drop: Optional[float] = None):
-        """Logits [B, classes]; with ``return_attention=True`` also the list of L attention maps
-        [B, heads, T, T], computed by the explicit path for this call only. ``patch_drop``: as in
-        :meth:`forward_features`. The last block runs for the tokens the head reads only (:meth:`readout_rows`)."""
+        """Logits [B, classes] (:meth:`forward_outputs`); with ``return_attention=True`` also the list of L
+        attention maps [B, heads, T, T], computed by the explicit path for this call only."""
         if return_attention:
-            out = self.forward_intermediates(x, return_attention=True)
+            out = self.forward_intermediates(x, output_fmt="dict", return_attention=True)
             return self.forward_head(out["features"]), out["attention"]
-        rows = None if graph_capture() and not compiling() else self.readout_rows()
-        return self.forward_head(self._features(x, patch_drop, rows))
-
-    def forward_intermediates(self, x: torch.Tensor, indices: Union[None, int, Sequence[int]] = None, *,
-                              return_attention: bool = False, norm: bool = False, stop_early: bool = False,
-                              output_fmt: Optional[str] = None, return_prefix_tokens: bool = False,
-                              intermediates_only: bool = False) -> Any:
-        """Outputs of chosen blocks (and their attention maps), keyed by name.
-
-        ``indices``: None for every block, an int n for the last n, or a list
-        (negative indices count from the end). Returns a dict with
-        ``indices``, ``intermediates`` (tokens after each chosen block, final
-        LN applied if ``norm``), ``attention`` (maps [B, heads, T, T] of the
-        chosen blocks, when asked), ``grid`` and ``features`` (final normed
-        tokens; None when ``stop_early`` stops after the last chosen block).
-
-        With ``output_fmt`` ("NCHW" or "NLC") the return value is timm's instead: ``(features,
-        intermediates)``, or the intermediates alone with ``intermediates_only``; each intermediate is the
-        patch tokens as a map [B, D, rows, cols] (NCHW) or [B, N, D] (NLC), paired with its prefix tokens
-        [B, prefix, D] (class, registers) as ``(map, prefix)`` when ``return_prefix_tokens``.
-        """
-        check_output_fmt(output_fmt)
-        idx = resolve_indices(indices, len(self.blocks))
-        tokens, grid = self.embed(x)
-        last = max(idx) if stop_early or intermediates_only else None
-        tokens, saved, maps = self._run_blocks(tokens, grid, idx, return_attention, last)
-        inter = [self.norm(saved[i]) if norm else saved[i] for i in idx]
-        feats = None if last is not None and last < len(self.blocks) - 1 else self.norm(tokens)
-        if output_fmt is not None:
-            out = timm_layout(inter, grid, self.config.num_prefix_tokens, output_fmt, return_prefix_tokens)
-            return out if intermediates_only else (feats, out)
-        out = {"indices": idx, "intermediates": inter, "grid": grid, "features": feats}
-        if return_attention:
-            out["attention"] = [maps[i] for i in idx]
-        return out
-
-    def forward_feature_maps(self, x: torch.Tensor, indices: Union[int, Sequence[int]] = 4,
-                             scales: Optional[Sequence[float]] = None, norm: bool = False) -> List[torch.Tensor]:
-        """Feature maps for dense tasks (timm's ``features_only``): the patch tokens of the chosen blocks
-        (default: the last 4) as maps [B, D, rows, cols], all at the patch stride. ``scales`` makes them a
-        pyramid, one scale per map (e.g. ``(4, 2, 1, 0.5)``: strides P/4 ... 2P, as ViTDet's simple feature
-        pyramid but without parameters): up by bilinear interpolation, down by average pooling."""
-        maps = self.forward_intermediates(x, indices, norm=norm, output_fmt="NCHW", intermediates_only=True)
-        return maps if scales is None else feature_pyramid(maps, scales)
-
-    def feature_info(self, indices: Union[int, Sequence[int]] = 4) -> List[Dict[str, Any]]:
-        """timm-style description of :meth:`forward_feature_maps`: the block, channels and stride of each map."""
-        stride = self.config.pixel_patch_size[0]
-        return [{"module": f"blocks.{i}", "num_chs": self.config.width, "reduction": stride}
-                for i in resolve_indices(indices, len(self.blocks))]
-
-    def reset_classifier(self, num_classes: int) -> "VisionTransformer":
-        """A new zero-initialised head (the paper's fine-tuning head) for ``num_classes`` classes (0: none);
-        the old class names no longer apply and are dropped."""
-        if num_classes < 0:
-            raise InputError(f"num_classes must be 0 or more, got {num_classes}")
-        cfg = self.config = self.config.replace(num_classes=num_classes)
-        ref = next(self.parameters())
-        def zero_head(n_in: int) -> nn.Module:
-            if not num_classes:
-                return nn.Identity()
-            lin = nn.Linear(n_in, num_classes, device=ref.device, dtype=ref.dtype)
-            nn.init.zeros_(lin.weight)
-            nn.init.zeros_(lin.bias)
-            return lin
-        self.head = zero_head(cfg.representation_size or cfg.width)
-        if self.head_dist is not None or (cfg.distill_token and cfg.distill_head):
-            self.head_dist = zero_head(cfg.width) if num_classes else None
-        self.meta.labels = None
-        return self
+        return self.forward_outputs(x, patch_drop=patch_drop).logits
 
     # --- bookkeeping ------------------------------------------------------------------
     def num_params(self, trainable_only: bool = False) -> int:

@@ -224,7 +224,7 @@ def paired_speed(folders: Dict[str, Path], *, repeats: int = 7, min_seconds: flo
     """Training images per second of each run's model, timed side by side in this process: the run's own
     recipe (model, batch size, optimiser, precision, clipping) on a synthetic batch, one optimiser step per
     call, the runs alternated round by round. One rate per round and run."""
-    from ..bench.timing import alternate
+    from ..timing import alternate
     from ..train import load_recipe
     from ..train.optim import build_optimizer
     from ..train.step import TrainStep

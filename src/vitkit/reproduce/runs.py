@@ -19,7 +19,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from ..errors import ConfigError
-from ..models.backend import current as current_backend
+from ..models.kernel_plan import current as current_backend
 from ..utils import PathLike, exclusive
 from .budget import Budget, evaluation_overrides, validation_overrides
 from .claims import HALVES, Arm

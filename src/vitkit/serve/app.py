@@ -5,13 +5,14 @@ Ray Serve). The model is loaded when the app is built (a bad checkpoint fails at
 chosen, and the model warmed up, on the inference thread once the server runs: ``/healthz`` answers at
 once, ``/readyz`` and the API only when that is done.
 
-Every client fault is a 4xx JSON body ``{"error": CODE, "detail": TEXT}`` and one log line; a fault of
-the server is a 500 with the same shape (its traceback goes to the log, never to the client).
+Every client fault is a 4xx JSON body ``{"error": CODE, "detail": TEXT}`` (on the v2 endpoints the Open
+Inference Protocol's ``{"error": "CODE: TEXT"}``) and one log line; a fault of the server is a 500 with the
+same shape (its traceback goes to the log, never to the client).
 
 The parts, one job each: :mod:`.options` (the settings), :mod:`.service` (the model, its engine, warm-up,
 inference and answers), :mod:`.uploads` (reading a request within the limits), :mod:`.faults` (refusals),
-:mod:`.routes` (the endpoints and the page), :mod:`.openapi` (the schema's extras), :mod:`.guard` (token
-and request metrics) and :mod:`.metrics` (Prometheus).
+:mod:`.routes` (the endpoints, /v1 and the Open Inference Protocol's /v2, and the page), :mod:`.openapi` (the
+schema's extras), :mod:`.guard` (token and request metrics) and :mod:`.metrics` (Prometheus).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import torch
 
 from .guard import Guard
 from .options import ServeOptions
-from .routes import add_fault_handlers, add_image_routes, add_page, add_status_routes
+from .routes import add_fault_handlers, add_image_routes, add_page, add_status_routes, add_v2_routes
 from .service import Service
 
 __all__ = ["ServeOptions", "Service", "build_app", "create_app", "load_model"]
@@ -72,6 +73,7 @@ def build_app(service: Service, *, on_failure: Optional[Callable[[str], None]] =
     add_fault_handlers(app, service)
     add_image_routes(app, service)
     add_status_routes(app, service)
+    add_v2_routes(app, service)
     add_page(app)
     return _wrap(app, service)
 

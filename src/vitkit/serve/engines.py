@@ -40,11 +40,9 @@ def kernel_choices(engine: "Engine") -> Dict[str, Any]:
     :func:`vitkit.models.inference.inference_summary` (dtype, the declared backend and what its ``auto``
     resolved to); for the others, the runtime's own kernels, and the declared backend of the vitkit model
     that /v1/explain runs."""
-    from ..models import backend
-
     if engine.name != "torch":
         return {"engine": engine.name, "kernels": f"{engine.name}'s own (vitkit's backend does not apply)",
-                "explain": "the vitkit model (attention rollout)", "backend": backend.record()}
+                "explain": "the vitkit model (attention rollout)"}
     from ..models.inference import inference_summary
 
     return inference_summary(engine.module)
@@ -107,11 +105,9 @@ class TorchEngine(Engine):
         self.device = next(self.model.parameters()).device
 
     def run(self, x: torch.Tensor) -> Tuple[np.ndarray, np.ndarray]:
-        with torch.inference_mode():
-            tokens = self.model.forward_features(x.to(self.device, self._dtype))
-            logits = self.model.forward_head(tokens)
-            feats = self.model.forward_head(tokens, pre_logits=True)
-        return logits.float().cpu().numpy(), feats.float().cpu().numpy()
+        with torch.inference_mode():  # the head's contract: one pass, the same computation as forward
+            out = self.model.forward_outputs(x.to(self.device, self._dtype))
+        return out.logits.float().cpu().numpy(), out.features.float().cpu().numpy()
 
 
 @contextlib.contextmanager
@@ -235,17 +231,15 @@ def compare(ref: np.ndarray, out: np.ndarray, dtype: str) -> Dict[str, Any]:
 
 def time_engine(engine: Engine, x: torch.Tensor, budget_s: float = 2.0, min_runs: int = 2,
                 max_runs: int = 50) -> Dict[str, Any]:
-    """Images/s of ``engine`` on the batch ``x`` (after one warm-up call): at least ``min_runs`` calls, then
-    more while the time spent stays under ``budget_s``; the median call time."""
+    """Images/s of ``engine`` on the batch ``x`` by :func:`vitkit.timing.alternate` (one warm-up call sizes
+    the run: at least ``min_runs`` timed calls, more while they fit in ``budget_s``); the median call time."""
+    from ..timing import alternate
+
+    t0 = time.perf_counter()
     engine.run(x)
-    times: List[float] = []
-    start = time.perf_counter()
-    while len(times) < min_runs or (len(times) < max_runs and time.perf_counter() - start < budget_s):
-        t0 = time.perf_counter()
-        engine.run(x)
-        times.append(time.perf_counter() - t0)
-    med = float(np.median(times))
-    return {"batch": int(x.shape[0]), "runs": len(times), "median_s": med, "img_per_s": x.shape[0] / med}
+    runs = int(min(max_runs, max(min_runs, budget_s // max(time.perf_counter() - t0, 1e-6))))
+    med = alternate({engine.name: lambda: engine.run(x)}, warmup=0, repeats=runs)[engine.name].median
+    return {"batch": int(x.shape[0]), "runs": runs, "median_s": med, "img_per_s": x.shape[0] / med}
 
 
 def _release_freed_memory() -> None:

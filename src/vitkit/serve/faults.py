@@ -1,5 +1,6 @@
 """The refusals of the service: a client fault (or the server's own state) as :class:`Fault`, answered as the
-JSON body ``{"error": CODE, "detail": TEXT}``; a client that went away as :class:`ClientGone`."""
+JSON body ``{"error": CODE, "detail": TEXT}`` (on the v2 endpoints: ``{"error": "CODE: TEXT"}``); a client that
+went away as :class:`ClientGone`."""
 from __future__ import annotations
 
 from typing import Dict, Optional
@@ -23,8 +24,15 @@ class ClientGone(Exception):
     """The client disconnected before its answer was ready."""
 
 
-def json_error(status: int, error: str, detail: str, headers: Optional[Dict[str, str]] = None):
-    """The JSON body ``{"error": CODE, "detail": TEXT}`` of a refusal (or of a fault of the server)."""
+def json_error(status: int, error: str, detail: str, headers: Optional[Dict[str, str]] = None, path: str = ""):
+    """The JSON body ``{"error": CODE, "detail": TEXT}`` of a refusal (or of a fault of the server); under
+    ``/v2/`` the Open Inference Protocol's ``{"error": "CODE: TEXT"}``."""
     from fastapi.responses import JSONResponse
 
-    return JSONResponse({"error": error, "detail": detail}, status_code=status, headers=headers)
+    body = {"error": f"{error}: {detail}"} if is_v2(path) else {"error": error, "detail": detail}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def is_v2(path: str) -> bool:
+    """A path of the Open Inference Protocol (v2) endpoints."""
+    return path == "/v2" or path.startswith("/v2/")

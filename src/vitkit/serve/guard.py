@@ -1,4 +1,5 @@
-"""The outermost layer of the app: the bearer token on /v1/* and /metrics, and the request metrics."""
+"""The outermost layer of the app: the bearer token on /v1/*, /v2/models/* and /metrics, and the request
+metrics."""
 from __future__ import annotations
 
 import hashlib
@@ -14,11 +15,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vitkit.serve")
 API_PATHS = ("/v1/classify", "/v1/embed", "/v1/explain", "/v1/model", "/metrics")
+OPEN_PATHS = ("/healthz", "/readyz", "/v2", "/v2/health/live", "/v2/health/ready")  # no token: probes
+
+
+def endpoint_of(path: str) -> str:
+    """The metrics label of a path: the API paths as they are, a v2 model path by what it asks, else 'other'
+    (a label per unknown path would let a client grow the metrics without bound)."""
+    if path in API_PATHS or path in OPEN_PATHS:
+        return path
+    if path.startswith("/v2/models/"):
+        return "/v2/models/infer" if path.endswith("/infer") else "/v2/models/ready" if path.endswith(
+            "/ready") else "/v2/models"
+    return "other"
 
 
 class Guard:
-    """ASGI middleware: the bearer token (constant-time compare) on /v1/* and /metrics, and the request
-    metrics (by endpoint and status)."""
+    """ASGI middleware: the bearer token (constant-time compare) on /v1/*, /v2/models/* and /metrics, and
+    the request metrics (by endpoint and status)."""
 
     def __init__(self, app, service: "Service"):
         self.app, self.service = app, service
@@ -27,7 +40,7 @@ class Guard:
         self.token = hashlib.sha256(token.encode("utf-8")).digest() if token else None
 
     def _needs_token(self, path: str) -> bool:
-        return self.token is not None and (path.startswith("/v1/") or path == "/metrics")
+        return self.token is not None and (path.startswith(("/v1/", "/v2/models")) or path == "/metrics")
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -36,7 +49,7 @@ class Guard:
         root = scope.get("root_path", "")
         if root and path.startswith(root):  # mounted inside another app: the path below the mount point
             path = path[len(root):] or "/"
-        endpoint = path if path in API_PATHS or path in ("/healthz", "/readyz") else "other"
+        endpoint = endpoint_of(path)
         status = {"code": 500}
         t0 = time.perf_counter()
 
@@ -52,7 +65,7 @@ class Guard:
                     log.warning("%s %s -> %d %s: %s", scope.get("method"), path[:200], fault.status, fault.error,
                                 fault.detail)
                     self.service.metrics.faults.labels(fault.error).inc()
-                    resp = json_error(fault.status, fault.error, fault.detail, fault.headers)
+                    resp = json_error(fault.status, fault.error, fault.detail, fault.headers, path)
                     return await resp(scope, receive, send_status)
             await self.app(scope, receive, send_status)
         finally:

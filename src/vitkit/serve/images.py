@@ -65,6 +65,7 @@ class Decoded:
     width: int
     height: int
     geometry: str
+    normalised: bool = False  # crop is already the model's input [C, H, W] (a v2 FP32 tensor, preprocessed)
 
 
 def decode(data: bytes, pre: Preset, *, name: str = "image", max_pixels: int) -> Decoded:

@@ -11,7 +11,8 @@ from ..errors import ConfigError
 
 @dataclass
 class ServeOptions:
-    """How the service runs: engine, batching, limits. Every field has a ``vitkit serve`` flag."""
+    """How the service runs: engine, batching, limits. Every field has a ``vitkit serve`` flag
+    (:data:`vitkit.cli.serve.OPTION_FLAGS`); the token's is ``--token-file`` (or ``$VITKIT_SERVE_TOKEN``)."""
 
     engine: str = "auto"  # auto | torch | onnxruntime | openvino
     dtype: str = "fp32"  # fp32 | bf16 | int8

@@ -1,5 +1,6 @@
-"""The app's routes: the fault handlers (every refusal as ``{error, detail}``), the image endpoints, the
-model / health / metrics endpoints, and the page with its static files."""
+"""The app's routes: the fault handlers (every refusal as ``{error, detail}``; ``{error}`` under /v2), the
+image endpoints, the model / health / metrics endpoints, the Open Inference Protocol (v2) endpoints, and the
+page with its static files."""
 from __future__ import annotations
 
 import logging
@@ -15,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .faults import ClientGone, Fault, json_error
 from .openapi import FAULTS, IMAGE_BODY, TOP, result_schema
-from .uploads import read_uploads, wait_disconnect
+from .uploads import read_uploads, read_v2_request, wait_disconnect
 
 if TYPE_CHECKING:
     from .service import Service
@@ -29,7 +30,7 @@ def fault_response(service: "Service", request: Request, fault: Fault):
     say = log.warning if fault.status < 500 else log.info  # 503 not_ready / busy: the server's state
     say("%s %s -> %d %s: %s", request.method, request.url.path[:200], fault.status, fault.error, fault.detail)
     service.metrics.faults.labels(fault.error).inc()
-    return json_error(fault.status, fault.error, fault.detail, fault.headers)
+    return json_error(fault.status, fault.error, fault.detail, fault.headers, request.url.path)
 
 
 def add_fault_handlers(app, service: "Service") -> None:
@@ -59,7 +60,7 @@ def add_fault_handlers(app, service: "Service") -> None:
     async def _bug(request: Request, err: Exception):
         log.exception("internal error on %s %s", request.method, request.url.path[:200])
         return json_error(500, "internal", f"the server failed on this request ({type(err).__name__}); "
-                          f"its log has the details")
+                          f"its log has the details", path=request.url.path)
 
 
 async def handle(service: "Service", kind: str, request: Request, topk: int) -> Response:
@@ -75,24 +76,38 @@ async def handle(service: "Service", kind: str, request: Request, topk: int) -> 
         k = service.check_topk(topk)
     else:
         k = 0
+
+    async def read():
+        uploads = await read_uploads(request, service.options)
+        if len(uploads) > service.options.max_images:
+            raise Fault(413, "too_many_images", f"{len(uploads)} images in one request; the limit is "
+                        f"{service.options.max_images} (--max-images)")
+        t1 = time.perf_counter()
+        return None, await service.decode_all(uploads), time.perf_counter() - t1
+
+    got = await run_images(service, kind, request, read)
+    if got is None:
+        return Response(status_code=499)
+    _, decoded, done, decode_s = got
+    return JSONResponse(service.answer(kind, decoded, done, k, t0, decode_s))
+
+
+async def run_images(service: "Service", kind: str, request: Request, read):
+    """The path every image request takes (/v1 and /v2): ``read()`` (the body within the limits, checked and
+    decoded: ``(parsed, decoded, decode_s)``) while the batcher knows a request is on its way, then the images
+    through the batcher; ``(parsed, decoded, done, decode_s)``, or None when the client went away first."""
     service.batcher.expect(1)
     try:
         try:
-            uploads = await read_uploads(request, service.options)
-            if len(uploads) > service.options.max_images:
-                raise Fault(413, "too_many_images", f"{len(uploads)} images in one request; the limit is "
-                            f"{service.options.max_images} (--max-images)")
-            t1 = time.perf_counter()
-            decoded = await service.decode_all(uploads)
-            decode_s = time.perf_counter() - t1
+            parsed, decoded, decode_s = await read()
         finally:
             service.batcher.expect(-1)
         watch = (lambda: wait_disconnect(request)) if service.options.watch_disconnect else None
         done = await service.infer(kind, decoded, watch)
     except ClientGone:
         log.info("%s %s: the client went away before its answer", request.method, request.url.path)
-        return Response(status_code=499)
-    return JSONResponse(service.answer(kind, decoded, done, k, t0, decode_s))
+        return None
+    return parsed, decoded, done, decode_s
 
 
 def add_image_routes(app, service: "Service") -> None:
@@ -142,6 +157,72 @@ def add_status_routes(app, service: "Service") -> None:
     async def metrics():
         body, ctype = service.metrics.render()
         return Response(body, media_type=ctype)
+
+
+def add_v2_routes(app, service: "Service") -> None:
+    """The Open Inference Protocol (v2: KServe, Triton, MLServer): health, server and model metadata, model
+    readiness and inference, on the same service, limits, token rule and batcher as /v1."""
+    from .. import __version__
+
+    def check_model(model_id: str) -> None:
+        if model_id != service.model_id:
+            raise Fault(404, "model_not_found", f"no model {model_id[:80]!r}: this server serves "
+                        f"{service.model_id!r}")
+
+    @app.get("/v2", summary="Server metadata (Open Inference Protocol)")
+    async def server_metadata():
+        return {"name": "vitkit", "version": __version__, "extensions": []}
+
+    @app.get("/v2/health/live", summary="Alive (Open Inference Protocol)")
+    async def live():
+        return {"live": True}
+
+    @app.get("/v2/health/ready", summary="Ready: 200 once the model is warmed up, else 503",
+             responses={503: FAULTS["503"]})
+    async def ready():
+        service.check_ready()
+        return {"ready": True}
+
+    @app.get("/v2/models/{model_id:path}/ready", summary="The model is ready: 200, else 503")
+    async def model_ready(model_id: str):
+        check_model(model_id)
+        service.check_ready()
+        return {"name": service.model_id, "ready": True}
+
+    @app.post("/v2/models/{model_id:path}/infer", summary="Inference: FP32 pixels [N, C, H, W] or BYTES images "
+              "(base64) in, logits and probabilities (or features) out")
+    async def infer(model_id: str, request: Request):
+        check_model(model_id)
+        service.check_ready()
+        return await handle_v2(service, request)
+
+    @app.get("/v2/models/{model_id:path}", summary="Model metadata: inputs and outputs with datatype and shape")
+    async def model_metadata(model_id: str):
+        check_model(model_id)
+        return service.v2_metadata()
+
+
+async def handle_v2(service: "Service", request: Request) -> Response:
+    """One v2 infer request: the JSON body within the limits, its images decoded (BYTES) or its tensor taken
+    as the model's input (FP32), then the same batcher as /v1."""
+    c, h, w = service.config.in_chans, *service.config.img_size
+    kind = "classify" if service.has_classifier else "embed"
+
+    async def read():
+        req = await read_v2_request(request, service.options, (c, h, w))
+        service.check_v2_outputs(req.outputs)
+        t1 = time.perf_counter()
+        if req.pixels is not None:
+            decoded = service.tensor_items(req.input_name, req.pixels)
+        else:
+            decoded = await service.decode_all(req.uploads)
+        return req, decoded, time.perf_counter() - t1
+
+    got = await run_images(service, kind, request, read)
+    if got is None:
+        return Response(status_code=499)
+    req, _, done, _ = got
+    return JSONResponse(service.answer_v2(req.id, req.outputs, done))
 
 
 def add_page(app) -> None:

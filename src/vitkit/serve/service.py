@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..variants import architecture
 from .batching import Batcher, Done, QueueFull
 from .faults import ClientGone, Fault
 from .images import BadImage, Decoded, decode, overlay_png
@@ -22,6 +23,18 @@ from .metrics import Metrics
 from .options import ServeOptions
 
 log = logging.getLogger("vitkit.serve")
+
+
+def default_model_id(source: Optional[str], name: Optional[str] = None) -> str:
+    """The name a model is served under without ``--model-id``: the recipe of the training run that wrote the
+    folder (``RUN/model`` -> ``fmnist-demo``), else the config's ``name`` (``B/16``), else the file or folder
+    name."""
+    from ..checkpoints.push import training_run
+
+    path = Path(str(source or "model"))
+    run = training_run(path) if path.is_dir() else None
+    recipe = run["results"].get("recipe") if run else None
+    return str(recipe or name or path.name)
 
 
 class Service:
@@ -42,7 +55,7 @@ class Service:
         self.gray = self.config.in_chans == 1
         self.labels = list(self.meta.labels) if self.meta.labels else None
         self.has_classifier = self.config.num_classes > 0
-        self.model_id = self.options.model_id or self.config.name or Path(str(self.meta.source or "model")).name
+        self.model_id = self.options.model_id or default_model_id(self.meta.source, self.config.name)
         self.engine = None
         self.engine_report: Dict[str, Any] = {}
         self.explain_error: Optional[str] = None
@@ -117,7 +130,11 @@ class Service:
         """One batch: the engine's logits and features for every image, the rollout for the explain ones."""
         from ..predict import normalized
 
-        x = normalized(self.pre, torch.stack([d.crop for _, d in items]), self.gray)
+        crops = [d for _, d in items]
+        if any(d.normalised for d in crops):  # v2 tensors (the client's preprocessing) beside uploaded images
+            x = torch.stack([d.crop if d.normalised else normalized(self.pre, d.crop, self.gray) for d in crops])
+        else:
+            x = normalized(self.pre, torch.stack([d.crop for d in crops]), self.gray)
         logits, feats = self.engine.run(x)
         out = [{"logits": logits[i], "features": feats[i]} for i in range(len(items))]
         explain = [i for i, (kind, _) in enumerate(items) if kind == "explain"]
@@ -221,15 +238,67 @@ class Service:
                               "compute": round(compute * 1e3, 3),
                               "total": round((time.perf_counter() - t_start) * 1e3, 3)}}
 
+    # --- the Open Inference Protocol (v2) ------------------------------------------------------------------
+    def v2_outputs(self) -> Dict[str, List[int]]:
+        """The outputs a v2 request may ask for, with their shapes (-1: the batch)."""
+        cfg = self.config
+        out = {"features": [-1, cfg.representation_size or cfg.width]}
+        if self.has_classifier:
+            out = {"logits": [-1, cfg.num_classes], "probabilities": [-1, cfg.num_classes], **out}
+        return out
+
+    def check_v2_outputs(self, names: Sequence[str]) -> None:
+        missing = [n for n in names if n not in self.v2_outputs()]
+        if missing:
+            self.check_classifier(f"the output {missing[0]!r}")
+
+    def v2_metadata(self) -> Dict[str, Any]:
+        """GET /v2/models/{id}: the inputs (FP32 pixels preprocessed as /v1/model says, or BYTES images) and
+        the outputs, with their datatypes and shapes (-1: any batch size)."""
+        c, (h, w) = self.config.in_chans, self.config.img_size
+        engine = self.engine.name if self.engine is not None else self.options.engine
+        return {"name": self.model_id, "versions": [], "platform": f"vitkit_{engine}",
+                "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [-1, c, h, w]},
+                           {"name": "images", "datatype": "BYTES", "shape": [-1]}],
+                "outputs": [{"name": n, "datatype": "FP32", "shape": shape} for n, shape in self.v2_outputs().items()]}
+
+    def tensor_items(self, name: str, pixels: np.ndarray) -> List[Decoded]:
+        """A v2 FP32 input [N, C, H, W] as batch items (already the model's input: not normalised again)."""
+        n, _, h, w = pixels.shape
+        x = torch.from_numpy(np.ascontiguousarray(pixels))
+        return [Decoded(f"{name[:40]}[{i}]", x[i], "tensor", w, h, "preprocessed by the client", normalised=True)
+                for i in range(n)]
+
+    def answer_v2(self, request_id: Optional[str], names: Sequence[str], done: List[Done]) -> Dict[str, Any]:
+        """The v2 response: each output asked for (default: logits and probabilities of a classifier, the
+        features of a feature extractor) as FP32 [N, ...], data flat in row-major order."""
+        names = list(names) or (["logits", "probabilities"] if self.has_classifier else ["features"])
+        logits = torch.from_numpy(np.stack([np.asarray(r.output["logits"], np.float32) for r in done]))
+        if self.has_classifier and not torch.isfinite(logits).all():
+            raise Fault(500, "not_finite", "the model's output is not finite (NaN or Inf): its weights hold "
+                        "non-finite values or overflow")
+        values = {"logits": logits, "probabilities": logits.softmax(dim=-1),
+                  "features": torch.from_numpy(np.stack([np.asarray(r.output["features"], np.float32) for r in done]))}
+        out = {"model_name": self.model_id, "outputs": [
+            {"name": n, "datatype": "FP32", "shape": list(values[n].shape), "data": values[n].reshape(-1).tolist()}
+            for n in names],
+            "parameters": {"engine": self.engine.name, "dtype": self.engine.dtype,
+                           "batches": sorted({r.batch.id for r in done})}}
+        if request_id is not None:
+            out["id"] = request_id
+        return out
+
     def model_info(self) -> Dict[str, Any]:
         from .. import __version__
 
         cfg = self.config
-        return {"id": self.model_id, "name": cfg.name, "format": self.meta.format, "source": self.meta.source,
+        return {"id": self.model_id, "title": f"{self.model_id} · {architecture(cfg)}", "name": cfg.name,
+                "format": self.meta.format, "source": self.meta.source,
                 "notes": list(self.meta.notes), "num_classes": cfg.num_classes,
                 "has_classifier": self.has_classifier, "labels": self.labels,
                 "input": {"height": cfg.img_size[0], "width": cfg.img_size[1], "channels": cfg.in_chans},
-                "preprocessing": self.pre.to_dict(), "config": cfg.to_dict(),
+                "preprocessing": self.pre.to_dict(), "preprocessing_summary": self.pre.describe(),
+                "config": cfg.to_dict(),
                 "engine": self.engine.info() if self.engine is not None else None,
                 "dtype": self.options.dtype, "engine_selection": self.engine_report,
                 "kernels": self.kernels, "ready": self.ready,

@@ -1,11 +1,17 @@
 """Reading a request's images within the limits: the body (bytes, stalls, total time), the Content-Type,
-the multipart fields and their file names."""
+the multipart fields and their file names; and the JSON body of an Open Inference Protocol (v2) request."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import json
 import time
 import unicodedata
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
+
+import numpy as np
 
 from .faults import ClientGone, Fault
 from .options import ServeOptions
@@ -111,3 +117,115 @@ async def wait_disconnect(request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+# --- the Open Inference Protocol (v2) -------------------------------------------------------------------
+V2_OUTPUTS = ("logits", "probabilities", "features")
+
+
+@dataclass
+class V2Request:
+    """One ``/v2/models/{id}/infer`` request, checked: either ``uploads`` (a BYTES input: encoded images) or
+    ``pixels`` (an FP32 input: the model's input [N, C, H, W], already preprocessed), and the outputs asked
+    for (empty: the defaults)."""
+
+    id: Optional[str]
+    input_name: str
+    uploads: List[Tuple[str, bytes]]
+    pixels: Optional[np.ndarray]
+    outputs: List[str]
+
+
+async def read_v2_request(request, options: ServeOptions, chw: Tuple[int, int, int]) -> V2Request:
+    """The body of a v2 infer request (JSON), read within the same limits as an upload, then parsed on a
+    worker thread (a large tensor's JSON takes a while)."""
+    if request.headers.get("inference-header-content-length") is not None:
+        raise Fault(400, "binary_data_unsupported", "the binary tensor data extension is not supported: send the "
+                    "tensor as JSON 'data' (tritonclient: binary_data=False)")
+    ctype = request.headers.get("content-type", "")
+    if ctype and ctype.split(";")[0].strip().lower() != "application/json":
+        raise Fault(415, "unsupported_content_type", f"Content-Type {ctype[:80]!r}: a v2 inference request is "
+                    f"JSON (application/json)")
+    body = await read_body(request, options.max_bytes, options.read_timeout_s, options.body_timeout_s)
+    return await asyncio.get_running_loop().run_in_executor(None, parse_v2_request, body, options.max_images, chw)
+
+
+def parse_v2_request(body: bytes, max_images: int, chw: Tuple[int, int, int]) -> V2Request:
+    """A v2 inference request's JSON body -> :class:`V2Request`, or a 4xx :class:`Fault` naming the problem."""
+    try:
+        req = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise Fault(400, "bad_json", f"the body is not JSON: {err}") from None
+    inputs = req.get("inputs") if isinstance(req, dict) else None
+    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
+        raise Fault(400, "bad_inputs", "send one input in 'inputs': FP32 'pixels' [N, C, H, W] (preprocessed) or "
+                    "BYTES 'images' [N] (encoded images, base64)")
+    inp = inputs[0]
+    name, dtype, shape, data = inp.get("name"), inp.get("datatype"), inp.get("shape"), inp.get("data")
+    if not isinstance(name, str) or not isinstance(data, list):
+        raise Fault(400, "bad_inputs", "the input needs a 'name' and its 'data' (a list)")
+    if not (isinstance(shape, list) and shape and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1
+                                                      for d in shape)):
+        raise Fault(400, "bad_shape", f"input {name[:40]!r}: 'shape' must be a list of positive integers, "
+                    f"got {str(shape)[:80]}")
+    if shape[0] > max_images:
+        raise Fault(413, "too_many_images", f"{shape[0]} images in one request; the limit is {max_images} "
+                    f"(--max-images)")
+    outputs = _v2_outputs(req.get("outputs"))
+    if dtype == "FP32":
+        return V2Request(_request_id(req), name, [], _v2_pixels(name, shape, data, chw), outputs)
+    if dtype == "BYTES":
+        return V2Request(_request_id(req), name, _v2_images(name, shape, data), None, outputs)
+    raise Fault(400, "bad_datatype", f"input {name[:40]!r} is {str(dtype)[:20]}: send FP32 (the preprocessed "
+                f"pixels [N, {chw[0]}, {chw[1]}, {chw[2]}]) or BYTES (encoded images, base64)")
+
+
+def _request_id(req: dict) -> Optional[str]:
+    rid = req.get("id")
+    return None if rid is None else str(rid)[:200]
+
+
+def _v2_outputs(outputs) -> List[str]:
+    if outputs is None:
+        return []
+    names = [o.get("name") if isinstance(o, dict) else None for o in outputs] if isinstance(outputs, list) else [None]
+    bad = [str(n)[:40] for n in names if n not in V2_OUTPUTS]
+    if bad:
+        raise Fault(400, "bad_output", f"unknown output {bad[0]!r}: ask for {', '.join(V2_OUTPUTS)}")
+    return list(dict.fromkeys(names))
+
+
+def _v2_pixels(name: str, shape: List[int], data: list, chw: Tuple[int, int, int]) -> np.ndarray:
+    """The FP32 input as [N, C, H, W] float32 (``data`` flat row-major, or nested as the shape)."""
+    if len(shape) != 4 or tuple(shape[1:]) != tuple(chw):
+        raise Fault(400, "bad_shape", f"input {name[:40]!r} has shape {shape}; this model takes [N, {chw[0]}, "
+                    f"{chw[1]}, {chw[2]}] (NCHW, preprocessed as GET /v2/models/ID and /v1/model say)")
+    try:
+        x = np.asarray(data, dtype=np.float32)
+    except (ValueError, TypeError):
+        raise Fault(400, "bad_data", f"input {name[:40]!r}: 'data' must hold numbers only (flat row-major, or "
+                    f"nested as the shape)") from None
+    if x.size != int(np.prod(shape)):
+        raise Fault(400, "bad_shape", f"input {name[:40]!r}: {x.size:,} values for shape {shape}, which needs "
+                    f"{int(np.prod(shape)):,}")
+    if not np.isfinite(x).all():
+        raise Fault(400, "not_finite", f"input {name[:40]!r} holds NaN or infinite values")
+    return x.reshape(shape)
+
+
+def _v2_images(name: str, shape: List[int], data: list) -> List[Tuple[str, bytes]]:
+    """The BYTES input's images (each element base64, as the protocol carries bytes in JSON)."""
+    if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)) or len(data) != shape[0]:
+        raise Fault(400, "bad_shape", f"input {name[:40]!r}: BYTES images have shape [N] (or [N, 1]) with N "
+                    f"elements in 'data'; got shape {shape} and {len(data)} elements")
+    out = []
+    for i, item in enumerate(data):
+        item = item[0] if isinstance(item, list) and len(item) == 1 else item
+        if not isinstance(item, str):
+            raise Fault(400, "bad_data", f"input {name[:40]!r}, element {i}: a base64 string, got "
+                        f"{type(item).__name__}")
+        try:
+            out.append((f"{name[:40]}[{i}]", base64.b64decode(item, validate=True)))
+        except (binascii.Error, ValueError) as err:
+            raise Fault(400, "bad_base64", f"input {name[:40]!r}, element {i} is not base64: {err}") from None
+    return out

@@ -117,7 +117,7 @@ class MPPTrainer(Trainer):
         results: Dict[str, Any] = {"recipe": r.name, "objective": "mpp", "mpp": asdict(r.mpp), "steps": self.step,
                                    "epochs": round(self.step / self.steps_per_epoch, 3),
                                    "train_wall_s": round(wall, 1), "device": str(self.device),
-                                   "params": unwrap(self.model).vit.num_params()}
+                                   "params": unwrap(self.model).vit.num_params(), "eval_split": self.eval_split}
         # the exported weights' MPP loss on the held-out images: the validation split if any, else the test split
         final = self.val_data if self.val_data is not None else self.test_data
         split = "val" if self.val_data is not None else "test"

@@ -14,7 +14,7 @@ from typing import Any, Dict
 import torch
 
 from ..checkpoints import save_model
-from ..models.backend import record as backend_record
+from ..models.kernel_plan import source as backend_source
 from ..utils import write_json_atomic
 from . import distributed as D
 from .optim import unwrap
@@ -34,8 +34,10 @@ def finish_classification(tr: Any, wall: float) -> Dict[str, Any]:
                                "stopped_by": "steps" if tr.step >= tr.total_steps else "time budget",
                                "train_wall_s": round(wall, 1), "params": unwrap(tr.model).num_params(),
                                "processes": d.world, "device": str(tr.device),
-                               "train_images": len(tr.train_data)}
-    results["backend"] = backend_record()  # the kernels the run declared and the choices it made
+                               "train_images": len(tr.train_data), "eval_split": tr.eval_split}
+    # the kernels the run declared and the plan its model ran (this run's, not the process's)
+    results["backend"] = {"declared": r.train.backend, "source": backend_source(),
+                          "kernel_plan": unwrap(tr.model).kernel_plan.as_dict()}
     models = dict(tr.candidates())  # the EMA copy is filled once (collective under FSDP)
     val = None
     if tr.val_data is not None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from ..config import ViTConfig
-from ..data.datasets import Dataset, open_dataset
+from ..data.datasets import Dataset, auto_eval_split, open_dataset
 from ..data.loader import split_indices
 from ..errors import ConfigError
 from .recipe import Recipe
@@ -24,6 +24,7 @@ class RunData:
     val: Optional[Dataset]  # the validation hold-out (None: the recipe holds none out)
     test: Optional[Dataset]  # read once, at the end
     load_size: int  # the square file datasets decode to
+    eval_split: Optional[str] = None  # the split ``test`` is (data.eval_split, ``auto`` resolved)
 
 
 def open_run_data(recipe: Recipe, given: Optional[Dict[str, Dataset]] = None) -> RunData:
@@ -46,10 +47,12 @@ def open_run_data(recipe: Recipe, given: Optional[Dict[str, Dataset]] = None) ->
             ds, classes=cls, load_size=load_size, channels=chans)
         train_full = wrap(given["train"])
         test = wrap(given.get("test"), train_full.classes)
+        split = "test" if test is not None else None
     else:
         train_full = open_dataset(dc.dataset, dc.train_split, root=dc.root, load_size=load_size, channels=chans)
-        test = open_dataset(dc.dataset, dc.eval_split, root=dc.root, load_size=load_size, channels=chans,
-                            classes=train_full.classes) if dc.eval_split else None
+        split = auto_eval_split(dc.dataset, dc.root) if dc.eval_split == "auto" else dc.eval_split
+        test = open_dataset(dc.dataset, split, root=dc.root, load_size=load_size, channels=chans,
+                            classes=train_full.classes) if split else None
     if dc.cache and not train_full.in_memory:
         train_full = train_full.to_memory()
         test = test.to_memory() if test is not None and not test.in_memory else test
@@ -60,7 +63,7 @@ def open_run_data(recipe: Recipe, given: Optional[Dict[str, Dataset]] = None) ->
         train = _stratified_subset(train, dc.train_subset, r.train.seed + 1, "data.train_subset", "train")
     if dc.test_subset and test is not None:  # a short run's test: the same stratified images in every run
         test = _stratified_subset(test, dc.test_subset, 0, "data.test_subset", "test")
-    return RunData(list(train_full.classes), train, val, test, load_size)
+    return RunData(list(train_full.classes), train, val, test, load_size, split)
 
 
 def _stratified_subset(ds: Dataset, k: int, seed: int, key: str, split: str) -> Dataset:
@@ -83,5 +86,4 @@ def eval_preprocessing(dc: DataConfig, config: ViTConfig, in_memory: bool, load_
     return {"name": f"vitkit-train:{(dc.dataset or 'data').split(':')[0]}", "size": list(config.img_size),
             "resize": None if in_memory else load_size, "resize_mode": "squash" if in_memory else "shorter",
             "interpolation": "bilinear", "backend": "tensor" if in_memory else "pil", "mean": mean, "std": std,
-            "description": "as trained by vitkit (" + ("resize to the model size" if in_memory else
-                                                       f"shorter side {load_size}, centre crop") + ")"}
+            "description": "as trained by vitkit"}

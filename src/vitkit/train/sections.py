@@ -21,7 +21,9 @@ class DataConfig:
     dataset: Optional[str] = "fashion-mnist"
     root: Optional[str] = None  # folder for specs without a path (e.g. Fashion-MNIST elsewhere)
     train_split: str = "train"
-    eval_split: Optional[str] = "test"  # the test split, read once at the end (null: none)
+    # the test split, read once at the end: auto (the dataset's test split, else its val split, else none),
+    # a split name, or null (none); the split used is recorded in results.json
+    eval_split: Optional[str] = "auto"
     # The validation split: a seeded, class-stratified hold-out of the training split on which the run
     # evaluates periodically and chooses the exported weights (the test split is read once, at the end).
     val_size: Optional[int] = None  # images held out (wins over val_fraction)

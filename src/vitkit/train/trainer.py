@@ -41,10 +41,10 @@ from ..data.datasets import Dataset
 from ..data.loader import EpochSampler, Loader
 from ..errors import ConfigError, TrainingDiverged, VitkitWarning
 from ..models import VisionTransformer
-from ..models.backend import Backend, use_backend
-from ..models.backend import current as current_backend
-from ..models.backend import record as backend_record
-from ..models.precision import settle_attention
+from ..models.kernel_plan import Backend, bind, use_backend
+from ..models.kernel_plan import current as current_backend
+from ..models.kernel_plan import source as backend_source
+from ..models.planner import plan as plan_kernels
 from ..utils import PathLike, remove_stale_temps
 from . import distributed as D
 from .checkpoint import find_last, load_state, restore_trainer, save_state, trainer_state
@@ -82,7 +82,7 @@ class Trainer:
         overridden = [k for k, v in in_force.__dict__.items() if v != "auto" and v != getattr(self.backend, k)]
         if t.backend is not None and overridden:  # a fixed choice in force that the recipe's pin replaces
             warnings.warn(f"the recipe pins train.backend={self.backend.spec}, so the backend in force "
-                          f"({in_force.spec}, from {backend_record()['source']}) is not used by this run; "
+                          f"({in_force.spec}, from {backend_source()}) is not used by this run; "
                           "pass --backend (or train.backend) to change it", VitkitWarning, stacklevel=2)
         if t.deterministic:
             self.backend = self.backend.pinned()
@@ -126,6 +126,7 @@ class Trainer:
         data = open_run_data(self.recipe, given)
         self.classes, self.load_size = data.classes, data.load_size
         self.train_data, self.val_data, self.test_data = data.train, data.val, data.test
+        self.eval_split = data.eval_split
 
     def _build_model(self) -> None:
         r, t = self.recipe, self.recipe.train
@@ -147,10 +148,13 @@ class Trainer:
             model.set_grad_checkpointing(True)
         model = self.wrap_model(model)
         model.to(self.device)
+        low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
+        # the kernels, planned once for this run's device, precision and shapes (timing what is not known yet)
+        vit = next(m for m in model.modules() if isinstance(m, VisionTransformer))  # an objective may wrap it
+        bind(model, vit.set_kernel_plan(plan_kernels(vit.config, (torch.float32,) + ((low,) if low else ()),
+                                                     self.device, backend=self.backend)))
         self.model = model  # the plain module (weights, export, EMA)
         self.wrapped = D.wrap(model, self.dist, t.distributed)
-        if t.compile and self.device.type == "cpu":  # the compiled graph keeps the attention path chosen now
-            settle_attention(model.config, torch.bfloat16 if t.precision == "bf16" else torch.float32, grad=True)
         self.forward_model = torch.compile(self.wrapped) if t.compile else self.wrapped
         dc = r.data
         norm = Normalize(dc.mean, dc.std, channels=self.config.in_chans)

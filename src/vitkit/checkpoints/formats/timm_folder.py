@@ -157,7 +157,7 @@ def preprocessing(config: Dict[str, Any], notes: List[str]) -> Optional[Dict[str
     mean, std = pc.get("mean") or (0.485, 0.456, 0.406), pc.get("std") or (0.229, 0.224, 0.225)
     return Preset(name="timm-cfg", size=(h, w), resize=scale, resize_mode="shorter" if mode == "center" else "square",
                   interpolation=interp, backend="pil", mean=tuple(mean), std=tuple(std), crop_pct=crop_pct,
-                  description=f"timm pretrained_cfg: crop_mode {mode}, crop_pct {crop_pct}, {interp}").to_dict()
+                  description=f"timm pretrained_cfg (crop_mode {mode}, crop_pct {crop_pct})").to_dict()
 
 
 # --- write ----------------------------------------------------------------------------

@@ -22,10 +22,11 @@
     if (!r.ok) { $("model").textContent = body.detail || ("HTTP " + r.status); setTimeout(loadModel, 1000); return; }
     model = body;
     $("token-box").hidden = true;
-    if (!model.ready) { $("model").textContent = "Model " + model.id + ": warming up…"; setTimeout(loadModel, 500); return; }
+    document.title = model.title + " · vitkit serve";
+    if (!model.ready) { $("model").textContent = model.title + ": warming up…"; setTimeout(loadModel, 500); return; }
     const e = model.engine || {};
-    $("model").textContent = "Model " + model.id + " · " + model.input.width + "×" + model.input.height + " px · " +
-      model.num_classes + " classes · engine " + e.name + " (" + e.dtype + ")";
+    $("model").textContent = model.title + " · " + model.num_classes + " classes · engine " + e.name + " (" +
+      e.dtype + ")";
   }
 
   function percent(p) { return (100 * p).toFixed(p >= 0.1 ? 1 : 2) + "%"; }

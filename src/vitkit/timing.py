@@ -1,11 +1,15 @@
-"""Timing: warm-up, repeats alternated between the contenders, median and spread.
+"""The one timing primitive: warm-up, repeats alternated between the contenders, median, spread, paired ratio.
 
 Alternating (A B C, B C A, C A B, ...) spreads any slow-down from other
 processes or frequency changes over all contenders instead of one. The
-spread reported is the inter-quartile range relative to the median.
+spread reported is the inter-quartile range relative to the median. Everything that times in vitkit uses
+:func:`alternate`: the kernel planner (:mod:`vitkit.models.planner`), ``vitkit bench``, ``vitkit serve
+--engine auto``, the reproduction's speed claim and ``benchmarks/cpu_kernels.py``; a choice between
+contenders is made by :func:`decide`, the one noise rule (a margin on the median paired ratio).
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -13,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from ..errors import InputError
+from .errors import InputError
 
 
 @dataclass
@@ -72,9 +76,19 @@ def _repeat(fn: Callable[[], object], n: int) -> None:
         fn()
 
 
+class Timed(dict):
+    """:func:`alternate`'s :class:`Stats` by case name; ``cpu_wait``: the share of the timed rounds' thread-time
+    the threads spent waiting for a CPU that other work held (None where the kernel does not say)."""
+    cpu_wait: Optional[float] = None
+
+    def ratio(self, base: str, other: str) -> float:
+        """The median over rounds of ``base``'s time / ``other``'s in the same round (> 1: ``other`` faster)."""
+        return statistics.median([a / b for a, b in zip(self[base].times, self[other].times)])
+
+
 def alternate(cases: Dict[str, Callable[[], object]], *, warmup: int = 1, repeats: int = 5,
               sync: Callable[[], None] = lambda: None, min_seconds: float = 0.0,
-              on_repeat: Optional[Callable[[str, float], None]] = None) -> Dict[str, Stats]:
+              on_repeat: Optional[Callable[[str, float], None]] = None) -> Timed:
     """Time every case ``repeats`` times, rotating the order each round, after ``warmup`` untimed calls each.
 
     ``min_seconds``: a repeat of a fast case calls it several times until at
@@ -85,7 +99,7 @@ def alternate(cases: Dict[str, Callable[[], object]], *, warmup: int = 1, repeat
         raise InputError(f"repeats must be at least 1, got {repeats}")
     names = list(cases)
     inner = {n: 1 for n in names}
-    out = {n: Stats() for n in names}
+    out = Timed({n: Stats() for n in names})
     for n in names:
         for w in range(max(warmup, 0)):
             t = time_call(cases[n], sync)
@@ -93,6 +107,7 @@ def alternate(cases: Dict[str, Callable[[], object]], *, warmup: int = 1, repeat
                 out[n].first_call = t
         if warmup > 0 and min_seconds > 0 and t < min_seconds:
             inner[n] = min(1000, max(1, int(min_seconds / max(t, 1e-6))))
+    waited0, start = run_delay_s(), time.perf_counter()
     for order in rotations(names, repeats):
         for n in order:
             fn, reps = cases[n], inner[n]
@@ -103,6 +118,9 @@ def alternate(cases: Dict[str, Callable[[], object]], *, warmup: int = 1, repeat
             out[n].times.append(t)
             if on_repeat:
                 on_repeat(n, t)
+    waited1, wall = run_delay_s(), time.perf_counter() - start
+    if waited0 is not None and waited1 is not None and wall > 0:
+        out.cpu_wait = round(max(0.0, waited1 - waited0) / (wall * max(1, torch.get_num_threads())), 4)
     return out
 
 
@@ -111,3 +129,44 @@ def rotations(names: Sequence[str], repeats: int) -> List[List[str]]:
     names = list(names)
     return [names[r % len(names):] + names[:r % len(names)] for r in range(repeats)]
 
+
+
+# --- the noise rule -----------------------------------------------------------------------------------
+MARGIN = 1.05  # a contender replaces the baseline when its median paired speed-up reaches this
+ROUNDS = 7  # alternating rounds behind every choice
+MAX_CPU_WAIT = 0.05  # a timing whose threads waited for a CPU > 5% of their time is used but not kept
+
+
+def decide(timed: Timed, base: str, margin: float = MARGIN) -> str:
+    """The contender whose median paired speed-up over ``base`` is largest, if it reaches ``margin``; else
+    ``base``: the one rule behind every timed choice."""
+    others = {n: timed.ratio(base, n) for n in timed if n != base}
+    best = max(others, key=others.get, default=base)
+    return best if best != base and others[best] >= margin else base
+
+
+def run_delay_s() -> Optional[float]:
+    """Seconds this process's threads have spent runnable but waiting for a CPU (Linux schedstat), or None
+    where the kernel does not say."""
+    total = 0
+    try:
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/schedstat") as f:
+                    total += int(f.read().split()[1])
+            except FileNotFoundError:  # a thread that ended meanwhile
+                continue
+    except (OSError, ValueError, IndexError):
+        return None
+    return total / 1e9
+
+
+def quiet(timed: Timed) -> bool:
+    """Whether a timing can be kept for later processes: the 1-minute load within the cores and its threads
+    seldom kept from a CPU (a load average lags, and work that starts or stops during a timing can fake a
+    gain: an encoder block timed beside CI showed 1.57x where the quiet machine gave 1.01x)."""
+    try:
+        busy = os.getloadavg()[0] > (os.cpu_count() or 1) + 0.5
+    except (AttributeError, OSError):
+        busy = False
+    return not busy and (timed.cpu_wait is None or timed.cpu_wait <= MAX_CPU_WAIT)
