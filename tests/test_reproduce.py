@@ -60,8 +60,9 @@ def test_selectors_choose_on_validation_accuracy():
 def test_the_sweep_chooses_each_familys_rate_on_validation_and_aliases_runs():
     """Each family's rate is its best mean validation accuracy (ties: the smaller rate); every arm of the
     family runs at it as ARM@lrX; a fine-tune follows its parent's run; two arms of one configuration share
-    one run (the base ViT at 1e-3 is claim 2's GAP arm at 1e-3)."""
-    arms = arms_table()
+    one run (the base ViT at 1e-3 is claim 2's GAP arm at 1e-3). The v2 table: a fine-tune at its parent's
+    rate (v3's own fine-tuning sweep: tests/test_reproduce_converge.py)."""
+    arms = arms_table(version=2)
     budget = get_budget("full").with_(lr_sweep=(1e-3, 3e-3), sweep_seeds=(0, 1))
     fams = sweep.families(["vit", "pe-none", "res-ft28", "gap-lr1e-3", "few-mpp"], arms)
     assert fams == ["vit", "res-pre20", "few-mpp"]

@@ -58,22 +58,27 @@ def test_mde_is_the_effect_with_the_target_power():
     assert stats.seeds_for(0.1, 1.0, 0.01, ">", 0.8, 5, 20) is None
 
 
-def _measures(names, values, plan_sha, seeds=range(6)):
-    """Fake measures of every arm: ``values[arm](seed)`` as every accuracy metric."""
+def _measures(names, values, plan_sha, seeds=range(6), rising=()):
+    """Fake measures of every arm: ``values[arm](seed)`` as every accuracy metric, with a flat validation
+    curve of 12 points (one still rising 2 points over its last 4 for the arms in ``rising``)."""
     out = {}
     for n in names:
         f = values.get(n, lambda s: 0.8 + 0.003 * ((s * 7) % 5))
         out[n] = [{"seed": s, "test_top1": f(s), "fewshot_5": f(s), "val_top1": f(s), "code": None,
-                   "plan": plan_sha, "params": 1, "macs": 1} for s in seeds]
+                   "plan": plan_sha, "params": 1, "macs": 1,
+                   "curve": [[e / 4, f(s) - (0.005 * max(0, 12 - e) if n in rising else 0.0)] for e in range(1, 13)]}
+                  for s in seeds]
     return out
 
 
-def _build(ids, values, prereg, budget=None, runs_plan=None, **kw):
+def _build(ids, values, prereg, budget=None, runs_plan=None, rising=(), edges=None, **kw):
     budget = budget or get_budget("full").with_(seeds=tuple(range(6)))
     claims, arms, names = catalog_plan(ids, budget)
     alias = {n: n for n in arms}
-    ms = _measures(names, values, prereg["sha256"] if runs_plan is None else runs_plan)
-    return report.build(claims, arms, alias, ms, budget, plan=prereg, **kw)
+    ms = _measures(names, values, prereg["sha256"] if runs_plan is None else runs_plan, rising=rising)
+    sweeps = {arms[n].family: {"lr": 2e-3, "edge": (edges or {}).get(arms[n].family), "val_top1": {}}
+              for n in names if arms[n].lr is None}
+    return report.build(claims, arms, alias, ms, budget, plan=prereg, sweeps=sweeps, **kw)
 
 
 def test_holm_runs_over_the_primaries_only_and_intervals_use_the_verdicts_level():
@@ -204,3 +209,19 @@ def test_holm_levels_by_hand():
     assert verdict.holm_levels([0.03, 0.001, 0.02], 0.05) == pytest.approx([0.05, 0.05 / 3, 0.025])
     # stopping at step 2: the rest take that step's level
     assert verdict.holm_levels([0.04, 0.001, 0.03], 0.05) == pytest.approx([0.025, 0.05 / 3, 0.025])
+
+
+def test_an_arm_not_converged_or_at_an_edge_rate_cannot_carry_a_verdict():
+    prereg = rule.load_plan()
+    values = {"vit": lambda s: 0.85 + 0.003 * ((s * 5) % 3), "pe-none": lambda s: 0.80 + 0.001 * s,
+              "vit-p7": lambda s: 0.80 + 0.001 * s}
+    ok = _build([1, 6], values, prereg)
+    assert [c["verdict"] for c in ok["claims"]] == [stats.REPRODUCED, stats.REPRODUCED]
+    assert ok["arm_checks"]["vit"]["failed"] == [] and ok["arm_checks"]["vit"]["rate"] == "interior"
+    rep = _build([1, 6], values, prereg, rising=("pe-none",), edges={"vit-p7": "largest"})
+    c1, c6 = rep["claims"]
+    assert c1["verdict"] == verdict.NO_VERDICT and "pe-none (not converged" in c1["tests"][0]["note"]
+    assert c6["verdict"] == verdict.NO_VERDICT and "vit-p7 (rate at the largest end" in c6["tests"][0]["note"]
+    assert rep["arm_checks"]["pe-none"]["convergence"]["gain"] == pytest.approx(0.02)
+    # the Holm family is unchanged by the gate: the verdict is withheld, the p-value still counted
+    assert rep["tests_in_family"] == ok["tests_in_family"] == 2

@@ -59,11 +59,12 @@ def reproduce(out: PathLike, claim_ids: Optional[Sequence[int]] = None, budget: 
         names, design, seeds_of = before_training(prereg, claims, arms, names, budget, out, pilot, jobs, log,
                                                   restore=lambda: _Keeper.restore(out, state, log))
     fams = sweep.families(names, arms)
-    points = sweep.sweep_arms(fams, arms, budget)
+    points = sweep.sweep_arms((sweep.stages(fams, arms) or [[]])[0], arms, budget)  # the first round's
     timed_arms = _timed_arms(claims, names)
     keeper = _Keeper(out, state, budget, arms, points, timed_arms, log, restored=prereg is not None)
 
     def train(run_names, table, seeds, known=None):
+        keeper.table.update(table)
         if report_only:
             return collected(run_names, seeds, out)
         try:
@@ -72,17 +73,16 @@ def reproduce(out: PathLike, claim_ids: Optional[Sequence[int]] = None, budget: 
         finally:
             keeper.save()
 
-    n_sweep = len(budget.sweep_seeds)
-    log(f"budget {budget.name}: learning-rate sweep of {len(fams)} families ({len(points)} runs x {n_sweep} seeds)")
-    swept = train(list(points), points, budget.sweep_seeds)
-    chosen = sweep.choose(fams, arms, budget, {n: [m.get("val_top1") for m in ms] for n, ms in swept.items()})
+    log(f"budget {budget.name}: learning-rate sweep of {len(fams)} families ({len(points)} runs x "
+        f"{len(budget.sweep_seeds)} seeds{', grown until interior and converged' if prereg else ''})")
+    chosen, swept = _sweep(fams, arms, budget, train, prereg)
     runs, alias = sweep.resolve(arms, chosen)
     run_names = list(dict.fromkeys(alias[n] for n in names))
     run_seeds = _run_seeds(run_names, alias, names, seeds_of, budget)
     keeper.resolved(run_names, runs, alias, run_seeds)
     log(f"{len(run_names)} runs x {len(budget.seeds)}{'+' if seeds_of else ''} seeds under {out / 'runs'}")
     measures = train(run_names, runs, run_seeds, swept)
-    speeds = _speeds(timed_arms, alias, measures, budget, out, prereg, log)
+    speeds = _speeds(timed_arms, alias, measures, budget, out, prereg, log, time_now=not report_only)
     report = rep.build(claims, arms, alias, measures, budget, command=command, machine=machine_line(),
                        speeds=speeds, sweeps=chosen, allow_mixed_code=allow_mixed_code,
                        allow_missing_seeds=allow_missing_seeds, plan=prereg, design=design,
@@ -105,6 +105,23 @@ def _plan(budget: Budget, plan_file: Optional[PathLike]) -> Tuple[Budget, Option
     return budget.with_(plan_sha=prereg["sha256"]), prereg
 
 
+def _sweep(fams: List[str], arms: Dict[str, Arm], budget: Budget, train: Callable[..., Dict[str, Any]],
+           prereg: Optional[Dict[str, Any]]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(each family's choice, the sweep's measures): under a plan the grown sweep (:func:`.sweep.grow`, the
+    plan's convergence rule on the chosen point's curves); before plans (v2) one pass over the grid."""
+    from . import sweep
+
+    if prereg is None:
+        swept = train(list(sweep.sweep_arms(fams, arms, budget)), sweep.sweep_arms(fams, arms, budget),
+                      budget.sweep_seeds)
+        return sweep.choose(fams, arms, budget, {n: [m.get("val_top1") for m in ms] for n, ms in swept.items()}), \
+            swept
+    from .convergence import converged_runs
+    from .estimate import VAL_IMAGES
+    n_val = budget.val_size or VAL_IMAGES
+    return sweep.grow(fams, arms, budget, train, lambda ms: converged_runs(ms, n_val, prereg))
+
+
 def _timed_arms(claims: Sequence[Claim], names: Sequence[str]) -> List[str]:
     from .claims import SPEED
 
@@ -125,10 +142,11 @@ def _run_seeds(run_names: Sequence[str], alias: Dict[str, str], names: Sequence[
 
 
 def _speeds(timed_arms: Sequence[str], alias: Dict[str, str], measures: Dict[str, List[Dict[str, Any]]],
-            budget: Budget, out: Path, prereg: Optional[Dict[str, Any]], log: Callable[[str], None]
-            ) -> Dict[str, List[float]]:
+            budget: Budget, out: Path, prereg: Optional[Dict[str, Any]], log: Callable[[str], None],
+            time_now: bool = True) -> Dict[str, List[float]]:
     """Claim 7's side-by-side speeds: under a plan, timed once in the campaign (the plan's rounds) and stored
-    with the seed-0 runs, read back ever after; before plans (v2), timed when the report is written."""
+    with the seed-0 runs, read back ever after (``time_now`` False, as with --report-only: never timed here,
+    none when the campaign has not stored them); before plans (v2), timed when the report is written."""
     from .measure import paired_speed, stored_speed
     from .runs import run_folder
 
@@ -139,7 +157,7 @@ def _speeds(timed_arms: Sequence[str], alias: Dict[str, str], measures: Dict[str
     if prereg is None:
         log(f"timing {', '.join(timed)} side by side")
         return paired_speed(folders)
-    return stored_speed(folders, int(prereg["speed"]["rounds"]), log)
+    return stored_speed(folders, int(prereg["speed"]["rounds"]), log, time_now=time_now)
 
 
 class _Keeper:

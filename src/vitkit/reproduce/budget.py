@@ -53,6 +53,10 @@ class Budget:
     extra: Dict[str, Any] = field(default_factory=dict)  # overrides applied to every arm (tests: tiny runs)
     version: int = 3  # the rule its report uses: 2 (every p-value in one Holm family) or 3 (the plan's primaries)
     pilot: bool = False  # a pilot: it estimates the primaries' spreads and plans the full budget's seeds
+    curve_points: int = 12  # v3: validation evaluations per run, every arm (the convergence rule reads them)
+    finetune_lr_sweep: Tuple[float, ...] = ()  # v3: fine-tuning rates swept per fine-tuning arm (empty: the parent's)
+    grid_extensions: int = 3  # v3: times a family's grid may grow past an end its best rate sits at
+    max_stretch: float = 4.0  # v3: the cap: a family's schedule doubles until it converges, up to this factor
     hours: Optional[float] = None  # wall hours the planner may spend (``jobs`` runs at once), sweep included
     plan_sha: Optional[str] = None  # the analysis plan's SHA-256 every run records (set by the command)
 
@@ -85,16 +89,20 @@ BUDGETS_V2 = {k: replace(b, version=2) for k, b in BUDGETS_V2.items()}
 BUDGETS: Dict[str, Budget] = {
     "quick": replace(
         BUDGETS_V2["quick"], version=3, pilot=True, seeds=(0, 1, 2), lr_sweep=(2e-3,), curves=True,
-        note="the pilot: 3 seeds per arm at one rate (2e-3), 2,000 labelled images and 3 epochs per main arm, 2,000 "
-             "validation and 2,000 test images; it prints before training what each primary hypothesis can show "
-             "at this budget (its minimum detectable effect) and ends with each primary's per-seed spread and the "
-             "seeds the full budget needs; its verdicts are not the campaign's"),
+        finetune_lr_sweep=(5e-4,), grid_extensions=0, max_stretch=1.0,
+        note="the pilot: 3 seeds per arm at one rate (2e-3; fine-tunes 5e-4), 2,000 labelled images and 3 epochs "
+             "per main arm, 2,000 validation and 2,000 test images; it prints before training what each primary "
+             "hypothesis can show at this budget (its minimum detectable effect) and ends with each primary's "
+             "per-seed spread and the seeds the full budget needs; one rate is no interior rate and its schedules "
+             "are not grown, so no arm of it can carry a verdict: its verdicts are not the campaign's"),
     "full": replace(
-        BUDGETS_V2["full"], version=3, sweep_seeds=(0, 1), hours=22.0,
+        BUDGETS_V2["full"], version=3, sweep_seeds=(0, 1), hours=22.0, finetune_lr_sweep=(2.5e-4, 5e-4, 1e-3),
         note="5 to 20 seeds per arm as the pre-training power analysis plans them (80% power for each primary "
              "hypothesis's effect of interest under Holm, within 22 hours of wall time at --jobs 2), rates 1e-3, "
-             "2e-3 and 4e-3 swept per family at seeds 0 and 1 on validation, 13,000 labelled images and 12 epochs "
-             "per main arm, 150 epochs for claim 8's 1,000-label arms, validation curves for every arm"),
+             "2e-3 and 4e-3 (fine-tunes 2.5e-4, 5e-4 and 1e-3) swept per family at seeds 0 and 1 on validation, "
+             "a grid grown past an end its best rate sits at, 13,000 labelled images and 12 epochs per main arm, "
+             "150 epochs for claim 8's 1,000-label arms, each schedule doubled (up to 4 times) until the chosen "
+             "point's validation curve has converged, 12 validation evaluations per arm"),
 }
 
 

@@ -58,12 +58,14 @@ def arm_costs(names: Sequence[str], arms: Mapping[str, Arm], budget: Budget, rat
 
 
 def sweep_cost(names: Sequence[str], arms: Mapping[str, Arm], budget: Budget, rate: float, overhead: float) -> float:
-    """Seconds of the sweep's runs that no arm reuses (every rate but the chosen one, at the sweep seeds)."""
-    from .sweep import families
+    """Seconds of the sweep's runs that no arm reuses (every rate of its starting grid but the chosen one, at
+    the sweep seeds). A grid grown past an end, or a schedule doubled to converge, costs more: the design
+    cannot know it before the sweep has run, and says so (``sweep_note``)."""
+    from .sweep import families, rates
 
     fams = families(list(names), arms)
     per = arm_costs(fams, arms, budget, rate, overhead)
-    return sum(per[f] for f in fams) * (len(budget.lr_sweep) - 1) * len(budget.sweep_seeds)
+    return sum(per[f] * (len(rates(arms[f], budget)) - 1) for f in fams) * len(budget.sweep_seeds)
 
 
 def make_design(plan: Mapping[str, Any], claims: Sequence[Claim], arms: Mapping[str, Arm], budget: Budget,
@@ -88,7 +90,10 @@ def make_design(plan: Mapping[str, Any], claims: Sequence[Claim], arms: Mapping[
                               "expect": prim[c]["expect"]} for c, rec in got["claims"].items()}
     got.update({"plan": plan["sha256"], "budget": budget.name, "hours": budget.hours, "jobs": jobs,
                 "sweep_s": swept, "seconds_per_gmac": rate * 1e9, "overhead_s_per_run": overhead,
-                "wall_hours": (got["cost_s"] + swept) / 3600 / jobs})
+                "wall_hours": (got["cost_s"] + swept) / 3600 / jobs,
+                "sweep_note": "the sweep at its starting grids and schedules; each grid extension adds one rate "
+                              "of its family at the sweep seeds, each doubling of a schedule its whole grid at "
+                              "twice the length"})
     return got
 
 

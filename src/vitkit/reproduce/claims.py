@@ -56,6 +56,7 @@ class Arm:
     group: str = ""  # arms that form one curve in a figure (and a selector's group)
     x: Optional[float] = None  # the arm's position on that curve (learning rate, data size, ...)
     analysis: bool = False  # also measure attention distances and position-embedding structure (claim 9)
+    stretch: float = 1.0  # the budget's schedule times this (grown by the sweep until the arm converges)
 
     def full_model(self) -> Optional[Dict[str, Any]]:
         return None if self.model is None else {**BASE_MODEL, **self.model}
@@ -64,9 +65,11 @@ class Arm:
     def family(self) -> str:
         return self.sweep or self.name
 
-    def at_lr(self, lr: float) -> "Arm":
-        """This arm with its rate fixed (a sweep point, or the sweep's choice): run folder NAME@lrX."""
-        return replace(self, name=f"{self.name}@lr{lr_name(lr)}", lr=lr)
+    def at_lr(self, lr: float, stretch: float = 1.0) -> "Arm":
+        """This arm with its rate fixed (a sweep point, or the sweep's choice), its schedule ``stretch`` times
+        the budget's: run folder NAME@lrX (NAME@lrX-xS when stretched)."""
+        tag = "" if stretch == 1 else f"-x{stretch:g}"
+        return replace(self, name=f"{self.name}@lr{lr_name(lr)}{tag}", lr=lr, stretch=float(stretch))
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,7 @@ def same_run(a: Arm, b: Arm) -> bool:
     chosen rate); the run is measured with the analyses either asks for."""
     def key(x: Arm):
         return (x.recipe, x.full_model(), x.overrides, x.length, x.kind, x.parent, x.prepare, x.train_images,
-                x.lr, x.sweep if x.lr is None else None, x.classes, x.probe_classes)
+                x.lr, x.sweep if x.lr is None else None, x.classes, x.probe_classes, x.stretch)
     return key(a) == key(b)
 
 

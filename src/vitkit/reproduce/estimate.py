@@ -50,15 +50,18 @@ def passes(arm: Arm, b: Budget) -> Tuple[float, float]:
     n = pool // 2 if arm.classes else pool
     n_main = min(n, b.train_images or n)
     final = val + (b.test_images or TEST_IMAGES) + val  # validation, test, and the probes' validation features
+    k = arm.stretch
+    curve = val * b.curve_points if b.version >= 3 else None  # v3: every classifying arm's curve
     if arm.length in ("main", "finetune"):
         epochs = b.epochs if arm.length == "main" else b.finetune_epochs
-        return n_main * epochs, (val * int(epochs) if b.curves else 0) + final
+        return k * n_main * epochs, (curve if curve is not None else val * int(epochs) if b.curves else 0) + final
     if arm.length == "data":
-        return b.data_steps * BATCH, final
+        return k * b.data_steps * BATCH, (curve or 0) + final
     if arm.length == "mpp":
-        return pool * b.mpp_epochs, 0
+        return k * pool * b.mpp_epochs, 0
     if arm.length == "few_labels":
-        return b.few_labels * b.few_label_epochs, val * (10 if b.curves else 0) + final
+        return k * b.few_labels * b.few_label_epochs, (curve if curve is not None else
+                                                       val * (10 if b.curves else 0)) + final
     return 0.0, val  # an untrained model: measured only
 
 
@@ -75,9 +78,9 @@ def run_list(b: Budget) -> List[Tuple[Arm, int]]:
         wanted = {a for c in claims for a in claim_arms(c, arms, prereg)}
         names = [n for n in names if n in wanted]
     fams = sweep.families(names, arms)
-    points = sweep.sweep_arms(fams, arms, b)
-    chosen = {f: {"lr": b.lr_sweep[0]} for f in fams}
+    chosen = {f: {"lr": sweep.rates(arms[f], b)[0]} for f in fams}
     runs, alias = sweep.resolve(arms, chosen)
+    points = sweep.sweep_arms(fams, arms, b, resolved=(runs, alias))
     main = list(dict.fromkeys(alias[n] for n in names))
     out = [(a, len(b.sweep_seeds)) for a in points.values()]
     for n in main:  # the sweep's runs at the chosen rate are reused

@@ -71,7 +71,9 @@ def _head(report: Dict[str, Any]) -> List[str]:
     if report.get("missing_seeds"):
         lines += ["", "**Missing seeds** (compared unpaired only with --allow-missing-seeds): " + "; ".join(
             f"{a}: {s}" for a, s in report["missing_seeds"].items())]
-    if report.get("sweeps"):
+    if report.get("sweeps") and "grid" in next(iter(report["sweeps"].values())):
+        lines += sweep_table(report)
+    elif report.get("sweeps"):
         lines += ["", "**Learning rates chosen on validation** (validation top-1 % at the sweep seeds):", "",
                   "| family | chosen | " + " | ".join(f"lr {float(k):.0e}".replace("e-0", "e-")
                                                    for k in next(iter(report["sweeps"].values()))["val_top1"]) + " |",
@@ -114,6 +116,22 @@ def primaries(report: Dict[str, Any]) -> List[str]:
                      f"{_ci(t, m, True) if t.get('estimate') is not None else '-'}{unit} | {lvl} | "
                      f"{'-' if p is None else f'{p:.3g}'} | {pm(t.get('power_planned'), t.get('mde_planned'))} | "
                      f"{pm(t.get('power'), t.get('mde'))} | {t['verdict']}{note} |")
+    return lines
+
+
+def sweep_table(report: Dict[str, Any]) -> List[str]:
+    """v3: each family's grid (grown past an end its best rate sat at), schedule, whether its chosen point
+    converged, and its validation top-1 per rate at the sweep seeds."""
+    lines = ["", "**Learning rates chosen on validation** (each family's grid, grown by a factor of 2 past an end "
+             "its best rate sat at; its schedule, doubled while the chosen point's validation curve had not "
+             "converged; validation top-1 % per rate at the sweep seeds):", "",
+             "| family | chosen | grid grown | schedule | converged | validation top-1 per rate |", "|---" * 6 + "|"]
+    for f, s in report["sweeps"].items():
+        per = "; ".join(f"{float(k):.0e}: ".replace("e-0", "e-") + "/".join(f"{100 * v:.2f}" for v in vals)
+                        for k, vals in s["val_top1"].items())
+        edge = f" ({s['edge']} of the grid)" if s.get("edge") else ""
+        lines.append(f"| {f} | {s['lr']:.0e}{edge} | ".replace("e-0", "e-") + f"{s.get('extended', 0)} x | "
+                     f"x{float(s.get('stretch') or 1):g} | {s.get('converged')} | {per} |")
     return lines
 
 

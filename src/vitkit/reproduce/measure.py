@@ -254,15 +254,19 @@ def subset_values(measures: Sequence[Dict[str, Any]], metric: str) -> Dict[int, 
 SPEED_FILE = "paired_speed.json"
 
 
-def stored_speed(folders: Dict[str, Path], rounds: int, log=print) -> Dict[str, List[float]]:
+def stored_speed(folders: Dict[str, Path], rounds: int, log=print, time_now: bool = True) -> Dict[str, List[float]]:
     """The side-by-side speeds of the campaign, timed once (``rounds`` alternating rounds) and stored in the
-    first run's folder (it travels with the campaign state); read back, never re-timed, ever after."""
+    first run's folder (it travels with the campaign state); read back, never re-timed, ever after. With
+    ``time_now`` False (a report of finished runs) nothing is timed: {} when none are stored."""
     names = sorted(folders)
     path = folders[names[0]] / SPEED_FILE
     if path.is_file():
         got = json.loads(path.read_text())
         if sorted(got.get("runs", {})) == names:
             return got["runs"]
+    if not time_now:
+        log(f"no stored side-by-side speeds of {', '.join(names)} ({path}): the report leaves them out")
+        return {}
     log(f"timing {', '.join(names)} side by side, {rounds} rounds")
     from ..bench.machine import hardware
 

@@ -76,6 +76,9 @@ def build(claims: Sequence[Claim], arms: Dict[str, Arm], alias: Dict[str, str],
                     "alpha": plan["alpha"], "correction": plan["correction"], "secondary": plan["secondary"],
                     "plans": {f"{alias.get(n, n)}/{m['seed']}": m.get("plan") for n in used
                               for m in measures.get(alias.get(n, n), [])}})
+        from .convergence import arm_checks
+        from .estimate import VAL_IMAGES
+        out["arm_checks"] = arm_checks(out, arms, budget.val_size or VAL_IMAGES, plan)
     evaluate(out)
     return out
 

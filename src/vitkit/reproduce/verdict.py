@@ -91,9 +91,13 @@ def evaluate_v3(report: Dict[str, Any]) -> None:
             if t["role"] == "primary":
                 _power(t, len(family), alpha, float(plan["power"]))
                 t.setdefault("verdict", stats.UNDERPOWERED)
-                _gate(t, report.get("arm_checks") or {})
+                _gate(t, report.get("arm_checks") or {}, [r["arm"] for r in c.get("arms") or []])
             else:
                 _secondary(t)
+                unmet = _precondition(t, c, report, alpha) if t.get("requires") and "p_values" in t else []
+                if unmet:
+                    t["verdict"], t["note"] = NO_VERDICT, "its precondition is not met on validation: " + \
+                        "; ".join(unmet)
         prim = next((t for t in c["tests"] if t["role"] == "primary"), None)
         c["verdict"] = prim["verdict"] if prim else stats.UNDERPOWERED
 
@@ -123,11 +127,33 @@ def _power(t: Dict[str, Any], m: int, alpha: float, target: float) -> None:
     t["mde"] = stats.mde(sd, t["n"], level, t["expect"], target)
 
 
-def _gate(t: Dict[str, Any], checks: Mapping[str, Any]) -> None:
-    failed = [f"{a} ({', '.join(checks[a]['failed'])})" for a, _ in t.get("weights") or []
-              if (checks.get(a) or {}).get("failed")]
+def _gate(t: Dict[str, Any], checks: Mapping[str, Any], claim_arms: List[str]) -> None:
+    """No verdict from a primary one of whose arms failed the arm checks (a slope reads every arm of its
+    claim)."""
+    names = [a for a, _ in t.get("weights") or []] if t.get("kind") != "slope" else claim_arms
+    failed = [f"{a} ({', '.join(checks[a]['failed'])})" for a in names if (checks.get(a) or {}).get("failed")]
     if failed and t["verdict"] != NOT_TESTABLE:
         t["verdict"], t["note"] = NO_VERDICT, "arms that cannot carry a verdict: " + "; ".join(failed)
+
+
+def _precondition(t: Dict[str, Any], c: Mapping[str, Any], report: Dict[str, Any], alpha: float) -> List[str]:
+    """The tests ``t`` requires that are not met on the validation split (never on test): each required
+    contrast recomputed on validation accuracy, met when its one-sided paired p-value is below ``alpha``; what
+    was found is kept in ``t["gate"]``."""
+    unmet, t["gate"] = [], []
+    for text in t["requires"]:
+        req = next((x for x in c["tests"] if x.get("text") == text and "error" not in x), None)
+        if req is None:
+            unmet.append(text)
+            continue
+        v = {k: req[k] for k in ("text", "kind", "weights", "expect", "ref", "margin")}
+        v["metric"] = "val_top1"
+        fill_contrast(v, report["values"], report)
+        p = stats.t_tail((v["estimate"] - v["ref"]) / v["se"], v["df"]) if v.get("se") and v.get("df") else None
+        t["gate"].append({"requires": text, "metric": "val_top1", "estimate": v.get("estimate"), "p": p})
+        if p is None or not p < alpha:
+            unmet.append(text)
+    return unmet
 
 
 def _secondary(t: Dict[str, Any]) -> None:
