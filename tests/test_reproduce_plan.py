@@ -225,3 +225,13 @@ def test_an_arm_not_converged_or_at_an_edge_rate_cannot_carry_a_verdict():
     assert rep["arm_checks"]["pe-none"]["convergence"]["gain"] == pytest.approx(0.02)
     # the Holm family is unchanged by the gate: the verdict is withheld, the p-value still counted
     assert rep["tests_in_family"] == ok["tests_in_family"] == 2
+
+
+def test_the_report_lists_the_arms_that_fail_the_checks(tmp_path):
+    prereg = rule.load_plan()
+    rep = _build([1], {"vit": lambda s: 0.85 + 0.003 * ((s * 5) % 3)}, prereg, rising=("pe-none",))
+    from vitkit.reproduce import markdown
+    lines = markdown.arm_check_lines(rep)
+    n = len(rep["arm_checks"])
+    assert f"{n - 1} of {n} arms converged" in lines[1]
+    assert any(x.startswith("| pe-none | interior | not converged: still gaining 2.00 pt") for x in lines)

@@ -84,7 +84,7 @@ def _head(report: Dict[str, Any]) -> List[str]:
                 "/".join(f"{100 * v:.2f}" for v in vals) for vals in s["val_top1"].values()) + " |")
         lines += sweep_edges(report["sweeps"])
     if report.get("plan"):
-        return lines + primaries(report)
+        return lines + primaries(report) + arm_check_lines(report)
     lines += ["", "| claim | verdict |", "|---|---|"] + [f"| {c['id']}. {c['title']} | {c['verdict']} |"
                                                         for c in report["claims"]]
     return lines
@@ -116,6 +116,22 @@ def primaries(report: Dict[str, Any]) -> List[str]:
                      f"{_ci(t, m, True) if t.get('estimate') is not None else '-'}{unit} | {lvl} | "
                      f"{'-' if p is None else f'{p:.3g}'} | {pm(t.get('power_planned'), t.get('mde_planned'))} | "
                      f"{pm(t.get('power'), t.get('mde'))} | {t['verdict']}{note} |")
+    return lines
+
+
+def arm_check_lines(report: Dict[str, Any]) -> List[str]:
+    """The arm checks: how many arms converged by the plan's rule at an interior rate, and each that did not
+    (an arm of a primary among them leaves its claim without a verdict)."""
+    checks = report.get("arm_checks") or {}
+    if not checks:
+        return []
+    bad = {a: c for a, c in checks.items() if c["failed"]}
+    conv = (report.get("plan") or {}).get("convergence") or {}
+    lines = ["", f"**Arm checks** ({conv.get('rule', 'the plan convergence rule')}): {len(checks) - len(bad)} of "
+             f"{len(checks)} arms converged at an interior (or designed) rate."]
+    if bad:
+        lines += ["", "| arm | rate | what fails |", "|---|---|---|"] + [
+            f"| {a} | {c['rate']} | {'; '.join(c['failed'])} |" for a, c in sorted(bad.items())]
     return lines
 
 
