@@ -235,3 +235,21 @@ def test_the_report_lists_the_arms_that_fail_the_checks(tmp_path):
     n = len(rep["arm_checks"])
     assert f"{n - 1} of {n} arms converged" in lines[1]
     assert any(x.startswith("| pe-none | interior | not converged: still gaining 2.00 pt") for x in lines)
+
+
+def test_the_design_is_priced_again_at_the_schedules_the_sweep_chose():
+    from vitkit.reproduce import sweep
+    prereg = rule.load_plan()
+    b = get_budget("full")
+    claims, arms, names = catalog_plan([6], b)
+    sds = rule.planning_sds([rule.prior_spreads(prereg)], prereg)
+    d = campaign.make_design(prereg, claims, arms, b, sds, 1e-10, 0.0, 2)
+    assert d["arms"]
+    got = {}
+    for k in (1.0, 2.0):
+        runs_, alias = sweep.resolve(arms, {f: {"lr": 2e-3, "stretch": k} for f in sweep.families(names, arms)})
+        seeds = {alias[a]: list(range(n)) for a, n in d["arms"].items()}
+        got[k] = campaign.priced_after_sweep(d, runs_, seeds, b)
+    assert got[1.0]["now_h"] == pytest.approx(got[1.0]["planned_h"], rel=1e-9)
+    # twice the training, the same evaluations: a little under twice the hours
+    assert 1.8 * got[1.0]["now_h"] < got[2.0]["now_h"] < 2.0 * got[1.0]["now_h"]

@@ -64,7 +64,7 @@ def reproduce(out: PathLike, claim_ids: Optional[Sequence[int]] = None, budget: 
     keeper = _Keeper(out, state, budget, arms, points, timed_arms, log, restored=prereg is not None)
 
     def train(run_names, table, seeds, known=None):
-        keeper.table.update(table)
+        keeper.add(run_names, table, seeds)
         if report_only:
             return collected(run_names, seeds, out)
         try:
@@ -73,13 +73,12 @@ def reproduce(out: PathLike, claim_ids: Optional[Sequence[int]] = None, budget: 
         finally:
             keeper.save()
 
-    log(f"budget {budget.name}: learning-rate sweep of {len(fams)} families ({len(points)} runs x "
-        f"{len(budget.sweep_seeds)} seeds{', grown until interior and converged' if prereg else ''})")
-    chosen, swept = _sweep(fams, arms, budget, train, prereg)
+    chosen, swept = _sweep(fams, arms, budget, train, prereg, log)
     runs, alias = sweep.resolve(arms, chosen)
     run_names = list(dict.fromkeys(alias[n] for n in names))
     run_seeds = _run_seeds(run_names, alias, names, seeds_of, budget)
     keeper.resolved(run_names, runs, alias, run_seeds)
+    design = _priced(design, runs, run_seeds, budget, log)
     log(f"{len(run_names)} runs x {len(budget.seeds)}{'+' if seeds_of else ''} seeds under {out / 'runs'}")
     measures = train(run_names, runs, run_seeds, swept)
     speeds = _speeds(timed_arms, alias, measures, budget, out, prereg, log, time_now=not report_only)
@@ -105,11 +104,28 @@ def _plan(budget: Budget, plan_file: Optional[PathLike]) -> Tuple[Budget, Option
     return budget.with_(plan_sha=prereg["sha256"]), prereg
 
 
+def _priced(design: Optional[Dict[str, Any]], runs: Dict[str, Arm], seeds: Any, budget: Budget,
+            log: Callable[[str], None]) -> Optional[Dict[str, Any]]:
+    """The design with its main runs priced again at the schedules the sweep chose (said, and kept in the
+    report; the design file is not changed)."""
+    if not design:
+        return design
+    from .campaign import priced_after_sweep
+    got = {**design, "after_sweep": priced_after_sweep(design, runs, seeds, budget)}
+    log("the main runs at the schedules the sweep chose: about {now_h:.1f} h wall (the design priced them at "
+        "{planned_h:.1f} h)".format(**got["after_sweep"]))
+    return got
+
+
 def _sweep(fams: List[str], arms: Dict[str, Arm], budget: Budget, train: Callable[..., Dict[str, Any]],
-           prereg: Optional[Dict[str, Any]]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+           prereg: Optional[Dict[str, Any]], log: Callable[[str], None]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(each family's choice, the sweep's measures): under a plan the grown sweep (:func:`.sweep.grow`, the
     plan's convergence rule on the chosen point's curves); before plans (v2) one pass over the grid."""
     from . import sweep
+
+    first = sweep.sweep_arms((sweep.stages(fams, arms) or [[]])[0], arms, budget)
+    log(f"budget {budget.name}: learning-rate sweep of {len(fams)} families ({len(first)} runs x "
+        f"{len(budget.sweep_seeds)} seeds{', grown until interior and converged' if prereg else ''})")
 
     if prereg is None:
         swept = train(list(sweep.sweep_arms(fams, arms, budget)), sweep.sweep_arms(fams, arms, budget),
@@ -188,6 +204,13 @@ class _Keeper:
             if any(c != here for c in got["code_versions"]):
                 log(f"  its runs were trained by {', '.join(got['code_versions'])}; this code is {here}: "
                     f"run the campaign's own version, or the report will refuse to mix them")
+
+    def add(self, run_names: Sequence[str], table: Dict[str, Arm], seeds: Any) -> None:
+        """Runs about to train (the grown sweep's new points too): their checkpoints travel with the state."""
+        self.table.update(table)
+        have = set(self.pairs)
+        self.pairs += [(n, s) for n in run_names for s in (seeds[n] if isinstance(seeds, dict) else seeds)
+                       if (n, s) not in have]
 
     def resolved(self, run_names: Sequence[str], runs: Dict[str, Arm], alias: Dict[str, str], seeds: Any) -> None:
         self.table.update(runs)

@@ -97,6 +97,18 @@ def make_design(plan: Mapping[str, Any], claims: Sequence[Claim], arms: Mapping[
     return got
 
 
+def priced_after_sweep(design: Mapping[str, Any], runs: Mapping[str, Arm], seeds: Mapping[str, Sequence[int]],
+                       budget: Budget) -> Dict[str, float]:
+    """The design's main runs priced again once the sweep has fixed each family's rate and schedule (a doubled
+    schedule doubles its arm's cost): planned and now, in wall hours at the design's jobs. The seeds do not
+    change: they were fixed before training, for power; the hours say what the schedules cost."""
+    rate, over = float(design["seconds_per_gmac"]) / 1e9, float(design["overhead_s_per_run"])
+    cost = arm_costs(list(seeds), runs, budget, rate, over)
+    jobs = max(1, int(design.get("jobs") or 1))
+    return {"planned_h": float(design["cost_s"]) / 3600 / jobs,
+            "now_h": sum(len(seeds[r]) * cost[r] for r in seeds) / 3600 / jobs}
+
+
 def fitted_rate(pilot_report: Optional[Mapping[str, Any]], root: Optional[PathLike] = None) -> Dict[str, Any]:
     """(seconds per MAC, overhead per run, where from): fitted to the pilot when it was one complete
     invocation, else to the committed reference run (when the checkout has it)."""
