@@ -253,3 +253,27 @@ def test_the_design_is_priced_again_at_the_schedules_the_sweep_chose():
     assert got[1.0]["now_h"] == pytest.approx(got[1.0]["planned_h"], rel=1e-9)
     # twice the training, the same evaluations: a little under twice the hours
     assert 1.8 * got[1.0]["now_h"] < got[2.0]["now_h"] < 2.0 * got[1.0]["now_h"]
+
+
+def test_the_machine_rate_is_fitted_to_a_v3_pilot_and_a_grown_sweep():
+    """The pilot's fine-tunes run at fine-tuning rates, a grown sweep at rates and schedules off the starting
+    grid: every run name is still read as its arm (the pilot's design is fitted to its own machine)."""
+    from vitkit.reproduce.estimate import arm_macs, fit, passes, run_list
+    from vitkit.reproduce.sweep import resolve
+    b = get_budget("quick")
+    rate, overhead, jobs = 2.5e-10, 7.0, 2
+    listed = list(run_list(b))
+    assert any(a.name == "res-ft28@lr5e-4" for a, _ in listed)
+    extra = resolve(catalog_plan(None, b)[1], {"vit": {"lr": 1.6e-2, "stretch": 2.0}})[0]["vit@lr1.6e-2-x2"]
+    train_s, total, n = {}, 0.0, 0
+    for arm, k in listed + [(extra, 1)]:
+        seen, ev = passes(arm, b)
+        t = rate * 3 * arm_macs(arm) * seen
+        seeds = train_s.setdefault(arm.name, {})
+        seeds.update({str(len(seeds) + i): t for i in range(k)})
+        total += k * (t + rate * arm_macs(arm) * ev + overhead)
+        n += k
+    report = {"budget": "quick", "version": 3, "compute": {"complete": True, "train_s": train_s,
+                                                           "wall_s": total / jobs, "jobs": jobs, "runs": n}}
+    r, o = fit(report)
+    assert r == pytest.approx(rate, rel=1e-9) and o == pytest.approx(overhead, rel=1e-6)

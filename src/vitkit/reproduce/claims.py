@@ -165,7 +165,9 @@ def interaction(a1: str, b1: str, a2: str, b2: str) -> Tuple[Tuple[Name, float],
 
 
 def lr_name(lr: float) -> str:
-    return f"{lr:.0e}".replace("e-0", "e-")  # 3e-3
+    """3e-3, 2.5e-4, 1.6e-2: up to 4 significant digits (a grown grid halves and doubles rates)."""
+    mant, exp = f"{lr:.3e}".split("e")
+    return f"{mant.rstrip('0').rstrip('.')}e{int(exp)}"
 
 
 def size_name(n: Optional[int]) -> str:

@@ -104,16 +104,31 @@ def _v1_runs(report: Dict[str, Any]) -> List[Tuple[int, float]]:
 
 
 def _run_arms(b: Budget) -> Dict[str, Arm]:
-    """Every run name a campaign of ``b`` can have (each arm, and each at every swept rate) -> its arm."""
+    """Every run name a campaign of ``b`` can have (each arm at every rate of its family's starting grid) ->
+    its arm; a name outside it (a grown grid, a stretched schedule) is read by :func:`_arm_of`."""
     from .catalog import plan
+    from .sweep import rates
 
     _, arms, _ = plan(None, b)
     out: Dict[str, Arm] = {}
     for a in arms.values():
         out[a.name] = a
-        for lr in b.lr_sweep:
+        for lr in set(b.lr_sweep) | set(rates(arms.get(a.family, a), b)):
             out.setdefault(a.at_lr(lr).name, a.at_lr(lr))
     return out
+
+
+def _arm_of(run: str, known: Dict[str, Arm]) -> Optional[Arm]:
+    """The arm of a run name ``ARM@lrX`` or ``ARM@lrX-xS`` (S: its schedule's stretch), or None."""
+    import re
+
+    if run in known:
+        return known[run]
+    base, _, tag = run.partition("@")
+    m = re.fullmatch(r"lr([0-9.]+e-?[0-9]+)(?:-x([0-9.]+))?", tag)
+    if base not in known or m is None:
+        return None
+    return known[base].at_lr(float(m.group(1)), float(m.group(2) or 1))
 
 
 def is_v2(report: Dict[str, Any]) -> bool:
@@ -128,7 +143,8 @@ def fit(report: Dict[str, Any], where: str = "report") -> Tuple[float, float]:
         raise DataError(f"{where}: not one invocation that trained every run (compute.complete is false), so its "
                         f"wall time does not cover the campaign; fit to a run of a whole budget")
     b = get_budget(report["budget"], int(report.get("version", 2)))
-    arms = _run_arms(b)
+    known = _run_arms(b)
+    arms = {r: a for r in c["train_s"] for a in [_arm_of(r, known)] if a is not None}
     unknown = sorted(set(c["train_s"]) - set(arms))
     if unknown:
         raise DataError(f"{where}: run {unknown[0]} is not a run of budget {b.name} in this code version")

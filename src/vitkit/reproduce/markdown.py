@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from . import stats
-from .claims import METRIC_LABELS, PERCENT, SPEED
+from .claims import METRIC_LABELS, PERCENT, SPEED, lr_name
 
 SHOWN = ("test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain", SPEED)
 
@@ -143,10 +143,10 @@ def sweep_table(report: Dict[str, Any]) -> List[str]:
              "converged; validation top-1 % per rate at the sweep seeds):", "",
              "| family | chosen | grid grown | schedule | converged | validation top-1 per rate |", "|---" * 6 + "|"]
     for f, s in report["sweeps"].items():
-        per = "; ".join(f"{float(k):.0e}: ".replace("e-0", "e-") + "/".join(f"{100 * v:.2f}" for v in vals)
+        per = "; ".join(f"{lr_name(float(k))}: " + "/".join(f"{100 * v:.2f}" for v in vals)
                         for k, vals in s["val_top1"].items())
         edge = f" ({s['edge']} of the grid)" if s.get("edge") else ""
-        lines.append(f"| {f} | {s['lr']:.0e}{edge} | ".replace("e-0", "e-") + f"{s.get('extended', 0)} x | "
+        lines.append(f"| {f} | {lr_name(float(s['lr']))}{edge} | {s.get('extended', 0)} x | "
                      f"x{float(s.get('stretch') or 1):g} | {s.get('converged')} | {per} |")
     return lines
 
