@@ -216,7 +216,7 @@ def test_budget_costs_estimated_from_the_committed_report():
     from vitkit.reproduce.estimate import estimate
 
     ref = Path(__file__).resolve().parents[1] / "docs" / "reproduction" / "v1" / "report.json"
-    quick, full = estimate("quick", ref), estimate("full", ref)
+    quick, full = estimate("quick", ref, version=2), estimate("full", ref, version=2)  # the v2 budgets' promises
     import json
 
     from vitkit.reproduce.estimate import budgets_json
@@ -229,11 +229,16 @@ def test_budget_costs_estimated_from_the_committed_report():
         assert json.loads((kind / "estimate.json").read_text()) == json.loads(json.dumps(budgets_json(
             kind / "report.json", name=name))), f"regenerate: python -m vitkit.reproduce.estimate {name}"
     assert len(get_budget("full").seeds) >= 5 and len(get_budget("full").lr_sweep) >= 3
+    assert len(get_budget("full").sweep_seeds) >= 2  # v3: the rates are chosen at two seeds
+    # v3's pilot: under 30 minutes at --jobs 2 on the Intel kind's fit; it trains only the primaries' arms
+    intel = ref.parents[1] / "quick-intel-amx" / "report.json"
+    pilot = estimate("quick", intel)
+    assert pilot["wall_hours"] <= 0.5 and pilot["runs"] < estimate("quick", intel, version=2)["runs"] * 1.5, pilot
     # every (arm, seed) of the campaign is counted once: the sweep's run at the chosen rate is reused
     from collections import Counter
 
     from vitkit.reproduce.estimate import run_list
-    b = get_budget("full")
+    b = get_budget("full", version=2)
     per_run = Counter()
     for arm, k in run_list(b):
         per_run[arm.name] += k
@@ -252,7 +257,7 @@ def test_budget_cost_fitted_to_a_complete_v2_report_on_its_machine(tmp_path):
     from vitkit.reproduce import get_budget
     from vitkit.reproduce.estimate import arm_macs, budgets_json, estimate, fit, passes, run_list
 
-    b = get_budget("quick")
+    b = get_budget("quick", version=2)
     rate, overhead, jobs = 2.5e-10, 7.0, 2
     train_s, total, n = {}, 0.0, 0
     for arm, k in run_list(b):
@@ -268,9 +273,9 @@ def test_budget_cost_fitted_to_a_complete_v2_report_on_its_machine(tmp_path):
     assert r == pytest.approx(rate, rel=1e-9) and o == pytest.approx(overhead, rel=1e-6)
     path = tmp_path / "report.json"
     path.write_text(json.dumps(report))
-    est = estimate("quick", path, jobs)
+    est = estimate("quick", path, jobs, version=2)
     assert est["wall_s"] == pytest.approx(total / jobs, rel=1e-9) and est["runs"] == n
-    full = estimate("full", path, jobs)
+    full = estimate("full", path, jobs, version=2)
     assert full["overhead_s_per_run"] == pytest.approx(overhead) and full["wall_s"] > 10 * est["wall_s"]
     doc = budgets_json(path, jobs, name="quick-x/report.json")
     assert doc["machine"] == "AMD EPYC x2 cores" and doc["measured"]["wall_s"] == pytest.approx(total / jobs, rel=1e-3)

@@ -51,12 +51,21 @@ class Budget:
     analysis_images: int = 128  # validation images for attention distances (claim 9)
     data_note: str = "Fashion-MNIST (60,000 training and 10,000 test images, 28 px, 10 classes)"
     extra: Dict[str, Any] = field(default_factory=dict)  # overrides applied to every arm (tests: tiny runs)
+    version: int = 3  # the rule its report uses: 2 (every p-value in one Holm family) or 3 (the plan's primaries)
+    pilot: bool = False  # a pilot: it estimates the primaries' spreads and plans the full budget's seeds
+    curve_points: int = 12  # v3: validation evaluations per run, every arm (the convergence rule reads them)
+    finetune_lr_sweep: Tuple[float, ...] = ()  # v3: fine-tuning rates swept per fine-tuning arm (empty: the parent's)
+    grid_extensions: int = 3  # v3: times a family's grid may grow past an end its best rate sits at
+    max_stretch: float = 4.0  # v3: the cap: a family's schedule doubles until it converges, up to this factor
+    hours: Optional[float] = None  # wall hours the planner may spend (``jobs`` runs at once), sweep included
+    plan_sha: Optional[str] = None  # the analysis plan's SHA-256 every run records (set by the command)
 
     def with_(self, **kw: Any) -> "Budget":
         return replace(self, **kw)
 
 
-BUDGETS: Dict[str, Budget] = {
+# the v2 budgets, kept to read (and re-estimate) the committed v2 reports
+BUDGETS_V2: Dict[str, Budget] = {
     "quick": Budget(
         name="quick", seeds=(0, 1),
         note="2 seeds per arm, 2,000 labelled images and 3 epochs per main arm, 2,000 validation and 2,000 test "
@@ -75,9 +84,31 @@ BUDGETS: Dict[str, Budget] = {
         train_images=13000, epochs=12, finetune_epochs=3, data_steps=2400, data_sizes=(1000, 6000, None),
         mpp_epochs=2, few_label_epochs=150, lr_sweep=(1e-3, 2e-3, 4e-3)),
 }
+BUDGETS_V2 = {k: replace(b, version=2) for k, b in BUDGETS_V2.items()}
+
+BUDGETS: Dict[str, Budget] = {
+    "quick": replace(
+        BUDGETS_V2["quick"], version=3, pilot=True, seeds=(0, 1, 2), lr_sweep=(2e-3,), curves=True,
+        finetune_lr_sweep=(5e-4,), grid_extensions=0, max_stretch=1.0,
+        note="the pilot: 3 seeds per arm at one rate (2e-3; fine-tunes 5e-4), 2,000 labelled images and 3 epochs "
+             "per main arm, 2,000 validation and 2,000 test images; it prints before training what each primary "
+             "hypothesis can show at this budget (its minimum detectable effect) and ends with each primary's "
+             "per-seed spread and the seeds the full budget needs; one rate is no interior rate and its schedules "
+             "are not grown, so no arm of it can carry a verdict: its verdicts are not the campaign's"),
+    "full": replace(
+        BUDGETS_V2["full"], version=3, sweep_seeds=(0, 1), hours=22.0, finetune_lr_sweep=(2.5e-4, 5e-4, 1e-3),
+        note="5 to 20 seeds per arm as the pre-training power analysis plans them (80% power for each primary "
+             "hypothesis's effect of interest under Holm, within 22 hours of wall time at --jobs 2), rates 1e-3, "
+             "2e-3 and 4e-3 (fine-tunes 2.5e-4, 5e-4 and 1e-3) swept per family at seeds 0 and 1 on validation, "
+             "a grid grown past an end its best rate sits at, 13,000 labelled images and 12 epochs per main arm, "
+             "150 epochs for claim 8's 1,000-label arms, each schedule doubled (up to 4 times) until the chosen "
+             "point's validation curve has converged, 12 validation evaluations per arm"),
+}
 
 
-def get_budget(name: str) -> Budget:
-    if name not in BUDGETS:
-        raise ConfigError(f"unknown budget {name!r}: use one of {', '.join(BUDGETS)}")
-    return BUDGETS[name]
+def get_budget(name: str, version: int = 3) -> Budget:
+    """A budget by name: the current (v3) ones, or with ``version=2`` those the v2 reports ran."""
+    table = BUDGETS_V2 if version == 2 else BUDGETS
+    if name not in table:
+        raise ConfigError(f"unknown budget {name!r}: use one of {', '.join(table)}")
+    return table[name]

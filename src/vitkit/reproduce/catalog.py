@@ -1,9 +1,12 @@
 """The arms and the ten claims of ``vitkit reproduce`` (data; the types are in :mod:`.claims`)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+import functools
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..errors import ConfigError
 from . import analyses
+from .budget import Budget
 from .claims import (
     CLASSES_A,
     CLASSES_B,
@@ -22,13 +25,22 @@ from .claims import (
     diff,
     interaction,
     lr_name,
+    selector_arms,
     size_name,
 )
 
 SIZES = (1000, 6000, None)
 
 
-def arms_table(data_sizes: Tuple[Optional[int], ...] = SIZES) -> Dict[str, Arm]:
+def _shared(version: int, family: str) -> Optional[str]:
+    """The sweep family of a fine-tune or a data size: its own (None) from v3 on, ``family`` in v2."""
+    return None if version >= 3 else family
+
+
+def arms_table(data_sizes: Tuple[Optional[int], ...] = SIZES, version: int = 3) -> Dict[str, Arm]:
+    """Every arm. ``version`` 3 gives each fine-tune and each of claim 3's data sizes its own sweep (rate and
+    schedule); 2 keeps the v2 sharing (a fine-tune at its parent's rate, every size at the rate of all images)."""
+    ft = functools.partial(_shared, version)
     arms: List[Arm] = [
         Arm(name="vit", model={}, label="ViT (1D pos., GAP)", analysis=True),
         # claim 9: the same model at initialisation (attention statistics only)
@@ -53,12 +65,12 @@ def arms_table(data_sizes: Tuple[Optional[int], ...] = SIZES) -> Dict[str, Arm]:
         Arm(name="axial", model={"attention": "axial"}, label="Axial-ViT"),
         # claim 5: resolution (Table 2): pre-train at 20 px, fine-tune (at the parent's chosen rate)
         Arm(name="res-pre20", model={"img_size": 20}, label="pre-train 20 px"),
-        Arm(name="res-ft20", model={"img_size": 20}, length="finetune", parent="res-pre20", sweep="res-pre20",
+        Arm(name="res-ft20", model={"img_size": 20}, length="finetune", parent="res-pre20", sweep=ft("res-pre20"),
             label="fine-tune 20 px", overrides={"init.head": "reset"}),
-        Arm(name="res-ft28", model={"img_size": 28}, length="finetune", parent="res-pre20", sweep="res-pre20",
+        Arm(name="res-ft28", model={"img_size": 28}, length="finetune", parent="res-pre20", sweep=ft("res-pre20"),
             label="28 px, interpolated", overrides={"init.head": "reset"}),
         Arm(name="res-ft28-reinit", model={"img_size": 28}, length="finetune", parent="res-pre20",
-            sweep="res-pre20", prepare="reinit_posemb", label="28 px, re-initialised",
+            sweep=ft("res-pre20"), prepare="reinit_posemb", label="28 px, re-initialised",
             overrides={"init.head": "reset"}),
         # claim 8: masked patch prediction (Section 4.6); both 1k-label arms get their own sweep
         Arm(name="few-scratch", length="few_labels", label="1k labels, from scratch"),
@@ -76,18 +88,24 @@ def arms_table(data_sizes: Tuple[Optional[int], ...] = SIZES) -> Dict[str, Arm]:
     for n in data_sizes:
         for name, model, lab in (("vit", {}, "ViT"), ("resnet", RESNET, "BiT ResNet")):
             arms.append(Arm(name=f"data-{name}-{size_name(n)}", model=model, length="data", train_images=n,
-                            sweep=f"data-{name}-{size_name(data_sizes[-1])}", label=f"{lab}, {size_name(n)}",
+                            sweep=ft(f"data-{name}-{size_name(data_sizes[-1])}"), label=f"{lab}, {size_name(n)}",
                             group=name, x=float(n or 55000)))
     table = {a.name: a for a in arms}
-    # claim 10: pre-train on classes A, then few-shot probes and fine-tuning on classes B
+    table.update(_transfer_arms(table, ft))
+    return table
+
+
+def _transfer_arms(table: Dict[str, Arm], ft: Any) -> Dict[str, Arm]:
+    """Claim 10: pre-train on classes A, then few-shot probes and fine-tuning on classes B."""
+    out: Dict[str, Arm] = {}
     for m in TRANSFER_MODELS:
         base = table[m]
-        table[f"xfer-{m}"] = Arm(name=f"xfer-{m}", model=base.model, lr=base.lr, sweep=None if base.lr else base.family,
-                                 classes=CLASSES_A, probe_classes=CLASSES_B, label=f"{base.label}, on A")
-        table[f"xfer-ft-{m}"] = Arm(name=f"xfer-ft-{m}", model=base.model, length="finetune", parent=f"xfer-{m}",
-                                    lr=base.lr, sweep=None if base.lr else base.family, classes=CLASSES_B,
-                                    overrides={"init.head": "reset"}, label=f"{base.label}, fine-tuned on B")
-    return table
+        out[f"xfer-{m}"] = Arm(name=f"xfer-{m}", model=base.model, lr=base.lr, sweep=None if base.lr else base.family,
+                               classes=CLASSES_A, probe_classes=CLASSES_B, label=f"{base.label}, on A")
+        out[f"xfer-ft-{m}"] = Arm(name=f"xfer-ft-{m}", model=base.model, length="finetune", parent=f"xfer-{m}",
+                                  lr=base.lr, sweep=None if base.lr else ft(base.family), classes=CLASSES_B,
+                                  overrides={"init.head": "reset"}, label=f"{base.label}, fine-tuned on B")
+    return out
 
 
 # Each claim's prose: "N. TITLE", then its paper, setup, can and cannot paragraphs as "FIELD: TEXT" (an indented
@@ -283,3 +301,36 @@ def claims_table(data_sizes: Tuple[Optional[int], ...] = SIZES) -> Dict[int, Cla
                figure="scatter", metric="fewshot_5", analysis=analyses.transfer_correlation),
     ]
     return {c.id: c for c in cl}
+
+
+def needed_arms(claims: Sequence[Claim], arms: Dict[str, Arm]) -> List[str]:
+    """Arm names the claims need (a selector needs its whole group), parents first, each once."""
+    out: List[str] = []
+
+    def add(name: str) -> None:
+        if name in out:
+            return
+        if arms[name].parent:
+            add(arms[name].parent)
+        out.append(name)
+
+    for c in claims:
+        for t in c.tests:
+            for n, _ in t.weights:
+                for m in selector_arms(n, arms):
+                    add(m)
+        for n in c.arms:
+            add(n)
+    return out
+
+
+def plan(claim_ids: Optional[Sequence[int]], budget: Budget):
+    """(claims asked for, the arm table, arm names to train in order)."""
+    claims = claims_table(budget.data_sizes)
+    arms = arms_table(budget.data_sizes, budget.version)
+    ids = list(claim_ids) if claim_ids else sorted(claims)
+    unknown = [i for i in ids if i not in claims]
+    if unknown:
+        raise ConfigError(f"unknown claim(s) {unknown}: the claims are {', '.join(map(str, sorted(claims)))}")
+    chosen = [claims[i] for i in sorted(set(ids))]
+    return chosen, arms, needed_arms(chosen, arms)

@@ -56,6 +56,7 @@ class Arm:
     group: str = ""  # arms that form one curve in a figure (and a selector's group)
     x: Optional[float] = None  # the arm's position on that curve (learning rate, data size, ...)
     analysis: bool = False  # also measure attention distances and position-embedding structure (claim 9)
+    stretch: float = 1.0  # the budget's schedule times this (grown by the sweep until the arm converges)
 
     def full_model(self) -> Optional[Dict[str, Any]]:
         return None if self.model is None else {**BASE_MODEL, **self.model}
@@ -64,9 +65,11 @@ class Arm:
     def family(self) -> str:
         return self.sweep or self.name
 
-    def at_lr(self, lr: float) -> "Arm":
-        """This arm with its rate fixed (a sweep point, or the sweep's choice): run folder NAME@lrX."""
-        return replace(self, name=f"{self.name}@lr{lr_name(lr)}", lr=lr)
+    def at_lr(self, lr: float, stretch: float = 1.0) -> "Arm":
+        """This arm with its rate fixed (a sweep point, or the sweep's choice), its schedule ``stretch`` times
+        the budget's: run folder NAME@lrX (NAME@lrX-xS when stretched)."""
+        tag = "" if stretch == 1 else f"-x{stretch:g}"
+        return replace(self, name=f"{self.name}@lr{lr_name(lr)}{tag}", lr=lr, stretch=float(stretch))
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,9 @@ def interaction(a1: str, b1: str, a2: str, b2: str) -> Tuple[Tuple[Name, float],
 
 
 def lr_name(lr: float) -> str:
-    return f"{lr:.0e}".replace("e-0", "e-")  # 3e-3
+    """3e-3, 2.5e-4, 1.6e-2: up to 4 significant digits (a grown grid halves and doubles rates)."""
+    mant, exp = f"{lr:.3e}".split("e")
+    return f"{mant.rstrip('0').rstrip('.')}e{int(exp)}"
 
 
 def size_name(n: Optional[int]) -> str:
@@ -174,7 +179,7 @@ def same_run(a: Arm, b: Arm) -> bool:
     chosen rate); the run is measured with the analyses either asks for."""
     def key(x: Arm):
         return (x.recipe, x.full_model(), x.overrides, x.length, x.kind, x.parent, x.prepare, x.train_images,
-                x.lr, x.sweep if x.lr is None else None, x.classes, x.probe_classes)
+                x.lr, x.sweep if x.lr is None else None, x.classes, x.probe_classes, x.stretch)
     return key(a) == key(b)
 
 
@@ -189,7 +194,8 @@ METRIC_LABELS = {SPEED: "images / s, side by side", "test_top1": "test top-1", "
                  "l0_max_rel": "layer-0 max head distance / uniform",
                  "l0_min_rel": "layer-0 min head distance / uniform",
                  "l0_spread_rel": "layer-0 head spread / uniform", "dist_growth": "distance growth (px)",
-                 "l0_mean_dist": "layer-0 mean distance (px)", "posemb_rowcol": "row/column similarity excess"}
+                 "l0_mean_dist": "layer-0 mean distance (px)", "posemb_rowcol": "row/column similarity excess",
+                 "slope": "fine-tuned accuracy per unit of 5-shot accuracy"}
 PERCENT = {"test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain"}  # shares, shown in percent
 # the smallest difference that matters, per metric (stated in the report)
 MARGINS = {"test_top1": 0.01, "val_top1": 0.01, "fewshot_5": 0.01, "fewshot_10": 0.01, "l0_min_rel": 0.1,

@@ -50,28 +50,37 @@ def passes(arm: Arm, b: Budget) -> Tuple[float, float]:
     n = pool // 2 if arm.classes else pool
     n_main = min(n, b.train_images or n)
     final = val + (b.test_images or TEST_IMAGES) + val  # validation, test, and the probes' validation features
+    k = arm.stretch
+    curve = val * b.curve_points if b.version >= 3 else None  # v3: every classifying arm's curve
     if arm.length in ("main", "finetune"):
         epochs = b.epochs if arm.length == "main" else b.finetune_epochs
-        return n_main * epochs, (val * int(epochs) if b.curves else 0) + final
+        return k * n_main * epochs, (curve if curve is not None else val * int(epochs) if b.curves else 0) + final
     if arm.length == "data":
-        return b.data_steps * BATCH, final
+        return k * b.data_steps * BATCH, (curve or 0) + final
     if arm.length == "mpp":
-        return pool * b.mpp_epochs, 0
+        return k * pool * b.mpp_epochs, 0
     if arm.length == "few_labels":
-        return b.few_labels * b.few_label_epochs, val * (10 if b.curves else 0) + final
+        return k * b.few_labels * b.few_label_epochs, (curve if curve is not None else
+                                                       val * (10 if b.curves else 0)) + final
     return 0.0, val  # an untrained model: measured only
 
 
 def run_list(b: Budget) -> List[Tuple[Arm, int]]:
     """(arm, runs) of a whole campaign of ``b`` (every claim), the sweep included; each family's rate is
     taken as the first of the sweep (the cost does not depend on which wins)."""
-    from . import plan, sweep
+    from . import sweep
+    from .catalog import plan
 
-    _, arms, names = plan(None, b)
+    claims, arms, names = plan(None, b)
+    if b.pilot:  # the pilot trains the arms of the primary hypotheses only
+        from .rule import claim_arms, load_plan
+        prereg = load_plan()
+        wanted = {a for c in claims for a in claim_arms(c, arms, prereg)}
+        names = [n for n in names if n in wanted]
     fams = sweep.families(names, arms)
-    points = sweep.sweep_arms(fams, arms, b)
-    chosen = {f: {"lr": b.lr_sweep[0]} for f in fams}
+    chosen = {f: {"lr": sweep.rates(arms[f], b)[0]} for f in fams}
     runs, alias = sweep.resolve(arms, chosen)
+    points = sweep.sweep_arms(fams, arms, b, resolved=(runs, alias))
     main = list(dict.fromkeys(alias[n] for n in names))
     out = [(a, len(b.sweep_seeds)) for a in points.values()]
     for n in main:  # the sweep's runs at the chosen rate are reused
@@ -95,16 +104,31 @@ def _v1_runs(report: Dict[str, Any]) -> List[Tuple[int, float]]:
 
 
 def _run_arms(b: Budget) -> Dict[str, Arm]:
-    """Every run name a campaign of ``b`` can have (each arm, and each at every swept rate) -> its arm."""
-    from . import plan
+    """Every run name a campaign of ``b`` can have (each arm at every rate of its family's starting grid) ->
+    its arm; a name outside it (a grown grid, a stretched schedule) is read by :func:`_arm_of`."""
+    from .catalog import plan
+    from .sweep import rates
 
     _, arms, _ = plan(None, b)
     out: Dict[str, Arm] = {}
     for a in arms.values():
         out[a.name] = a
-        for lr in b.lr_sweep:
+        for lr in set(b.lr_sweep) | set(rates(arms.get(a.family, a), b)):
             out.setdefault(a.at_lr(lr).name, a.at_lr(lr))
     return out
+
+
+def _arm_of(run: str, known: Dict[str, Arm]) -> Optional[Arm]:
+    """The arm of a run name ``ARM@lrX`` or ``ARM@lrX-xS`` (S: its schedule's stretch), or None."""
+    import re
+
+    if run in known:
+        return known[run]
+    base, _, tag = run.partition("@")
+    m = re.fullmatch(r"lr([0-9.]+e-?[0-9]+)(?:-x([0-9.]+))?", tag)
+    if base not in known or m is None:
+        return None
+    return known[base].at_lr(float(m.group(1)), float(m.group(2) or 1))
 
 
 def is_v2(report: Dict[str, Any]) -> bool:
@@ -118,8 +142,9 @@ def fit(report: Dict[str, Any], where: str = "report") -> Tuple[float, float]:
     if not c.get("complete"):
         raise DataError(f"{where}: not one invocation that trained every run (compute.complete is false), so its "
                         f"wall time does not cover the campaign; fit to a run of a whole budget")
-    b = get_budget(report["budget"])
-    arms = _run_arms(b)
+    b = get_budget(report["budget"], int(report.get("version", 2)))
+    known = _run_arms(b)
+    arms = {r: a for r in c["train_s"] for a in [_arm_of(r, known)] if a is not None}
     unknown = sorted(set(c["train_s"]) - set(arms))
     if unknown:
         raise DataError(f"{where}: run {unknown[0]} is not a run of budget {b.name} in this code version")
@@ -160,10 +185,11 @@ REFERENCE = "docs/reproduction/v1/report.json"  # the committed v1 report (93 ru
 
 
 def estimate(budget: Any, reference: PathLike, jobs: int = 2, rate: Optional[float] = None,
-             overhead_s: Optional[float] = None) -> Dict[str, Any]:
-    """Runs, summed run time and wall time (hours) of a whole campaign of ``budget``; the rate (and, from a
-    v2 reference, the per-run overhead) fitted to ``reference`` unless given."""
-    b = get_budget(budget) if isinstance(budget, str) else budget
+             overhead_s: Optional[float] = None, version: int = 3) -> Dict[str, Any]:
+    """Runs, summed run time and wall time (hours) of a whole campaign of ``budget`` (a name: of ``version``'s
+    budgets) at its minimum seeds; the rate (and, from a v2 reference, the per-run overhead) fitted to
+    ``reference`` unless given."""
+    b = get_budget(budget, version) if isinstance(budget, str) else budget
     if rate is None:
         rate, fitted = rates(reference)
         overhead_s = fitted if overhead_s is None else overhead_s
@@ -177,9 +203,11 @@ def estimate(budget: Any, reference: PathLike, jobs: int = 2, rate: Optional[flo
             "wall_s": total / jobs, "jobs": jobs, "seconds_per_gmac": rate * 1e9, "overhead_s_per_run": overhead_s}
 
 
-def budgets_json(reference: PathLike = REFERENCE, jobs: int = 2, name: Optional[str] = None) -> Dict[str, Any]:
-    """Both budgets' estimates (docs/reproduction/budgets.json: ``python -m vitkit.reproduce.estimate``),
-    with the reference's machine, and for a v2 reference its measured wall time beside the estimate."""
+def budgets_json(reference: PathLike = REFERENCE, jobs: int = 2, name: Optional[str] = None,
+                 version: int = 2) -> Dict[str, Any]:
+    """Both budgets' estimates (docs/reproduction/budgets.json: ``python -m vitkit.reproduce.estimate``; the v2
+    budgets unless ``version`` says otherwise), with the reference's machine, and for a v2 reference its
+    measured wall time beside the estimate."""
     report = json.loads(Path(reference).read_text())
     out: Dict[str, Any] = {"reference": str(name or REFERENCE), "jobs": jobs}
     machines = report.get("compute", {}).get("machines") or {}
@@ -189,7 +217,8 @@ def budgets_json(reference: PathLike = REFERENCE, jobs: int = 2, name: Optional[
                            "runs": report["compute"]["runs"], "jobs": report["compute"]["jobs"]}
     rate, overhead = rates(reference)  # fitted once for both budgets
     out["budgets"] = {b: {k: (float(f"{v:.4g}") if isinstance(v, float) else v)
-                          for k, v in estimate(b, reference, jobs, rate, overhead).items()} for b in ("quick", "full")}
+                          for k, v in estimate(b, reference, jobs, rate, overhead, version).items()}
+                      for b in ("quick", "full")}
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from . import stats
-from .claims import METRIC_LABELS, PERCENT, SPEED
+from .claims import METRIC_LABELS, PERCENT, SPEED, lr_name
 
 SHOWN = ("test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain", SPEED)
 
@@ -71,7 +71,9 @@ def _head(report: Dict[str, Any]) -> List[str]:
     if report.get("missing_seeds"):
         lines += ["", "**Missing seeds** (compared unpaired only with --allow-missing-seeds): " + "; ".join(
             f"{a}: {s}" for a, s in report["missing_seeds"].items())]
-    if report.get("sweeps"):
+    if report.get("sweeps") and "grid" in next(iter(report["sweeps"].values())):
+        lines += sweep_table(report)
+    elif report.get("sweeps"):
         lines += ["", "**Learning rates chosen on validation** (validation top-1 % at the sweep seeds):", "",
                   "| family | chosen | " + " | ".join(f"lr {float(k):.0e}".replace("e-0", "e-")
                                                    for k in next(iter(report["sweeps"].values()))["val_top1"]) + " |",
@@ -81,8 +83,71 @@ def _head(report: Dict[str, Any]) -> List[str]:
             lines.append(f"| {f} | {s['lr']:.0e}{mark} | ".replace("e-0", "e-") + " | ".join(
                 "/".join(f"{100 * v:.2f}" for v in vals) for vals in s["val_top1"].values()) + " |")
         lines += sweep_edges(report["sweeps"])
+    if report.get("plan"):
+        return lines + primaries(report) + arm_check_lines(report)
     lines += ["", "| claim | verdict |", "|---|---|"] + [f"| {c['id']}. {c['title']} | {c['verdict']} |"
                                                         for c in report["claims"]]
+    return lines
+
+
+def primaries(report: Dict[str, Any]) -> List[str]:
+    """The pre-registered primary hypotheses: one row per claim, with the interval at the level Holm used."""
+    plan = report["plan"]
+    lines = ["", f"**Analysis plan** ({plan['file']}, SHA-256 {plan['sha256'][:12]}, fixed before the first run; "
+             f"every run records it). {plan['correction']}. {plan['secondary']}. Power and MDE: at "
+             f"{float(plan['power']):.0%} power, level alpha / m (m = {report['tests_in_family']} primaries tested), "
+             "as planned before training and with this campaign's own spread.", "",
+             "| claim | primary hypothesis | effect of interest | seeds | estimate [interval] | interval level | "
+             "p (Holm) | power / MDE planned | power / MDE here | verdict |", "|---" * 10 + "|"]
+    for c in report["claims"]:
+        t = next((t for t in c["tests"] if t.get("role") == "primary"), None)
+        if t is None:
+            continue
+        m = t.get("metric", "slope")
+        unit = " pt" if m in PERCENT else ""
+        p = (t.get("p_adjusted") or {}).get("primary")
+        lvl = f"{100 * t['ci_level']:.2f}%" if t.get("ci_level") else "-"
+        eff = f"{'|d| < ' if t.get('expect') == '~' else ''}{_num(t.get('effect'), m)}{unit}"
+
+        def pm(pw: Optional[float], md: Optional[float]) -> str:
+            return "-" if pw is None else f"{pw:.0%} / {_num(md, m)}{unit}"
+        note = f" ({t['note']})" if t.get("note") else ""
+        lines.append(f"| {c['id']} | {t['text']} | {eff} | {t.get('n') or t.get('seeds_planned') or '-'} | "
+                     f"{_ci(t, m, True) if t.get('estimate') is not None else '-'}{unit} | {lvl} | "
+                     f"{'-' if p is None else f'{p:.3g}'} | {pm(t.get('power_planned'), t.get('mde_planned'))} | "
+                     f"{pm(t.get('power'), t.get('mde'))} | {t['verdict']}{note} |")
+    return lines
+
+
+def arm_check_lines(report: Dict[str, Any]) -> List[str]:
+    """The arm checks: how many arms converged by the plan's rule at an interior rate, and each that did not
+    (an arm of a primary among them leaves its claim without a verdict)."""
+    checks = report.get("arm_checks") or {}
+    if not checks:
+        return []
+    bad = {a: c for a, c in checks.items() if c["failed"]}
+    conv = (report.get("plan") or {}).get("convergence") or {}
+    lines = ["", f"**Arm checks** ({conv.get('rule', 'the plan convergence rule')}): {len(checks) - len(bad)} of "
+             f"{len(checks)} arms converged at an interior (or designed) rate."]
+    if bad:
+        lines += ["", "| arm | rate | what fails |", "|---|---|---|"] + [
+            f"| {a} | {c['rate']} | {'; '.join(c['failed'])} |" for a, c in sorted(bad.items())]
+    return lines
+
+
+def sweep_table(report: Dict[str, Any]) -> List[str]:
+    """v3: each family's grid (grown past an end its best rate sat at), schedule, whether its chosen point
+    converged, and its validation top-1 per rate at the sweep seeds."""
+    lines = ["", "**Learning rates chosen on validation** (each family's grid, grown by a factor of 2 past an end "
+             "its best rate sat at; its schedule, doubled while the chosen point's validation curve had not "
+             "converged; validation top-1 % per rate at the sweep seeds):", "",
+             "| family | chosen | grid grown | schedule | converged | validation top-1 per rate |", "|---" * 6 + "|"]
+    for f, s in report["sweeps"].items():
+        per = "; ".join(f"{lr_name(float(k))}: " + "/".join(f"{100 * v:.2f}" for v in vals)
+                        for k, vals in s["val_top1"].items())
+        edge = f" ({s['edge']} of the grid)" if s.get("edge") else ""
+        lines.append(f"| {f} | {lr_name(float(s['lr']))}{edge} | {s.get('extended', 0)} x | "
+                     f"x{float(s.get('stretch') or 1):g} | {s.get('converged')} | {per} |")
     return lines
 
 
@@ -117,9 +182,14 @@ def _arms(c: Dict[str, Any], report: Dict[str, Any]) -> List[str]:
 
 
 def _tests(c: Dict[str, Any]) -> List[str]:
-    lines = ["| comparison | estimate [95% CI] | test | p (Holm) | verdict |", "|---|---|---|---|---|"]
+    v3 = any("role" in t for t in c["tests"])
+    head = ("| comparison | estimate [interval] | test | p (Holm for the primary; unadjusted for secondary ones) | "
+            "reading |" if v3 else "| comparison | estimate [95% CI] | test | p (Holm) | verdict |")
+    lines = [head, "|---|---|---|---|---|"]
     for t in c["tests"]:
         p = ", ".join(f"{k} {v:.3g}" for k, v in (t.get("p_adjusted") or {}).items()) or "-"
+        if v3:
+            p += " (primary)" if t.get("role") == "primary" else " (secondary, unadjusted)"
         if t.get("kind") == "correlation":
             est = "-" if t.get("rho") is None else f"rho = {t['rho']:.2f} ({t['n']} models)"
             lines.append(f"| {t['text']} | {est} | Spearman | {p} | {t['verdict']} |")
@@ -128,7 +198,10 @@ def _tests(c: Dict[str, Any]) -> List[str]:
             lines.append(f"| {t['text']} | {t['error']} | - | - | {t['verdict']} |")
             continue
         m = t["metric"]
-        resolved = " ".join(f"{'+' if w > 0 else '-'} {a}" for a, w in t["weights"])
+        if "estimate" not in t:  # not trained: its claim is not testable at this budget
+            lines.append(f"| {t['text']} | - | - | - | {t['verdict']} |")
+            continue
+        resolved = " ".join(f"{'+' if w > 0 else '-'} {a}" for a, w in t["weights"]) or "per-seed values"
         ref = f" vs {t['ref']:g}" if t["ref"] else ""
         unit = " pt" if m in PERCENT else ""
         df = t.get("df")
@@ -137,7 +210,9 @@ def _tests(c: Dict[str, Any]) -> List[str]:
         note = (f" ({t['note']})" if t.get("note") else
                 f" (same contrast as '{t['duplicate_of']}')" if t.get("duplicate_of") else "")
         margin = f", margin {_num(t['margin'], m)}{unit}" if t.get("margin") is not None else ""
-        lines.append(f"| {t['text']} ({METRIC_LABELS.get(m, m)}: {resolved}{ref}{margin}) | {_ci(t, m, True)}{unit} | "
+        level = f" ({100 * t['ci_level']:.2f}% interval)" if v3 and t.get("ci_level") else ""
+        lines.append(f"| {t['text']} ({METRIC_LABELS.get(m, m)}: {resolved}{ref}{margin}) | {_ci(t, m, True)}{unit}"
+                     f"{level} | "
                      f"{'TOST' if t['expect'] == '~' else 't'}, {design} | {p} | {t['verdict']}{note} |")
     return lines
 

@@ -42,18 +42,22 @@ def code_id(code: Optional[Dict[str, Any]]) -> str:
     return str(code.get("version")) if " then " in str(code.get("version")) else f"vitkit {code.get('version')}"
 
 
-def record_provenance(folder: Path) -> None:
-    """Written when a run starts: the code version and the machine. A run resumed by other code or on
-    another machine adds them to ``resumed_with``, and its code then reads as a mix (:func:`code_id`)."""
+def record_provenance(folder: Path, plan: Optional[str] = None) -> None:
+    """Written when a run starts: the code version, the machine and the analysis plan's hash (``plan``; None
+    before plans). A run resumed by other code or on another machine adds them to ``resumed_with``, and its
+    code then reads as a mix (:func:`code_id`); resumed under another plan, its plan reads as a mix."""
     from ..bench.machine import hardware
 
     path = folder / PROVENANCE
     now = {"code": code_version(), "machine": hardware()}
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, now)
+        write_json_atomic(path, {**now, **({"plan": plan} if plan else {})})
         return
     prov = json.loads(path.read_text())
+    if plan != prov.get("plan") and plan not in prov.get("plan_resumed", []):
+        prov["plan_resumed"] = prov.get("plan_resumed", []) + [plan]
+        write_json_atomic(path, prov)
     if now != {k: prov.get(k) for k in now} and now not in prov.get("resumed_with", []):
         prov["resumed_with"] = prov.get("resumed_with", []) + [now]
         write_json_atomic(path, prov)
@@ -143,7 +147,9 @@ def measure(arm: Arm, seed: int, budget: Budget, folder: Path, probe_recipe=None
     m: Dict[str, Any] = {"arm": arm.name, "seed": seed, "params": c.params, "macs": c.macs,
                          "train_macs": 3 * c.macs * seen, "lr": recipe.optim.lr, "train_s": res.get("trained_s"),
                          "code": run_code(prov) if prov else None, "machine": prov.get("machine"),
-                         "backend": recipe.train.backend}  # the kernels the run resolved (recipe.yaml)
+                         "backend": recipe.train.backend,  # the kernels the run resolved (recipe.yaml)
+                         "plan": prov.get("plan") if not prov.get("plan_resumed") else "mixed: " + " then ".join(
+                             str(p) for p in [prov.get("plan")] + prov["plan_resumed"])}
     if arm.kind == "init":
         m["backend"] = "untrained"
         _, val = validation_split(recipe)
@@ -243,3 +249,27 @@ def paired_speed(folders: Dict[str, Path], *, repeats: int = 7, min_seconds: flo
 def subset_values(measures: Sequence[Dict[str, Any]], metric: str) -> Dict[int, float]:
     """{seed: value} of one metric over a run's measured seeds."""
     return {int(m["seed"]): m[metric] for m in measures if m.get(metric) is not None}
+
+
+SPEED_FILE = "paired_speed.json"
+
+
+def stored_speed(folders: Dict[str, Path], rounds: int, log=print, time_now: bool = True) -> Dict[str, List[float]]:
+    """The side-by-side speeds of the campaign, timed once (``rounds`` alternating rounds) and stored in the
+    first run's folder (it travels with the campaign state); read back, never re-timed, ever after. With
+    ``time_now`` False (a report of finished runs) nothing is timed: {} when none are stored."""
+    names = sorted(folders)
+    path = folders[names[0]] / SPEED_FILE
+    if path.is_file():
+        got = json.loads(path.read_text())
+        if sorted(got.get("runs", {})) == names:
+            return got["runs"]
+    if not time_now:
+        log(f"no stored side-by-side speeds of {', '.join(names)} ({path}): the report leaves them out")
+        return {}
+    log(f"timing {', '.join(names)} side by side, {rounds} rounds")
+    from ..bench.machine import hardware
+
+    speeds = paired_speed(folders, repeats=rounds)
+    write_json_atomic(path, {"runs": speeds, "rounds": rounds, "machine": hardware(), "code": code_version()})
+    return speeds

@@ -13,6 +13,7 @@ from . import stats
 from .budget import Budget
 from .claims import MARGINS, SPEED, Arm, Claim, Test
 from .measure import code_id
+from .verdict import evaluate_v3, fill_contrast
 
 PER_SEED = ("test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain", "train_macs", "lr", "l0_mean_dist",
             "l0_max_rel", "l0_min_rel", "l0_spread_rel", "dist_growth", "posemb_rowcol")
@@ -34,9 +35,13 @@ def _arm_values(ms: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
 def build(claims: Sequence[Claim], arms: Dict[str, Arm], alias: Dict[str, str],
           measures: Dict[str, List[Dict[str, Any]]], budget: Budget, *, command: str = "", machine: str = "",
           speeds: Optional[Dict[str, List[float]]] = None, sweeps: Optional[Dict[str, Any]] = None,
-          allow_mixed_code: bool = False, allow_missing_seeds: bool = False) -> Dict[str, Any]:
+          allow_mixed_code: bool = False, allow_missing_seeds: bool = False, plan: Optional[Dict[str, Any]] = None,
+          design: Optional[Dict[str, Any]] = None, expected: Optional[Dict[str, List[int]]] = None
+          ) -> Dict[str, Any]:
     """The report as a JSON-ready dict, evaluated. ``measures`` is keyed by run; ``alias`` maps every arm
-    name to its run; ``speeds`` (keyed by run) holds the side-by-side speeds, one value per round."""
+    name to its run; ``speeds`` (keyed by run) holds the side-by-side speeds, one value per round. ``plan``
+    (v3): the analysis plan, evaluated by :func:`vitkit.reproduce.primary.evaluate_v3`, with the ``design``
+    made before training and the seeds each trained arm was to have (``expected``; default the budget's)."""
     speeds = speeds or {}
     used = sorted({n for c in claims for n in c.arms} | {n for c in claims for t in c.tests for n, _ in t.weights
                                                          if isinstance(n, str)} | _candidates(claims, arms))
@@ -48,7 +53,8 @@ def build(claims: Sequence[Claim], arms: Dict[str, Arm], alias: Dict[str, str],
             values[n][SPEED] = {str(i): v for i, v in enumerate(speeds[alias[n]])}
         code[n] = {str(m["seed"]): code_id(m.get("code")) for m in ms}
         curves[n] = {str(m["seed"]): m.get("curve") for m in ms if m.get("curve")}
-        lack = sorted(set(budget.seeds) - {int(m["seed"]) for m in ms})
+        want = budget.seeds if expected is None else expected.get(n, ())
+        lack = sorted(set(want) - {int(m["seed"]) for m in ms})
         if lack:
             missing[n] = lack
     groups = _groups(arms)
@@ -65,6 +71,14 @@ def build(claims: Sequence[Claim], arms: Dict[str, Arm], alias: Dict[str, str],
         "allow_mixed_code": allow_mixed_code, "allow_missing_seeds": allow_missing_seeds, "claims": []}
     for c in claims:
         out["claims"].append(_claim_record(c, arms, alias, measures, values, groups, val))
+    if plan is not None:
+        out.update({"version": 3, "plan": plan, "design": design, "rule": plan["primary_rule"],
+                    "alpha": plan["alpha"], "correction": plan["correction"], "secondary": plan["secondary"],
+                    "plans": {f"{alias.get(n, n)}/{m['seed']}": m.get("plan") for n in used
+                              for m in measures.get(alias.get(n, n), [])}})
+        from .convergence import arm_checks
+        from .estimate import VAL_IMAGES
+        out["arm_checks"] = arm_checks(out, arms, budget.val_size or VAL_IMAGES, plan)
     evaluate(out)
     return out
 
@@ -118,7 +132,10 @@ def _candidates(claims: Sequence[Claim], arms: Dict[str, Arm]) -> set:
 
 def evaluate(report: Dict[str, Any]) -> None:
     """Fill in every test's estimate, interval, p-values (raw and Holm-adjusted) and verdict, and every
-    claim's verdict, from the report's own per-seed values (in place)."""
+    claim's verdict, from the report's own per-seed values (in place); a report with a plan (v3) by its
+    primary hypotheses (:mod:`.primary`)."""
+    if report.get("plan"):
+        return evaluate_v3(report)
     values, family = report["values"], []
     for c in report["claims"]:
         seen: Dict[Any, str] = {}
@@ -126,7 +143,7 @@ def evaluate(report: Dict[str, Any]) -> None:
             if t.get("kind") == "correlation":
                 t["p_values"] = {} if t.get("p") is None else {"effect": t["p"]}
             elif "error" not in t:
-                _contrast(t, values, report)
+                fill_contrast(t, values, report)
                 key = (t["metric"], tuple(sorted((a, abs(w)) for a, w in t["weights"])))
                 if key in seen:  # e.g. claim 2 when both read-outs peak at the same rate
                     t["duplicate_of"], t["p_values"] = seen[key], {}
@@ -155,24 +172,6 @@ def evaluate(report: Dict[str, Any]) -> None:
                     t["note"] = "not testable: " + "; ".join(unmet) + " is not reproduced"
             by_text[t["text"]] = t["verdict"]
         c["verdict"] = stats.combine([t["verdict"] for t in c["tests"] if not t.get("duplicate_of")])
-
-
-def _contrast(t: Dict[str, Any], values: Dict[str, Any], report: Dict[str, Any]) -> None:
-    per = {a: {int(s): v for s, v in (values.get(a) or {}).get(t["metric"], {}).items()} for a, _ in t["weights"]}
-    if t["metric"] != SPEED:
-        versions = {report["code"].get(a, {}).get(str(s)) for a in per for s in per[a]}
-        if len(versions) > 1 and not report.get("allow_mixed_code"):
-            mixed = ", ".join(sorted(map(str, versions)))
-            raise ConfigError(f"'{t['text']}' compares runs of different code versions ({mixed}):"
-                              f" retrain them with one version, or pass --allow-mixed-code")
-    try:
-        cst = stats.contrast(t["weights"], per, allow_missing=bool(report.get("allow_missing_seeds")))
-    except stats.SeedMismatch as err:
-        raise ConfigError(f"'{t['text']}': {err}") from None
-    t.update({k: cst.get(k) for k in ("estimate", "se", "df", "n", "ci", "design")})
-    if cst.get("missing_seeds"):
-        t["missing_seeds"] = cst["missing_seeds"]
-    t["p_values"] = stats.p_values(cst, t["expect"], t["ref"], t["margin"])
 
 
 def compute(measures: Dict[str, List[Dict[str, Any]]], *, wall_s: float, runs: Dict[str, int],

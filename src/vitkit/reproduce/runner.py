@@ -11,7 +11,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ..utils import PathLike
 from .budget import Budget
@@ -71,21 +71,24 @@ class _Progress:
 
 def run_all(names: Sequence[str], arms: Dict[str, Arm], budget: Budget, root: PathLike, *,
             progress: bool = False, log: Callable[[str], None] = print, stats: Optional[Dict[str, int]] = None,
-            jobs: int = 1, seeds: Optional[Sequence[int]] = None,
+            jobs: int = 1, seeds: Optional[Union[Sequence[int], Dict[str, Sequence[int]]]] = None,
             known: Optional[Dict[str, List[Dict[str, Any]]]] = None,
             after: Optional[Callable[[str, int], None]] = None) -> Dict[str, List[Dict[str, Any]]]:
-    """Train and measure every (arm, seed) (``seeds``: default the budget's); returns {arm: [measures per
+    """Train and measure every (arm, seed) (``seeds``: default the budget's; or per arm); returns {arm: [measures per
     seed]}. ``stats`` (if given) counts the runs by what this call did: ``training``, ``resumed``, ``reused``.
     ``known``: measures this invocation already has (the sweep's runs), taken as they are. Seed-major order,
     so a partial campaign still has every arm at the first seeds. ``after(run, seed)`` is called as each run
     finishes (the campaign state is saved there)."""
     have = {(n, int(m["seed"])): m for n, ms in (known or {}).items() for m in ms}
-    order = [(name, seed) for seed in (seeds if seeds is not None else budget.seeds) for name in names
-             if (name, seed) not in have]
+
+    def seeds_of(name: str) -> Sequence[int]:
+        return seeds[name] if isinstance(seeds, dict) else seeds if seeds is not None else budget.seeds
+    every = sorted({s for n in names for s in seeds_of(n)})
+    order = [(name, seed) for seed in every for name in names if seed in seeds_of(name) and (name, seed) not in have]
     prog = _Progress(order, root, jobs, log, stats, after)
     out: Dict[str, List[Dict[str, Any]]] = {}
     for (name, seed), m in have.items():
-        if name in names and seed in (seeds if seeds is not None else budget.seeds):
+        if name in names and seed in seeds_of(name):
             out.setdefault(name, []).append(m)
     if jobs <= 1:
         for name, seed in order:
@@ -193,11 +196,12 @@ def _terminate_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-def collected(names: Iterable[str], seeds: Sequence[int], root: PathLike) -> Dict[str, List[Dict[str, Any]]]:
-    """The measures already on disk (for a report without training)."""
+def collected(names: Iterable[str], seeds: Union[Sequence[int], Dict[str, Sequence[int]]], root: PathLike
+              ) -> Dict[str, List[Dict[str, Any]]]:
+    """The measures already on disk (for a report without training; ``seeds``: of every run, or per run)."""
     out: Dict[str, List[Dict[str, Any]]] = {}
     for name in names:
-        for seed in seeds:
+        for seed in (seeds[name] if isinstance(seeds, dict) else seeds):
             p = run_folder(root, name, seed) / MEASURES
             if p.is_file():
                 out.setdefault(name, []).append(json.loads(p.read_text()))

@@ -25,6 +25,8 @@ from .budget import Budget, evaluation_overrides, validation_overrides
 from .claims import HALVES, Arm
 from .measure import record_provenance
 
+DESIGN = "design.json"  # OUT/runs/design.json: a v3 campaign's design, made before its first run
+
 
 def run_folder(root: PathLike, arm: str, seed: int) -> Path:
     return Path(root) / "runs" / arm / f"seed{seed}"
@@ -39,24 +41,48 @@ def is_done(folder: Path) -> bool:
 
 
 def _length(arm: Arm, b: Budget) -> Dict[str, Any]:
+    """The schedule of one arm under ``b``, ``arm.stretch`` times the budget's; a v3 budget evaluates every
+    arm that classifies ``b.curve_points`` times on validation (its curve for the convergence rule)."""
+    k, v3 = arm.stretch, b.version >= 3
     if arm.length in ("main", "finetune"):
-        epochs = b.epochs if arm.length == "main" else b.finetune_epochs
+        epochs = k * (b.epochs if arm.length == "main" else b.finetune_epochs)
         return {"data.train_subset": b.train_images,
                 "schedule.epochs": epochs, "schedule.warmup_epochs": round(0.1 * epochs, 4),
-                "train.eval_every": 1 if b.curves else 0}
+                "train.eval_every": _every(epochs, b) if v3 else 1 if b.curves else 0}
     if arm.length == "data":
-        return {"data.train_subset": arm.train_images, "schedule.steps": b.data_steps,
-                "schedule.warmup_steps": max(1, b.data_steps // 10), "train.eval_every": 0}
-    if arm.length == "mpp":
-        return {"schedule.epochs": b.mpp_epochs, "schedule.warmup_epochs": round(0.25 * b.mpp_epochs, 4),
+        steps = int(round(k * b.data_steps))
+        return {"data.train_subset": arm.train_images, "schedule.steps": steps,
+                "schedule.warmup_steps": max(1, steps // 10),
+                "train.eval_every": _every(steps * _batch(arm, b) / _images(arm, b), b) if v3 else 0}
+    if arm.length == "mpp":  # masked patch prediction: no accuracy to evaluate (a parent, never in a verdict)
+        epochs = k * b.mpp_epochs
+        return {"schedule.epochs": epochs, "schedule.warmup_epochs": round(0.25 * epochs, 4),
                 "train.eval_every": 0}
     if arm.length == "few_labels":
-        return {"data.train_subset": b.few_labels, "schedule.epochs": b.few_label_epochs,
-                "schedule.warmup_epochs": round(min(5.0, b.few_label_epochs / 12), 4),
-                "train.eval_every": round(b.few_label_epochs / 10, 4) if b.curves else 0}
+        epochs = k * b.few_label_epochs
+        return {"data.train_subset": b.few_labels, "schedule.epochs": epochs,
+                "schedule.warmup_epochs": round(min(5.0, epochs / 12), 4),
+                "train.eval_every": _every(epochs, b) if v3 else round(epochs / 10, 4) if b.curves else 0}
     if arm.length == "none":
         return {}
     raise ConfigError(f"arm {arm.name}: unknown length {arm.length!r}")
+
+
+def _every(epochs: float, b: Budget) -> float:
+    return round(epochs / max(1, b.curve_points), 6)
+
+
+def _batch(arm: Arm, b: Budget) -> int:
+    from ..train import load_recipe
+
+    return int(b.extra.get("optim.batch_size") or load_recipe(arm.recipe, {}).optim.batch_size)
+
+
+def _images(arm: Arm, b: Budget) -> int:
+    """Training images of a claim-3 arm: its subset, or the training split after the hold-out."""
+    from .estimate import TRAIN_IMAGES, VAL_IMAGES
+
+    return int(arm.train_images or TRAIN_IMAGES + VAL_IMAGES - (b.val_size or VAL_IMAGES))
 
 
 def recipe_overrides(arm: Arm, seed: int, budget: Budget, root: Path, classes: Optional[str] = None
@@ -147,7 +173,7 @@ def run_arm(arm: Arm, seed: int, budget: Budget, root: PathLike, *, progress: bo
                    busy=f"{out} is being trained by another process: wait for it, or stop it first"):
         if is_done(out):  # finished while we waited for the lock's holder
             return json.loads((out / "results.json").read_text())
-        record_provenance(out)
+        record_provenance(out, budget.plan_sha)
         if arm.kind == "init":
             return _untrained(arm, seed, recipe, out)
         if arm.prepare:

@@ -26,7 +26,7 @@ A claim is **contradicted** when any of its comparisons is, else **not reproduce
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
 
@@ -69,6 +69,11 @@ def t_quantile(df: float, q: float = 0.5 + CONFIDENCE / 2) -> float:
 def _sf(x: float, df: float) -> float:
     """P(T > x) for Student's t with ``df``."""
     return float(_t().sf(x, df))
+
+
+def t_tail(x: float, df: float) -> float:
+    """P(T > x) for Student's t with ``df`` (a one-sided p-value)."""
+    return _sf(x, df)
 
 
 def summary(values: Sequence[Optional[float]]) -> Dict[str, Optional[float]]:
@@ -198,3 +203,83 @@ def decide_correlation(rho: Optional[float], adjusted_p: Optional[float], alpha:
     if rho is None or adjusted_p is None or adjusted_p >= alpha:
         return UNDERPOWERED
     return REPRODUCED if rho > 0 else CONTRADICTED
+
+
+# --- power of the primary hypotheses, before training (the noncentral t) ---------------------------------
+def power(effect: float, sd: float, n: int, level: float, expect: str = ">") -> float:
+    """Power of the one-sample t-test (``">"``) or the TOST (``"~"``, ``effect`` = the margin, true
+    difference 0) over ``n`` seeds of spread ``sd`` at one-sided level ``level``."""
+    from scipy import stats as S
+
+    if n < 2 or effect <= 0:
+        return 0.0
+    if not sd > 0:
+        return 1.0
+    df, se = n - 1, sd / math.sqrt(n)
+    crit = float(S.t.ppf(1 - level, df))
+    if expect == ">":
+        return float(S.nct.sf(crit, df, effect / se))
+    if expect != "~":
+        raise ConfigError(f"power: unknown expectation {expect!r} (use '>' or '~')")
+    from scipy.integrate import quad
+
+    # s = sd * sqrt(X / df), X ~ chi2(df); given s, P(|d_bar| < m - crit * s / sqrt(n)) with d_bar ~ N(0, se^2)
+    x_max = df * (effect / (crit * se)) ** 2  # beyond it the interval cannot fit inside the margins
+
+    def given(x: float) -> float:
+        half = effect - crit * se * math.sqrt(x / df)
+        return (2 * S.norm.cdf(half / se) - 1) * S.chi2.pdf(x, df) if half > 0 else 0.0
+    val, _ = quad(given, 0, x_max, limit=200)
+    return float(min(1.0, max(0.0, val)))
+
+
+def mde(sd: float, n: int, level: float, expect: str = ">", target: float = 0.8) -> Optional[float]:
+    """The minimum detectable effect: the smallest effect (for ``"~"``: margin) with power ``target``."""
+    from scipy.optimize import brentq
+
+    if n < 2:
+        return None
+    if not sd > 0:
+        return 0.0
+    hi = sd
+    while power(hi, sd, n, level, expect) < target:
+        hi *= 2
+        if hi > 1e6 * sd:
+            return None
+    return float(brentq(lambda e: power(e, sd, n, level, expect) - target, 1e-12 * sd, hi, xtol=1e-9 * sd))
+
+
+def seeds_for(effect: float, sd: float, level: float, expect: str = ">", target: float = 0.8, lo: int = 5,
+              hi: int = 20) -> Optional[int]:
+    """The fewest seeds in [lo, hi] that reach ``target`` power, or None when even ``hi`` does not."""
+    for n in range(lo, hi + 1):
+        if power(effect, sd, n, level, expect) >= target:
+            return n
+    return None
+
+
+def sd_upper(sd: float, df: int, quantile: float = 0.8) -> float:
+    """The one-sided upper confidence limit (at ``quantile``) of a standard deviation from ``df`` degrees of
+    freedom: sd * sqrt(df / chi2_{1-quantile}(df))."""
+    from scipy import stats as S
+
+    if df < 1:
+        raise ConfigError("an SD needs at least 2 seeds (1 degree of freedom)")
+    return float(sd * math.sqrt(df / S.chi2.ppf(1 - quantile, df)))
+
+
+def pooled(sources: Iterable[Tuple[float, int]]) -> Tuple[Optional[float], int]:
+    """(pooled SD, degrees of freedom) of several (SD, df) estimates of one spread: sqrt(sum df sd^2 / sum df)."""
+    got = [(float(s), int(d)) for s, d in sources if s is not None and d and d > 0]
+    df = sum(d for _, d in got)
+    return (math.sqrt(sum(d * s * s for s, d in got) / df), df) if df else (None, 0)
+
+
+def spread(values: Sequence[float]) -> Tuple[Optional[float], int]:
+    """(sample SD, df) of per-seed values."""
+    vals = [float(v) for v in values if v is not None]
+    n = len(vals)
+    if n < 2:
+        return None, 0
+    mean = sum(vals) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)), n - 1

@@ -9,7 +9,7 @@ run at the chosen rate is reused as that arm's run at the sweep seed.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
 from .budget import Budget
@@ -17,55 +17,121 @@ from .claims import Arm, same_run
 
 
 def families(names: Sequence[str], arms: Mapping[str, Arm]) -> List[str]:
-    """The families whose sweep the arms need, in first-use order."""
+    """The families whose sweep the arms need, a family after the family of its parent (a fine-tune's sweep
+    starts from its parent at the parent's chosen rate)."""
     out: List[str] = []
+
+    def add(f: str, n: str) -> None:
+        if f in out:
+            return
+        fam = arms.get(f)
+        if fam is None:
+            raise ConfigError(f"arm {n}: its sweep family {f!r} is not an arm")
+        if fam.parent and arms[fam.parent].lr is None:
+            add(arms[fam.parent].family, f)
+        out.append(f)
     for n in names:
-        a = arms[n]
-        if a.lr is None and a.family not in out:
-            fam = arms.get(a.family)
-            if fam is None:
-                raise ConfigError(f"arm {n}: its sweep family {a.family!r} is not an arm")
-            if fam.parent and arms[fam.parent].lr is None:
-                raise ConfigError(f"family {a.family}: its parent {fam.parent} must have a fixed rate")
-            out.append(a.family)
+        if arms[n].lr is None:
+            add(arms[n].family, n)
     return out
 
 
-def sweep_arms(fams: Sequence[str], arms: Mapping[str, Arm], budget: Budget) -> Dict[str, Arm]:
-    """Every sweep point as a fixed-rate arm, keyed by its run name (parents, fixed-rate, included)."""
+def rates(fam: Arm, budget: Budget) -> List[float]:
+    """A family's starting grid: the budget's fine-tuning rates for a fine-tune (when it has them), else its
+    pre-training rates."""
+    grid = budget.finetune_lr_sweep if fam.length == "finetune" and budget.finetune_lr_sweep else budget.lr_sweep
+    return sorted(grid)
+
+
+def sweep_arms(fams: Sequence[str], arms: Mapping[str, Arm], budget: Budget,
+               grids: Optional[Mapping[str, Sequence[float]]] = None, stretch: Optional[Mapping[str, float]] = None,
+               resolved: Optional[Tuple[Dict[str, Arm], Dict[str, str]]] = None) -> Dict[str, Arm]:
+    """Every sweep point as a fixed-rate arm, keyed by its run name (parents included): each family at every
+    rate of its grid (default :func:`rates`) and its ``stretch``; a parent swept itself is its run
+    (``resolved``: :func:`resolve` of the families chosen so far)."""
+    runs, alias = resolved or ({}, {})
     if fams and not budget.lr_sweep:
         raise ConfigError(f"budget {budget.name} sweeps no learning rates but arms need one chosen")
     out: Dict[str, Arm] = {}
     for f in fams:
         fam = arms[f]
         if fam.parent:
-            out[fam.parent] = arms[fam.parent]
-        for lr in budget.lr_sweep:
-            a = fam.at_lr(lr)
+            parent = alias.get(fam.parent, fam.parent)
+            out[parent] = runs.get(parent) or arms[fam.parent]
+            if out[parent].lr is None:
+                raise ConfigError(f"family {f}: its parent {fam.parent} has no rate chosen yet")
+            fam = replace(fam, parent=parent)
+        for lr in (grids or {}).get(f) or rates(arms[f], budget):
+            a = fam.at_lr(lr, (stretch or {}).get(f, 1.0))
             out[a.name] = a
     return out
 
 
 def choose(fams: Sequence[str], arms: Mapping[str, Arm], budget: Budget,
-           val: Mapping[str, Sequence[float]]) -> Dict[str, Dict[str, object]]:
+           val: Mapping[str, Sequence[float]], grids: Optional[Mapping[str, Sequence[float]]] = None,
+           stretch: Optional[Mapping[str, float]] = None) -> Dict[str, Dict[str, object]]:
     """Per family: the chosen rate, the validation accuracy of every point (``val``: run name -> values over
     the sweep seeds) and ``edge``: ``"largest"`` or ``"smallest"`` where the chosen rate is the grid's end (the
-    family's best rate may lie beyond the grid), else None."""
+    family's best rate may lie beyond the grid), else None (``"single"`` for a grid of one rate)."""
     out: Dict[str, Dict[str, object]] = {}
     for f in fams:
+        grid, k = sorted((grids or {}).get(f) or rates(arms[f], budget)), (stretch or {}).get(f, 1.0)
         points = []
-        for lr in budget.lr_sweep:
-            vals = list(val.get(arms[f].at_lr(lr).name, []))
-            if len(vals) != len(budget.sweep_seeds):
+        for lr in grid:
+            vals = list(val.get(arms[f].at_lr(lr, k).name, []))
+            if len(vals) != len(budget.sweep_seeds) or None in vals:
                 raise ConfigError(f"sweep of {f} at lr {lr:g}: {len(vals)} of {len(budget.sweep_seeds)} seeds "
                                   f"measured")
             points.append((sum(vals) / len(vals), -lr, lr, vals))
         best = max(points)
-        rates = sorted(budget.lr_sweep)
-        edge = {rates[-1]: "largest", rates[0]: "smallest"}.get(best[2]) if len(rates) > 1 else None
+        edge = ({grid[-1]: "largest", grid[0]: "smallest"}.get(best[2]) if len(grid) > 1 else "single")
         out[f] = {"lr": best[2], "val_top1": {f"{p[2]:g}": p[3] for p in sorted(points, key=lambda p: p[2])},
-                  "edge": edge}
+                  "edge": edge, "grid": grid, "stretch": k}
     return out
+
+
+def grow(fams: Sequence[str], arms: Mapping[str, Arm], budget: Budget, train: Callable[..., Dict[str, Any]],
+         converged: Callable[[Sequence[Mapping[str, Any]]], Optional[bool]]
+         ) -> Tuple[Dict[str, Dict[str, object]], Dict[str, List[Dict[str, Any]]]]:
+    """The v3 sweep: each family at every rate of its grid at the sweep seeds (``train(names, table, seeds)``
+    -> measures per run); a best rate at an end of the grid grows the grid by a factor of 2 past that end (at
+    most ``budget.grid_extensions`` times); a best point whose curves (its measures) have not ``converged``
+    doubles the family's schedule and sweeps again (up to ``budget.max_stretch``). A fine-tune's family is
+    swept after its parent's, from the parent's chosen run. Returns (per family its choice with ``grid``,
+    ``stretch``, ``converged``, ``extended``; every sweep run's measures)."""
+    chosen: Dict[str, Dict[str, object]] = {}
+    measured: Dict[str, List[Dict[str, Any]]] = {}
+    for stage in stages(fams, arms):
+        grid = {f: rates(arms[f], budget) for f in stage}
+        stretch, ext, todo = {f: 1.0 for f in stage}, {f: 0 for f in stage}, list(stage)
+        while todo:
+            table = sweep_arms(todo, arms, budget, grid, stretch, resolve(arms, chosen))
+            got = train(list(table), table, budget.sweep_seeds)
+            measured.update(got)
+            picks = choose(todo, arms, budget, {n: [m.get("val_top1") for m in ms] for n, ms in got.items()}, grid,
+                           stretch)
+            for f in list(todo):
+                rec = picks[f]
+                if rec["edge"] in ("largest", "smallest") and ext[f] < budget.grid_extensions:
+                    grid[f] = sorted(grid[f] + [grid[f][-1] * 2 if rec["edge"] == "largest" else grid[f][0] / 2])
+                    ext[f] += 1
+                    continue
+                ok = converged(got.get(arms[f].at_lr(float(rec["lr"]), stretch[f]).name, []))
+                if not ok and stretch[f] * 2 <= budget.max_stretch:
+                    stretch[f] *= 2
+                    continue
+                chosen[f] = {**rec, "converged": ok, "extended": ext[f]}
+                todo.remove(f)
+    return chosen, measured
+
+
+def stages(fams: Sequence[str], arms: Mapping[str, Arm]) -> List[List[str]]:
+    """Families in rounds: a family whose parent's rate is swept comes in the round after its parent's."""
+    depth: Dict[str, int] = {}
+    for f in fams:  # (families() lists a parent's family first)
+        p = arms[f].parent
+        depth[f] = depth[arms[p].family] + 1 if p and arms[p].lr is None and arms[p].family in depth else 0
+    return [[f for f in fams if depth[f] == d] for d in range(max(depth.values(), default=-1) + 1)]
 
 
 def resolve(arms: Mapping[str, Arm], chosen: Mapping[str, Dict[str, object]]) -> Tuple[Dict[str, Arm], Dict[str, str]]:
@@ -73,7 +139,8 @@ def resolve(arms: Mapping[str, Arm], chosen: Mapping[str, Dict[str, object]]) ->
     runs, and two arms of one configuration mapped to one run (the first in table order)."""
     fixed: Dict[str, Arm] = {}
     for name, a in arms.items():
-        fixed[name] = a if a.lr is not None else (a.at_lr(chosen[a.family]["lr"]) if a.family in chosen else a)
+        c = chosen.get(a.family)
+        fixed[name] = a if a.lr is not None or c is None else a.at_lr(float(c["lr"]), float(c.get("stretch") or 1))
     runs: Dict[str, Arm] = {}
     alias: Dict[str, str] = {}
     for name in _parents_first(arms):
