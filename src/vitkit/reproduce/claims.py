@@ -12,7 +12,7 @@ validation accuracy (:class:`Best`, :class:`AtBest`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..errors import ConfigError
 
@@ -200,3 +200,18 @@ PERCENT = {"test_top1", "val_top1", "fewshot_5", "fewshot_10", "late_gain"}  # s
 # the smallest difference that matters, per metric (stated in the report)
 MARGINS = {"test_top1": 0.01, "val_top1": 0.01, "fewshot_5": 0.01, "fewshot_10": 0.01, "l0_min_rel": 0.1,
            "l0_spread_rel": 0.1, "dist_growth": 1.0, "l0_mean_dist": 1.0, "posemb_rowcol": 0.05, SPEED: None}
+
+
+def parents_first(arms: Mapping[str, "Arm"], names: Optional[Iterable[str]] = None) -> List[str]:
+    """``names`` (default: every arm) with each arm's parents before it, each once, in first-needed order."""
+    out: List[str] = []
+
+    def add(n: str) -> None:
+        if n not in out:
+            if arms[n].parent:
+                add(arms[n].parent)
+            out.append(n)
+    for n in (arms if names is None else names):
+        add(n)
+    return out
+

@@ -14,7 +14,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 from ..errors import ConfigError
 from ..utils import PathLike
 from .analyses import SLOPE_TEXT, transfer_slopes
-from .claims import Arm, Claim, Test, selector_arms
+from .claims import Arm, Claim, Test, parents_first, selector_arms
 from .stats import pooled, spread
 
 PLAN = Path(__file__).with_name("plan_v3.json")
@@ -120,13 +120,4 @@ def claim_arms(c: Claim, arms: Mapping[str, Arm], plan: Optional[Mapping[str, An
     t = primary_test(c, plan) if plan else None
     wanted = ([m for n, _ in t.weights for m in selector_arms(n, arms)] if t is not None else
               list(c.arms) + [m for x in c.tests for n, _ in x.weights for m in selector_arms(n, arms)])
-    out: List[str] = []
-
-    def add(name: str) -> None:
-        if name not in out:
-            if arms[name].parent:
-                add(arms[name].parent)
-            out.append(name)
-    for n in wanted:
-        add(n)
-    return out
+    return parents_first(arms, wanted)

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
 from .budget import Budget
-from .claims import Arm, same_run
+from .claims import Arm, parents_first, same_run
 
 
 def families(names: Sequence[str], arms: Mapping[str, Arm]) -> List[str]:
@@ -143,7 +143,7 @@ def resolve(arms: Mapping[str, Arm], chosen: Mapping[str, Dict[str, object]]) ->
         fixed[name] = a if a.lr is not None or c is None else a.at_lr(float(c["lr"]), float(c.get("stretch") or 1))
     runs: Dict[str, Arm] = {}
     alias: Dict[str, str] = {}
-    for name in _parents_first(arms):
+    for name in parents_first(arms):
         a = fixed[name]
         if a.parent:
             a = replace(a, parent=alias[a.parent])
@@ -155,16 +155,3 @@ def resolve(arms: Mapping[str, Arm], chosen: Mapping[str, Dict[str, object]]) ->
             runs[same] = replace(runs[same], analysis=True)
         alias[name] = same
     return runs, alias
-
-
-def _parents_first(arms: Mapping[str, Arm]) -> List[str]:
-    out: List[str] = []
-
-    def add(n: str) -> None:
-        if n not in out:
-            if arms[n].parent:
-                add(arms[n].parent)
-            out.append(n)
-    for n in arms:
-        add(n)
-    return out
