@@ -244,7 +244,7 @@ def test_user_facing_errors_name_the_key_or_form_that_fixes_them(tmp_path):
         Schedule.from_config(ScheduleConfig(steps=20, warmup_epochs=0.3), 1e-3, 100)
     with pytest.raises(ValueError, match=r"schedule.warmup_steps=40"):
         Schedule.from_config(ScheduleConfig(steps=20, warmup_steps=40), 1e-3, 100)
-    with pytest.raises(FileNotFoundError, match="--data fashion-mnist:DIR"):  # the spec that works
+    with pytest.raises(FileNotFoundError, match=f"vitkit data fetch fashion-mnist --dir {tmp_path}"):  # the fix
         open_dataset(f"fashion-mnist:{tmp_path}", "train")
     assert Loader([], EpochSampler(10, 2), workers=64).workers == usable_cores() <= 64
 
