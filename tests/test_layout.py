@@ -21,6 +21,8 @@ PACKAGE = SRC / "vitkit"
 ALLOWED = {
     "benchmarks/time_to_accuracy.py: vitkit.cli._util.parse_overrides":
         "the benchmark takes --set KEY=VALUE exactly as the training commands do",
+    "benchmarks/fmnist_record.py: vitkit.cli._util.parse_overrides":
+        "the benchmark takes --set / --teacher-set KEY=VALUE exactly as the training commands do",
     "tests/test_train_logging.py: vitkit.cli._util.parse_overrides": "the test of the CLI's --set parser itself",
 }
 

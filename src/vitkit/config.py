@@ -25,10 +25,12 @@ from .variants import (
     parse_model_name,
 )
 
-__all__ = ["ATTENTION_KINDS", "BACKBONES", "FINAL_NORMS", "GELU_KINDS", "HYBRID_MODELS", "PAPER_MODELS", "POOL_KINDS",
+__all__ = ["ATTENTION_KINDS", "BACKBONES", "BACKBONE_STEMS", "BACKBONE_UNITS", "FINAL_NORMS", "GELU_KINDS",
+           "HYBRID_MODELS", "PAPER_MODELS", "POOL_KINDS",
            "POSEMB_KINDS", "POSEMB_WHERE", "RESIZE_METHODS", "RESNET_DEPTHS", "SIZES", "SIZE_ALIASES",
            "STD_CONV_STYLES", "ConfigError", "ViTConfig", "check_fields", "coerce_field", "config_from_name",
-           "describe_type", "field_types", "grid_for", "list_models", "parse_model_name", "register_model"]
+           "describe_type", "field_types", "grid_for", "list_models", "parse_model_name", "register_model",
+           "trunk_stride"]
 
 POSEMB_KINDS = ("none", "learn", "learn2d", "relative", "sincos2d")
 POSEMB_WHERE = ("input", "every_layer", "every_layer_shared")
@@ -39,6 +41,15 @@ FINAL_NORMS = ("tokens", "pooled", "none")  # LN on every token before pooling (
 RESIZE_METHODS = ("bilinear", "bicubic")  # bilinear = authors' aligned-corners resize
 BACKBONES = ("resnet",)  # hybrid front-ends (Section 3.1); None = patches of the raw image
 STD_CONV_STYLES = ("std", "var")  # (w-mean)/(std+eps): authors' Flax; (w-mean)/sqrt(var+eps): timm
+# the backbone's root -> its stride: BiT's 7x7/2 conv + 3x3/2 max-pool | one 3x3/1 conv, no pool (small images)
+BACKBONE_STEMS = {"bit": 4, "3x3": 1}
+# the backbone's unit -> its channel expansion: BiT / R50 bottleneck (1x1 -> 3x3 -> 1x1) | ResNet-18/34 (3x3 -> 3x3)
+BACKBONE_UNITS = {"bottleneck": 4, "basic": 1}
+
+
+def trunk_stride(stem: str, n_stages: int) -> int:
+    """Total downsampling of a ResNet trunk: its root's, then 2 per stage after the first."""
+    return BACKBONE_STEMS[stem] * 2 ** max(n_stages - 1, 0)
 
 
 def _pair(v: Any, what: str) -> Tuple[int, int]:
@@ -114,6 +125,9 @@ class ViTConfig:
     backbone: Optional[str] = None  # None (pure ViT) | "resnet"
     backbone_layers: Tuple[int, ...] = (3, 4, 9)  # bottleneck units per stage; () = root only
     backbone_width: int = 64  # root channels (64 x BiT width factor); stage i has width * 2**i
+    # the root: "bit" (7x7/2 conv + max-pool, stride 4) | "3x3" (3x3/1 conv, no pool: CIFAR-style, small images)
+    backbone_stem: str = "bit"
+    backbone_unit: str = "bottleneck"  # "bottleneck" (BiT, R50: 4x expansion) | "basic" (ResNet-18/34: 3x3 -> 3x3)
     std_conv_eps: float = 1e-5  # weight standardisation eps: 1e-5 authors (style std), 1e-8 timm (var)
     std_conv_style: str = "std"  # std: (w-mean)/(std+eps) authors' Flax | var: (w-mean)/sqrt(var+eps) timm
     gn_eps: float = 1e-6  # GroupNorm eps: 1e-6 authors' Flax, 1e-5 timm
@@ -141,7 +155,7 @@ class ViTConfig:
         """Downsampling before patching: 1 for a pure ViT, the ResNet's total stride for a hybrid."""
         if self.backbone is None:
             return 1
-        return 4 * 2 ** max(len(self.backbone_layers) - 1, 0)
+        return trunk_stride(self.backbone_stem, len(self.backbone_layers))
 
     def feature_size(self, img_size: Tuple[int, int]) -> Tuple[int, int]:
         """Size of the map that is cut into patches (SAME padding: ceil at every stride-2 step)."""
@@ -263,7 +277,8 @@ def _check_choices(c: ViTConfig) -> None:
     for key, allowed in (("posemb", POSEMB_KINDS), ("posemb_where", POSEMB_WHERE), ("pool", POOL_KINDS),
                          ("attention", ATTENTION_KINDS), ("gelu", GELU_KINDS), ("posemb_resize", RESIZE_METHODS),
                          ("final_norm", FINAL_NORMS), ("backbone", (None,) + BACKBONES),
-                         ("std_conv_style", STD_CONV_STYLES)):
+                         ("std_conv_style", STD_CONV_STYLES), ("backbone_stem", tuple(BACKBONE_STEMS)),
+                         ("backbone_unit", tuple(BACKBONE_UNITS))):
         value = getattr(c, key)
         if value not in allowed:
             allowed = tuple(a for a in allowed if a is not None)
@@ -278,7 +293,7 @@ def _check_sizes(c: ViTConfig) -> None:
             raise ConfigError(f"{key} must be a positive integer, got {getattr(c, key)!r}"
                               + (" (depth=0 is only for a backbone: the ResNet classifier)" if key == "depth" else ""))
     if c.depth == 0 and (c.posemb != "none" or c.pool != "gap" or c.class_token):
-        raise ConfigError("depth=0 (a BiT ResNet classifier: backbone, projection, LayerNorm, average pooling, "
+        raise ConfigError("depth=0 (a ResNet classifier: backbone, projection, LayerNorm, average pooling, "
                           "head) has no Transformer: set posemb='none', pool='gap', class_token=False")
     if c.num_classes < 0:
         raise ConfigError(f"num_classes must be >= 0 (0 = no head), got {c.num_classes}")

@@ -44,7 +44,8 @@ def param_count(cfg: ViTConfig) -> int:
     bias = d if cfg.patch_bias else 0
     n = cfg.in_chans * ph * pw * d + bias  # patch embedding (conv kernel + bias)
     if cfg.backbone:  # hybrid: the ResNet, then the projection of its feature-map patches
-        rc = resnet_cost(cfg.in_chans, cfg.backbone_layers, cfg.backbone_width, cfg.img_size)
+        rc = resnet_cost(cfg.in_chans, cfg.backbone_layers, cfg.backbone_width, cfg.img_size,
+                         stem=cfg.backbone_stem, unit=cfg.backbone_unit)
         n = rc["params"] + rc["out_chans"] * ph * pw * d + bias
     n += d * cfg.num_prefix_tokens  # class (and distillation) token, register tokens
     if cfg.posemb == "learn":
@@ -84,7 +85,8 @@ def cost(cfg: ViTConfig, img_size: Union[None, int, Sequence[int]] = None) -> Co
     uneven = fsize[0] % cfg.patch_size[0] or fsize[1] % cfg.patch_size[1]
     if img_size is not None and not (cfg.dynamic_img_pad or cfg.crop_remainder) and uneven:
         raise InputError(f"image {size[0]}x{size[1]} is not divisible by patch {cfg.patch_size[0]}x{cfg.patch_size[1]}")
-    rc = resnet_cost(cfg.in_chans, cfg.backbone_layers, cfg.backbone_width, size) if cfg.backbone else None
+    rc = (resnet_cost(cfg.in_chans, cfg.backbone_layers, cfg.backbone_width, size, stem=cfg.backbone_stem,
+                      unit=cfg.backbone_unit) if cfg.backbone else None)
     n = gh * gw
     t = n + cfg.num_prefix_tokens
     d, m, h, L = cfg.width, cfg.mlp_dim, cfg.num_heads, cfg.depth

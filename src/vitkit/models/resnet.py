@@ -17,6 +17,13 @@ State-dict keys (below ``patch_embed.backbone.``): ``conv_root``,
 ``gn_root``, ``stages.{i}.{j}.{conv1,gn1,conv2,gn2,conv3,gn3,conv_proj,gn_proj}``
 (stage i, unit j, both from 0), mirroring the authors' names
 ``block{i+1}/unit{j+1}/...``.
+
+For small images the same trunk takes the shape of the CIFAR ResNets (He et
+al. 2016, Section 4.2) and of the usual "ResNet-18 for 32 px": ``stem="3x3"``
+is one 3x3 stride-1 convolution without max-pool (the full resolution reaches
+the first stage), ``unit="basic"`` the two-convolution unit of ResNet-18/34
+(3x3 -> 3x3, no expansion; keys ``conv1, gn1, conv2, gn2`` and the
+projection). Same weight standardisation and GroupNorm as the BiT units.
 """
 from __future__ import annotations
 
@@ -27,10 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import BACKBONE_STEMS, BACKBONE_UNITS, trunk_stride
 from ..errors import ConfigError, InputError
 
 GN_GROUPS = 32
 STD_STYLES = ("std", "var")
+
 
 
 def same_padding(size: int, kernel: int, stride: int) -> Tuple[int, int]:
@@ -110,6 +119,36 @@ class ResidualUnit(nn.Module):
         y = self.gn3(self.conv3(y))
         return F.relu(shortcut + y)
 
+    @property
+    def last_norm(self) -> nn.GroupNorm:
+        return self.gn3
+
+
+class BasicUnit(nn.Module):
+    """ResNet-18/34 unit: StdConv 3x3 (stride) -> GN -> ReLU -> StdConv 3x3 -> GN, added to the (projected)
+    shortcut, then ReLU."""
+
+    def __init__(self, in_chans: int, out_chans: int, stride: int = 1, *, std_eps: float = 1e-5,
+                 std_style: str = "std", gn_eps: float = 1e-6):
+        super().__init__()
+        conv = lambda i, o, k, s=1: StdConv2d(i, o, k, s, eps=std_eps, style=std_style)  # noqa: E731
+        gn = lambda c: nn.GroupNorm(GN_GROUPS, c, eps=gn_eps)  # noqa: E731
+        self.conv_proj = self.gn_proj = None
+        if in_chans != out_chans or stride != 1:
+            self.conv_proj = conv(in_chans, out_chans, 1, stride)
+            self.gn_proj = gn(out_chans)
+        self.conv1, self.gn1 = conv(in_chans, out_chans, 3, stride), gn(out_chans)
+        self.conv2, self.gn2 = conv(out_chans, out_chans, 3), gn(out_chans)
+
+    @property
+    def last_norm(self) -> nn.GroupNorm:
+        return self.gn2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x if self.conv_proj is None else self.gn_proj(self.conv_proj(x))
+        y = F.relu(self.gn1(self.conv1(x)))
+        return F.relu(shortcut + self.gn2(self.conv2(y)))
+
 
 class ResNet(nn.Module):
     """BiT ResNet trunk without a head: root (7x7/2 conv, GN, ReLU, 3x3/2 max-pool) then stages.
@@ -118,30 +157,41 @@ class ResNet(nn.Module):
     folded into stage 3, (3, 4, 6, 3) for the full R50, () for the root only.
     Stage i has ``width * 2**i`` bottleneck channels and outputs four times
     that; the first stage keeps the resolution, every later one halves it.
+    ``stem="3x3"`` / ``unit="basic"``: the small-image root and the ResNet-18
+    unit (stage i then outputs ``width * 2**i`` channels); ``(2, 2, 2, 2)``
+    with both is a ResNet-18 for 28-32 px images.
     """
 
     def __init__(self, in_chans: int = 3, layers: Sequence[int] = (3, 4, 9), width: int = 64, *,
-                 std_eps: float = 1e-5, std_style: str = "std", gn_eps: float = 1e-6):
+                 std_eps: float = 1e-5, std_style: str = "std", gn_eps: float = 1e-6, stem: str = "bit",
+                 unit: str = "bottleneck"):
         super().__init__()
-        self.layers = tuple(int(n) for n in layers)
+        if stem not in BACKBONE_STEMS or unit not in BACKBONE_UNITS:
+            raise ConfigError(f"backbone_stem={stem!r} / backbone_unit={unit!r}: use a stem of "
+                              f"{', '.join(BACKBONE_STEMS)} and a unit of {', '.join(BACKBONE_UNITS)}")
+        self.layers, self.stem, self.unit = tuple(int(n) for n in layers), stem, unit
         kw = dict(std_eps=std_eps, std_style=std_style, gn_eps=gn_eps)
-        self.conv_root = StdConv2d(in_chans, width, 7, 2, eps=std_eps, style=std_style)
+        k, s = (7, 2) if stem == "bit" else (3, 1)
+        self.conv_root = StdConv2d(in_chans, width, k, s, eps=std_eps, style=std_style)
         self.gn_root = nn.GroupNorm(GN_GROUPS, width, eps=gn_eps)
-        stages, chans = [], width
+        stages, chans, grow = [], width, BACKBONE_UNITS[unit]
         for i, n in enumerate(self.layers):
             mid = width * 2 ** i
-            units = [ResidualUnit(chans if j == 0 else 4 * mid, mid, 2 if (i > 0 and j == 0) else 1, **kw)
-                     for j in range(n)]
+            units = []
+            for j in range(n):
+                c_in, stride = chans if j == 0 else grow * mid, 2 if (i > 0 and j == 0) else 1
+                units.append(BasicUnit(c_in, mid, stride, **kw) if unit == "basic" else
+                             ResidualUnit(c_in, mid, stride, **kw))
             stages.append(nn.Sequential(*units))
-            chans = 4 * mid
+            chans = grow * mid
         self.stages = nn.Sequential(*stages)
         self.out_chans = chans
         self.reset_parameters()
 
     @property
     def stride(self) -> int:
-        """Total downsampling: 4 in the root, then 2 per stage after the first."""
-        return 4 * 2 ** max(len(self.layers) - 1, 0)
+        """Total downsampling: the root's (4, or 1 for the 3x3 stem), then 2 per stage after the first."""
+        return trunk_stride(self.stem, len(self.layers))
 
     def reset_parameters(self) -> None:
         """Flax defaults: LeCun-normal kernels, GroupNorm scale 1 / bias 0, the last GN of a unit scale 0."""
@@ -152,11 +202,13 @@ class ResNet(nn.Module):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
         for m in self.modules():
-            if isinstance(m, ResidualUnit):
-                nn.init.zeros_(m.gn3.weight)
+            if isinstance(m, (ResidualUnit, BasicUnit)):
+                nn.init.zeros_(m.last_norm.weight)
 
     def forward_root(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.gn_root(self.conv_root(x)))
+        if self.stem == "3x3":
+            return x
         return F.max_pool2d(pad_same(x, 3, 2, value=float("-inf")), 3, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -171,10 +223,10 @@ class HybridEmbed(nn.Module):
 
     def __init__(self, in_chans: int, width: int, patch_size: Tuple[int, int], layers: Sequence[int],
                  backbone_width: int = 64, *, std_eps: float = 1e-5, std_style: str = "std",
-                 gn_eps: float = 1e-6, pad: bool = False):
+                 gn_eps: float = 1e-6, pad: bool = False, stem: str = "bit", unit: str = "bottleneck"):
         super().__init__()
         self.backbone = ResNet(in_chans, layers, backbone_width, std_eps=std_eps, std_style=std_style,
-                               gn_eps=gn_eps)
+                               gn_eps=gn_eps, stem=stem, unit=unit)
         self.patch_size = tuple(patch_size)
         self.pad = pad
         self.proj = nn.Conv2d(self.backbone.out_chans, width, kernel_size=self.patch_size, stride=self.patch_size)
@@ -191,32 +243,43 @@ class HybridEmbed(nn.Module):
         return self.proj(f)
 
 
-def resnet_cost(in_chans: int, layers: Sequence[int], width: int, img_size: Tuple[int, int]) -> dict:
+def resnet_cost(in_chans: int, layers: Sequence[int], width: int, img_size: Tuple[int, int], *,
+                stem: str = "bit", unit: str = "bottleneck") -> dict:
     """Analytical cost of :class:`ResNet` for one image: parameters, conv multiply-adds, output channels and
     activation element counts (peak live in inference; stored for backward in training)."""
     h, w = img_size
-    hw = reduced_size(h, 2) * reduced_size(w, 2)  # root conv output
-    params = in_chans * 49 * width + 2 * width
-    macs = hw * in_chans * 49 * width
+    k, s = (7, 2) if stem == "bit" else (3, 1)
+    hw = reduced_size(h, s) * reduced_size(w, s)  # root conv output
+    params = in_chans * k * k * width + 2 * width
+    macs = hw * in_chans * k * k * width
     stored = in_chans * h * w + 3 * width * hw  # input; conv, GN and ReLU outputs of the root
-    hw = reduced_size(h, 4) * reduced_size(w, 4)  # after the max-pool
-    peak = width * (hw + reduced_size(h, 2) * reduced_size(w, 2))
-    chans, fh, fw = width, reduced_size(h, 4), reduced_size(w, 4)
+    peak = 2 * width * hw
+    fh, fw = reduced_size(h, s), reduced_size(w, s)
+    if stem == "bit":  # the max-pool
+        fh, fw = reduced_size(h, 4), reduced_size(w, 4)
+        peak = width * (fh * fw + hw)
+    chans, grow = width, BACKBONE_UNITS[unit]
     for i, n in enumerate(layers):
-        mid, out = width * 2 ** i, 4 * width * 2 ** i
+        mid = width * 2 ** i
+        out = grow * mid
         for j in range(n):
             stride = 2 if (i > 0 and j == 0) else 1
             hw_in = fh * fw
             fh, fw = reduced_size(fh, stride), reduced_size(fw, stride)
             hw_out = fh * fw
-            params += chans * mid + mid * 9 * mid + mid * out + 2 * (2 * mid + out)
-            macs += hw_in * chans * mid + hw_out * (9 * mid * mid + mid * out)
-            stored += 2 * mid * hw_in + 4 * mid * hw_out + 3 * out * hw_out  # conv/GN outputs, ReLUs, sum
+            if unit == "basic":
+                params += chans * 9 * out + out * 9 * out + 4 * out
+                macs += hw_out * (chans * 9 * out + out * 9 * out)
+                stored += 7 * out * hw_out  # conv/GN/ReLU outputs, the sum and its ReLU
+            else:
+                params += chans * mid + mid * 9 * mid + mid * out + 2 * (2 * mid + out)
+                macs += hw_in * chans * mid + hw_out * (9 * mid * mid + mid * out)
+                stored += 2 * mid * hw_in + 4 * mid * hw_out + 3 * out * hw_out  # conv/GN outputs, ReLUs, sum
             if chans != out or stride != 1:
                 params += chans * out + 2 * out
                 macs += hw_out * chans * out
                 stored += 2 * out * hw_out
-            peak = max(peak, chans * hw_in + 2 * out * hw_out + mid * hw_in)
+            peak = max(peak, chans * hw_in + 2 * out * hw_out + (mid * hw_in if unit != "basic" else out * hw_out))
             chans = out
     return dict(params=params, macs=macs, out_chans=chans, feature_size=(fh, fw), act_inference=peak,
                 act_train=stored)

@@ -46,6 +46,15 @@ class HeadOutputs:
     heads: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
 
 
+def patch_embedding(cfg: ViTConfig) -> nn.Module:
+    """Eq. 1's embedding of ``cfg``: patches of the image, or (hybrid, Section 3.1) of a ResNet feature map."""
+    if cfg.backbone == "resnet":
+        return HybridEmbed(cfg.in_chans, cfg.width, cfg.patch_size, cfg.backbone_layers, cfg.backbone_width,
+                           std_eps=cfg.std_conv_eps, std_style=cfg.std_conv_style, gn_eps=cfg.gn_eps,
+                           pad=cfg.dynamic_img_pad, stem=cfg.backbone_stem, unit=cfg.backbone_unit)
+    return PatchEmbed(cfg.patch_size, cfg.in_chans, cfg.width, pad=cfg.dynamic_img_pad, bias=cfg.patch_bias)
+
+
 class VisionTransformer(TimmInterface, nn.Module):
     """ViT: patch embedding, class token, position embeddings, L pre-norm blocks, final LN, head.
 
@@ -69,12 +78,7 @@ class VisionTransformer(TimmInterface, nn.Module):
         self.config = cfg
         self.meta = ModelMeta()
         d, gh_gw = cfg.width, cfg.grid_size
-        if cfg.backbone == "resnet":  # hybrid (Section 3.1): patches of a BiT ResNet feature map
-            self.patch_embed = HybridEmbed(cfg.in_chans, d, cfg.patch_size, cfg.backbone_layers, cfg.backbone_width,
-                                           std_eps=cfg.std_conv_eps, std_style=cfg.std_conv_style,
-                                           gn_eps=cfg.gn_eps, pad=cfg.dynamic_img_pad)
-        else:
-            self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, d, pad=cfg.dynamic_img_pad, bias=cfg.patch_bias)
+        self.patch_embed = patch_embedding(cfg)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.distill_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, d)) if cfg.reg_tokens else None

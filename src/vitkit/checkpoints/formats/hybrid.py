@@ -123,6 +123,9 @@ def write_rules(cfg, fmt: str) -> List[Rule]:
         return []
     if fmt not in NUMERICS:
         raise CheckpointError(f"{fmt} has no hybrid ResNet+ViT layout: write hybrids as vitkit, npz or timm")
+    if (cfg.backbone_stem, cfg.backbone_unit) != ("bit", "bottleneck"):
+        raise CheckpointError(f"{fmt} holds BiT ResNets only (7x7 root, bottleneck units); this model's has the "
+                              f"{cfg.backbone_stem!r} root and {cfg.backbone_unit!r} units: write it as vitkit")
     want = NUMERICS[fmt]
     have = {k: getattr(cfg, k) for k in want}
     if have != want:
@@ -136,6 +139,9 @@ def backbone_fields(state: Dict[str, Any]) -> Dict[str, Any]:
     root = state.get(BACKBONE + "conv_root.weight")
     if root is None:
         return {}
+    basic = "patch_embed.backbone.stages.0.0.conv1.weight" in state and \
+        "patch_embed.backbone.stages.0.0.conv3.weight" not in state  # ResNet-18/34 units have two convolutions
     return dict(backbone="resnet", backbone_layers=_layers_from(state, _OURS_UNIT, 0),
-                backbone_width=int(root.shape[0]), in_chans=int(root.shape[1]))
+                backbone_width=int(root.shape[0]), in_chans=int(root.shape[1]),
+                backbone_stem="3x3" if root.shape[-1] == 3 else "bit", backbone_unit="basic" if basic else "bottleneck")
 

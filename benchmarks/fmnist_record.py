@@ -1,0 +1,300 @@
+"""A pure ViT past ResNet-18 on Fashion-MNIST: the convolutional teacher, the distilled seeds, the paired
+comparison without distillation and the ablations, with every number written to JSON.
+
+    .venv/bin/python benchmarks/fmnist_record.py                       # teacher + 3 seeds x (distilled, plain)
+    .venv/bin/python benchmarks/fmnist_record.py --arms ablation       # + the ablations (validation only)
+    .venv/bin/python benchmarks/fmnist_record.py --smoke --data tensors:FILE --out /tmp/rec   # seconds
+
+What it runs, one after another (each run step-driven, so a killed invocation continues where it stopped:
+a finished run folder is reused, a started one resumed from its checkpoint):
+
+1. the teacher, recipe ``fmnist-teacher``, once (``--teacher DIR`` reuses a finished run folder instead);
+2. per seed (``--seeds``): ``fmnist-record`` (hard distillation through its distillation token from the
+   teacher's exported weights) and, paired by seed, the same recipe without distillation (no teacher, no
+   distillation token);
+3. with ``--arms ablation`` (or ``all``), for each ``--ablation-seeds``: soft distillation (DeiT's tau 3,
+   alpha 0.1) and the recipe without each augmentation (RandAugment, Mixup, CutMix, random erasing,
+   pad-crop + flip), judged on validation only.
+
+The protocol: every run holds out the same 5,000 validation images; the trainer reads no test image
+(``data.eval_split=null``); each teacher or main run's exported folder (``RUN/model``) is evaluated once on
+the test split by vitkit's independent path (:func:`vitkit.train.evaluate_checkpoint`, what ``vitkit eval``
+runs); the ablation runs never read the test split.
+
+Written under ``--out`` (default ``docs/figures/training/fmnist-record``): ``teacher.json``,
+``{arm}-seed{N}.json`` per run (validation curve, validation scores of the raw and EMA weights, the exported
+weights' test accuracy, training and wall time and, for the main arms, the wall time including this seed's
+share of the teacher's) and ``summary.json`` (per-arm means and spreads, the paired differences, the
+targets, the ablation table, the machine line, the command, the code version). ``--smoke``: tiny models for
+a few steps, to prove the pipeline end to end (tests/test_fmnist_record.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from vitkit.bench.machine import machine_info
+from vitkit.cli._util import parse_overrides
+from vitkit.train import evaluate_checkpoint, load_recipe, train
+from vitkit.train.runlog import read_metrics
+from vitkit.utils import write_json_atomic
+from vitkit.version import code_version
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURES = ROOT / "docs" / "figures" / "training" / "fmnist-record"
+TEACHER, STUDENT = "fmnist-teacher", "fmnist-record"
+TARGET_TOP1 = 0.95  # mean of the seeds' test top-1, exported weights
+BUDGET_S = 3 * 3600  # per seed, its share of the teacher's training included
+MAIN_ARMS = {"distill": {}, "plain": {"distill.teacher": None, "model.distill_token": False}}
+ABLATIONS = {
+    "soft": {"distill.kind": "soft", "distill.tau": 3.0, "distill.alpha": 0.1},  # DeiT's soft distillation
+    "no-randaugment": {"augment.randaugment": None},
+    "no-mixup": {"augment.mixup": 0.0},
+    "no-cutmix": {"augment.cutmix": 0.0},
+    "no-erasing": {"augment.erasing": 0.0},
+    "no-crop-flip": {"augment.crop": "none", "augment.flip": False},
+}
+# --smoke: the same pipeline on tiny models for a few steps (the data: --data, e.g. a tensors: file)
+SMOKE = {"schedule.steps": 3, "schedule.warmup_steps": 1, "data.val_size": 40, "data.eval_batch_size": 64,
+         "optim.batch_size": 16, "train.ckpt_every": 0, "train.predictions": 0, "train.log_every": 1,
+         "train.eval_every": 0, "train.backend": "gemm=aten,attention=fused"}
+SMOKE_TEACHER = {"model.backbone_layers": [1, 1], "model.width": 64}
+SMOKE_STUDENT = {"model.width": 32, "model.depth": 1, "model.num_heads": 2, "model.mlp_dim": 64}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = "python benchmarks/fmnist_record.py " + " ".join(argv)
+    out = Path(args.out) if args.out else FIGURES
+    if args.smoke and not args.out:
+        raise SystemExit("--smoke writes to --out only (never over the committed results): give --out")
+    runs = Path(args.runs) if args.runs else out / "runs"
+    common = {**(SMOKE if args.smoke else {}), **({"data.dataset": args.data} if args.data else {})}
+    seeds = _ints(args.seeds)
+    teacher = run_teacher(args, runs, common, out)
+    student = {**common, **(SMOKE_STUDENT if args.smoke else {}), **parse_overrides(args.set),
+               "distill.teacher": str(teacher["model"])}
+    share = teacher["wall_s"] / max(len(seeds), 1)  # each seed's part of the one teacher
+    results: Dict[str, List[Dict[str, Any]]] = {}
+    for seed in seeds:
+        for arm, extra in MAIN_ARMS.items():
+            res = run_student(arm, seed, {**student, **extra}, runs, out, test=True, teacher_share_s=share)
+            results.setdefault(arm, []).append(res)
+    if args.arms in ("ablation", "all"):
+        chosen = [a.strip() for a in args.ablations.split(",")] if args.ablations else list(ABLATIONS)
+        unknown = [a for a in chosen if a not in ABLATIONS]
+        if unknown:
+            raise SystemExit(f"--ablations: unknown arm {unknown[0]!r}; the arms: {', '.join(ABLATIONS)}")
+        for seed in _ints(args.ablation_seeds):
+            for arm in chosen:
+                res = run_student(arm, seed, {**student, **ABLATIONS[arm]}, runs, out, test=False,
+                                  teacher_share_s=None)
+                results.setdefault(arm, []).append(res)
+    summary = summarise(teacher, results, seeds, command=command, smoke=args.smoke)
+    write_json_atomic(out / "summary.json", summary)
+    _plot(results, teacher, out / "fmnist-record.png")
+    _print_summary(summary, out)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", default="0,1,2", help="training seeds of the main arms (default 0,1,2)")
+    ap.add_argument("--arms", default="main", choices=("main", "ablation", "all"),
+                    help="main: distilled and plain seeds; ablation/all: also the ablation arms")
+    ap.add_argument("--ablation-seeds", default="0", help="seeds of the ablation arms (default 0)")
+    ap.add_argument("--ablations", help=f"comma-separated ablation arms (default all: {', '.join(ABLATIONS)})")
+    ap.add_argument("--teacher", help="a finished fmnist-teacher run folder to reuse (default: train one in "
+                    "RUNS/teacher, or reuse it when it is there)")
+    ap.add_argument("--runs", help="folder of the run folders (default OUT/runs)")
+    ap.add_argument("--out", help=f"folder of the JSON files (default {FIGURES.relative_to(ROOT)})")
+    ap.add_argument("--data", help="data.dataset of every run (default the recipes': fashion-mnist)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="recipe overrides of every student run (e.g. schedule.epochs=100)")
+    ap.add_argument("--teacher-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="recipe overrides of the teacher's run")
+    ap.add_argument("--smoke", action="store_true", help="tiny models for a few steps (a test of the pipeline)")
+    return ap
+
+
+def _ints(text: str) -> List[int]:
+    return [int(x) for x in str(text).split(",") if x.strip()]
+
+
+def train_or_reuse(recipe_name: str, overrides: Dict[str, Any], folder: Path) -> Tuple[Dict[str, Any], bool]:
+    """(results.json, whether it was trained now) of the run in ``folder``: reused when finished, resumed
+    from its checkpoint when started, trained otherwise. The trainer reads no test image."""
+    done = folder / "results.json"
+    if done.is_file() and (folder / "model").is_dir():
+        return json.loads(done.read_text()), False
+    recipe = load_recipe(recipe_name, {**overrides, "data.eval_split": None})
+    resume = (folder / "checkpoints" / "last.pt").is_file()
+    train(recipe, folder, resume=resume, progress=sys.stderr.isatty())
+    return json.loads(done.read_text()), True
+
+
+def independent_test(model_dir: Path, recipe_name: str, overrides: Dict[str, Any]) -> Dict[str, Any]:
+    """The exported folder's one reading of the test split, through ``vitkit eval``'s path (the weights and
+    preprocessing as saved, not the trainer's objects)."""
+    data = load_recipe(recipe_name, overrides).data
+    t0 = time.perf_counter()
+    res = evaluate_checkpoint(model_dir, data.dataset, "test", root=data.root, batch_size=data.eval_batch_size)
+    return {"top1": res["top1"], "top5": res["top5"], "loss": res["loss"], "images": res["n"],
+            "eval_s": round(time.perf_counter() - t0, 1), "path": "vitkit.train.evaluate_checkpoint"}
+
+
+def curve(folder: Path) -> List[Dict[str, Any]]:
+    """The validation evaluations of a run (one row per step; a resumed run's later row wins)."""
+    rows = {r["step"]: r for r in read_metrics(folder) if r.get("kind") == "eval" and r.get("split") == "val"}
+    return [{"step": r["step"], "epoch": r.get("epoch"), "train_s": r.get("train_time"), "val_top1": r.get("top1"),
+             "val_top1_ema": r.get("top1_ema"), "final": bool(r.get("final"))} for r in rows.values()]
+
+
+def _record(name: str, recipe: str, seed: Optional[int], overrides: Dict[str, Any], folder: Path,
+            res: Dict[str, Any], trained_now: bool, wall: float) -> Dict[str, Any]:
+    """One run's JSON: what it was, its validation scores and curve, its times."""
+    return {"name": name, "recipe": recipe, "seed": seed, "overrides": overrides, "run": str(folder),
+            "trained_now": trained_now, "val": res.get("val"), "val_images": res.get("val_images"),
+            "exported_weights": res.get("exported_weights"), "selected_by": res.get("selected_by"),
+            "train_images": res.get("train_images"), "params": res.get("params"), "steps": res.get("steps"),
+            "epochs": res.get("epochs"), "train_s": res.get("trained_s"),
+            # the trainer's wall time of its last part (a resumed run: since the resume), or this call's
+            "wall_s": round(wall, 1) if trained_now else res.get("train_wall_s"),
+            "backend": res.get("backend", {}).get("declared"), "teacher": res.get("teacher"),
+            "curve": curve(folder), "machine": machine_info(), "code": code_version()}
+
+
+def run_teacher(args, runs: Path, common: Dict[str, Any], out: Path) -> Dict[str, Any]:
+    """The teacher, trained once (or reused), its exported weights tested once; teacher.json."""
+    folder = Path(args.teacher) if args.teacher else runs / "teacher"
+    overrides = {**common, **(SMOKE_TEACHER if args.smoke else {}), **parse_overrides(args.teacher_set)}
+    t0 = time.perf_counter()
+    res, now = train_or_reuse(TEACHER, overrides, folder)
+    rec = _record("teacher", TEACHER, None, overrides, folder, res, now, time.perf_counter() - t0)
+    rec["model"] = str(folder / "model")
+    saved = out / "teacher.json"
+    old = json.loads(saved.read_text()) if saved.is_file() and not now else {}
+    # the test split once per exported model: a reused teacher keeps the reading already made
+    rec["test"] = old["test"] if old.get("run") == rec["run"] and old.get("test") else \
+        independent_test(folder / "model", TEACHER, overrides)
+    write_json_atomic(saved, rec)
+    print(f"teacher: test top-1 {100 * rec['test']['top1']:.2f}% ({rec['run']})", flush=True)
+    return rec
+
+
+def run_student(arm: str, seed: int, overrides: Dict[str, Any], runs: Path, out: Path, *, test: bool,
+                teacher_share_s: Optional[float]) -> Dict[str, Any]:
+    """One student run of ``arm`` at ``seed`` (test read once, by the exported folder, when ``test``)."""
+    overrides = {**overrides, "train.seed": seed}
+    folder = runs / f"{arm}-seed{seed}"
+    t0 = time.perf_counter()
+    res, now = train_or_reuse(STUDENT, overrides, folder)
+    rec = _record(arm, STUDENT, seed, overrides, folder, res, now, time.perf_counter() - t0)
+    saved = out / f"{arm}-seed{seed}.json"
+    old = json.loads(saved.read_text()) if saved.is_file() and not now else {}
+    if test:
+        rec["test"] = old["test"] if old.get("run") == rec["run"] and old.get("test") else \
+            independent_test(folder / "model", STUDENT, overrides)
+    if teacher_share_s is not None and rec["wall_s"] is not None:
+        rec["teacher_share_s"] = round(teacher_share_s, 1)
+        rec["wall_with_teacher_s"] = round(rec["wall_s"] + teacher_share_s, 1)
+    write_json_atomic(saved, rec)
+    val = _val_top1(rec)
+    print(f"{arm} seed {seed}: validation top-1 {100 * val:.2f}%"
+          + (f", test top-1 {100 * rec['test']['top1']:.2f}%" if test else ""), flush=True)
+    return rec
+
+
+def _val_top1(rec: Dict[str, Any]) -> float:
+    """The exported weights' validation top-1."""
+    return float(rec["val"][rec["exported_weights"]]["top1"])
+
+
+def _stats(values: List[float]) -> Dict[str, Any]:
+    """Mean, sample standard deviation and the 95 % t interval of the mean (None where undefined)."""
+    n = len(values)
+    mean = sum(values) / n if n else None
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
+    ci = None
+    if std is not None:
+        try:
+            from scipy.stats import t
+            h = float(t.ppf(0.975, n - 1)) * std / math.sqrt(n)
+            ci = [mean - h, mean + h]
+        except ImportError:  # the interval needs scipy (vitkit's reproduce extra)
+            ci = None
+    return {"n": n, "mean": mean, "std": std, "ci95": ci, "values": values}
+
+
+def summarise(teacher: Dict[str, Any], results: Dict[str, List[Dict[str, Any]]], seeds: List[int], *,
+              command: str, smoke: bool) -> Dict[str, Any]:
+    """summary.json: the arms' test and validation scores, the paired differences, the targets, the ablation
+    table, the machine line, the command and the code."""
+    arms: Dict[str, Any] = {}
+    for arm, recs in results.items():
+        entry = {"seeds": [r["seed"] for r in recs], "val_top1": _stats([_val_top1(r) for r in recs])}
+        if all("test" in r for r in recs):
+            entry["test_top1"] = _stats([r["test"]["top1"] for r in recs])
+            entry["wall_with_teacher_s"] = [r.get("wall_with_teacher_s") for r in recs]
+        arms[arm] = entry
+    dist = {r["seed"]: r for r in results.get("distill", [])}
+    plain = {r["seed"]: r for r in results.get("plain", [])}
+    paired = [dist[s]["test"]["top1"] - plain[s]["test"]["top1"] for s in seeds if s in dist and s in plain]
+    diff = _stats(paired)
+    spread = max((arms[a]["test_top1"]["std"] or 0.0) for a in ("distill", "plain") if a in arms) if paired else None
+    walls = [w for w in arms.get("distill", {}).get("wall_with_teacher_s", []) if w is not None]
+    mean_top1 = arms.get("distill", {}).get("test_top1", {}).get("mean")
+    targets = {
+        "mean_test_top1_at_least": TARGET_TOP1, "mean_test_top1": mean_top1,
+        "top1_met": mean_top1 is not None and mean_top1 >= TARGET_TOP1,
+        "budget_s_per_seed": BUDGET_S, "max_wall_with_teacher_s": max(walls) if walls else None,
+        "budget_met": bool(walls) and max(walls) <= BUDGET_S,
+        # the distilled student beats the plain one, paired by seed, by more than the seeds' spread
+        "paired_min_difference": min(paired) if paired else None, "seed_spread": spread,
+        "margin_met": bool(paired) and len(paired) > 1 and min(paired) > (spread or 0.0)}
+    ablation = {arm: {str(r["seed"]): _val_top1(r) for r in recs} for arm, recs in results.items()}
+    return {"name": "fmnist-record", "smoke": smoke, "teacher": {k: teacher.get(k) for k in (
+                "run", "model", "test", "val", "exported_weights", "train_s", "wall_s", "params")},
+            "arms": arms, "paired_difference_test_top1": diff, "targets": targets,
+            "ablation_val_top1": ablation, "machine": machine_info(), "code": code_version(), "command": command}
+
+
+def _plot(results: Dict[str, List[Dict[str, Any]]], teacher: Dict[str, Any], path: Path) -> None:
+    """The validation curves of the main arms, one line per seed, and the teacher's test accuracy."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for arm, style in (("distill", "-"), ("plain", "--")):
+        for rec in results.get(arm, []):
+            pts = [(p["epoch"], 100 * p["val_top1"]) for p in rec["curve"] if p["val_top1"] is not None]
+            if pts:
+                ax.plot(*zip(*pts), style, marker="o", ms=2, label=f"{arm}, seed {rec['seed']}")
+    ax.axhline(100 * teacher["test"]["top1"], color="gray", lw=0.8, ls=":", label="teacher, test")
+    ax.axhline(100 * TARGET_TOP1, color="red", lw=0.8, ls=":", label=f"target {100 * TARGET_TOP1:g} %")
+    ax.set(xlabel="epoch", ylabel="validation top-1 (%), raw weights", title="fmnist-record")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _print_summary(summary: Dict[str, Any], out: Path) -> None:
+    t = summary["targets"]
+    if t["mean_test_top1"] is not None:
+        print(f"distilled: mean test top-1 {100 * t['mean_test_top1']:.2f}% (target {100 * TARGET_TOP1:g}%: "
+              f"{'met' if t['top1_met'] else 'NOT met'}); budget {'met' if t['budget_met'] else 'NOT met'}; "
+              f"margin over the plain arm {'met' if t['margin_met'] else 'NOT met'}")
+    print(f"wrote {out / 'summary.json'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""benchmarks/fmnist_record.py end to end on tiny models (--smoke): the convolutional teacher trained by vitkit,
+a pure-ViT student distilled from its exported folder, the paired student without distillation, an ablation
+arm, each exported model tested once through the independent path, and the JSON files the record is read from."""
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from _synthetic import write_npz
+from vitkit.checkpoints import load_weights
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def test_smoke_pipeline_teacher_to_distilled_student_to_json(tmp_path):
+    import fmnist_record
+
+    data = write_npz(tmp_path / "q.npz", n_train=200, n_test=64, size=28)
+    out = tmp_path / "out"
+    assert fmnist_record.main(["--smoke", "--data", f"tensors:{data}", "--out", str(out), "--seeds", "0",
+                               "--arms", "all", "--ablations", "soft"]) == 0
+    teacher = json.loads((out / "teacher.json").read_text())
+    dist = json.loads((out / "distill-seed0.json").read_text())
+    plain = json.loads((out / "plain-seed0.json").read_text())
+    soft = json.loads((out / "soft-seed0.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+
+    # the teacher is a CNN built by the one model factory (a depth-0 ResNet-18-shaped net with a 3x3 root)
+    t_model = load_weights(teacher["model"])
+    cfg = t_model.config
+    assert (cfg.depth, cfg.backbone, cfg.backbone_stem, cfg.backbone_unit) == (0, "resnet", "3x3", "basic")
+    assert any(isinstance(m, torch.nn.GroupNorm) for m in t_model.modules())
+    # the student learned from the teacher's exported folder; the paired arm and its recipe had none
+    assert dist["teacher"] == teacher["model"] and dist["overrides"]["distill.teacher"] == teacher["model"]
+    assert plain["teacher"] is None and plain["overrides"]["model.distill_token"] is False
+    assert soft["teacher"] == teacher["model"] and soft["overrides"]["distill.kind"] == "soft"
+    # the distilled student is a pure ViT with DeiT's distillation token: no convolution but the patch projection
+    s_model = load_weights(str(Path(dist["run"]) / "model"))
+    convs = [n for n, m in s_model.named_modules() if isinstance(m, torch.nn.Conv2d)]
+    assert convs == ["patch_embed.proj"] and s_model.config.distill_token and s_model.config.backbone is None
+    # the trainer read no test image; the exported folders were tested once, by the independent path
+    for rec in (teacher, dist, plain, soft):
+        assert not [r for r in _metrics(rec["run"]) if r.get("kind") == "test"]
+        assert "test_top1" not in json.loads((Path(rec["run"]) / "results.json").read_text())
+        assert rec["curve"] and rec["curve"][-1]["final"] and rec["machine"]["cores"] >= 1
+    for rec in (teacher, dist, plain):
+        assert rec["test"]["images"] == 64 and 0.0 <= rec["test"]["top1"] <= 1.0
+        assert rec["test"]["path"] == "vitkit.train.evaluate_checkpoint"
+    assert "test" not in soft  # an ablation is judged on validation only
+    # times: each main seed carries its share of the one teacher's wall time
+    assert dist["teacher_share_s"] == round(teacher["wall_s"], 1)
+    assert abs(dist["wall_with_teacher_s"] - (dist["wall_s"] + teacher["wall_s"])) < 0.2
+    # the summary: the paired difference is the seed's distilled minus plain test accuracy
+    assert summary["smoke"] is True and summary["arms"]["distill"]["seeds"] == [0]
+    diff = summary["paired_difference_test_top1"]["values"]
+    assert diff == [dist["test"]["top1"] - plain["test"]["top1"]]
+    assert summary["ablation_val_top1"]["soft"]["0"] == soft["val"][soft["exported_weights"]]["top1"]
+    assert summary["targets"]["margin_met"] is False  # one seed cannot show a margin over the seeds' spread
+    assert summary["code"]["vitkit"] and "fmnist_record.py --smoke" in summary["command"]
+    assert (out / "fmnist-record.png").stat().st_size > 0
+
+
+def _metrics(run):
+    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines() if line.strip()]
