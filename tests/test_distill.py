@@ -138,3 +138,10 @@ def test_a_distillation_token_student_learns_the_teacher_on_its_own_head():
     assert student.head.weight.grad.abs().sum() > 0 and student.head_dist.weight.grad.abs().sum() > 0
     with torch.no_grad():
         assert torch.allclose(student.eval()(x), (cls_logits + dist_logits) / 2, atol=1e-6)
+
+
+def test_a_missing_teacher_says_how_to_make_it(tmp_path):
+    from vitkit.errors import NotFoundError
+
+    with pytest.raises(NotFoundError, match="distill.teacher names no model.*vitkit train -r fmnist-teacher"):
+        load_teacher(str(tmp_path / "runs" / "fmnist-teacher" / "model"), ["a", "b"])

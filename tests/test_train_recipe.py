@@ -292,3 +292,24 @@ def test_test_subset_is_fixed_stratified_and_checked(tmp_path):
     assert (torch.bincount(runs[0].labels, minlength=4).float() - share).abs().max() <= 1.0
     with pytest.raises(ConfigError, match="data.test_subset=500 but the test split has 200"):
         open_run_data(load_recipe("fmnist-demo", {**base, "data.test_subset": 500}))
+
+
+def test_the_record_recipe_is_a_pure_vit_distilled_from_the_teacher_recipe_on_the_same_split():
+    from vitkit.train.distill import Distillation
+    from vitkit.train.trainer import objective_for
+
+    student, teacher, long = load_recipe("fmnist-record"), load_recipe("fmnist-teacher"), load_recipe("fmnist-long")
+    for r in (student, teacher):  # the same training images, validation hold-out and normalisation
+        assert r.data == long.data and r.data.val_size == 5000
+    s_cfg, t_cfg = student.model_config(10, 1), teacher.model_config(10, 1)
+    # the student: no convolution but the patch projection, DeiT's distillation token, hard distillation from
+    # where the teacher recipe's documented command exports its weights
+    assert s_cfg.backbone is None and s_cfg.distill_token and s_cfg.class_token and s_cfg.drop_path > 0
+    assert (student.distill.teacher, student.distill.kind) == ("runs/fmnist-teacher/model", "hard")
+    assert isinstance(objective_for(student), Distillation) and student.train.ema > 0
+    a = student.augment
+    assert a.randaugment and a.mixup > 0 and a.cutmix > 0 and a.erasing > 0
+    # the teacher: ResNet-18's stages (two basic units each) on a 3x3 stride-1 root without max-pool
+    assert (t_cfg.depth, t_cfg.backbone_stem, t_cfg.backbone_unit, t_cfg.backbone_layers) == (0, "3x3", "basic",
+                                                                                             (2, 2, 2, 2))
+    assert teacher.distill.teacher is None and t_cfg.grid_size == (4, 4)

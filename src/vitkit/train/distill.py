@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.augment import Normalize, resize
-from ..errors import ConfigError
+from ..errors import ConfigError, NotFoundError
 from .checkpoint import RunState
 from .evaluate import transform_for
 from .optim import unwrap
@@ -136,7 +136,12 @@ def load_teacher(path: str, classes: List[str], *, num_heads: Optional[int] = No
     student's classes (same count, and the same names in the same order when the checkpoint lists them)."""
     from ..checkpoints import load_weights
 
-    model = load_weights(path, num_heads=num_heads)
+    try:
+        model = load_weights(path, num_heads=num_heads)
+    except NotFoundError as err:
+        raise NotFoundError(f"distill.teacher names no model ({err.message})", path=path,
+                            hint="train the teacher first (fmnist-record's: vitkit train -r fmnist-teacher --out "
+                                 "runs/fmnist-teacher) or set distill.teacher=RUN/model") from None
     k = model.config.num_classes
     if k != len(classes):
         raise ConfigError(f"distill.teacher {path} predicts {k} classes but the training data has {len(classes)}: "
