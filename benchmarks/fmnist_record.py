@@ -2,7 +2,7 @@
 comparison without distillation and the ablations, with every number written to JSON.
 
     .venv/bin/python benchmarks/fmnist_record.py                       # teacher + 3 seeds x (distilled, plain)
-    .venv/bin/python benchmarks/fmnist_record.py --arms ablation       # + the ablations (validation only)
+    .venv/bin/python benchmarks/fmnist_record.py --arms all            # + the ablations (validation only)
     .venv/bin/python benchmarks/fmnist_record.py --smoke --data tensors:FILE --out /tmp/rec   # seconds
 
 What it runs, one after another (each run step-driven, so a killed invocation continues where it stopped:
@@ -12,7 +12,7 @@ a finished run folder is reused, a started one resumed from its checkpoint):
 2. per seed (``--seeds``): ``fmnist-record`` (hard distillation through its distillation token from the
    teacher's exported weights) and, paired by seed, the same recipe without distillation (no teacher, no
    distillation token);
-3. with ``--arms ablation`` (or ``all``), for each ``--ablation-seeds``: soft distillation (DeiT's tau 3,
+3. with ``--arms all``, for each ``--ablation-seeds``: soft distillation (DeiT's tau 3,
    alpha 0.1) and the recipe without each augmentation (RandAugment, Mixup, CutMix, random erasing,
    pad-crop + flip), judged on validation only.
 
@@ -74,9 +74,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = Path(args.out) if args.out else FIGURES
     if args.smoke and not args.out:
         raise SystemExit("--smoke writes to --out only (never over the committed results): give --out")
-    runs = Path(args.runs) if args.runs else out / "runs"
+    # the run folders (checkpoints: large, never committed): runs/ is ignored by git; a smoke run keeps its own
+    runs = (Path(args.runs) if args.runs else out / "runs" if args.smoke else ROOT / "runs" / "fmnist-record").resolve()
     common = {**(SMOKE if args.smoke else {}), **({"data.dataset": args.data} if args.data else {})}
     seeds = _ints(args.seeds)
+    ablations = [a.strip() for a in args.ablations.split(",")] if args.ablations else list(ABLATIONS)
+    unknown = [a for a in ablations if a not in ABLATIONS]
+    if unknown:  # before any training
+        raise SystemExit(f"--ablations: unknown arm {unknown[0]!r}; the arms: {', '.join(ABLATIONS)}")
     teacher = run_teacher(args, runs, common, out)
     student = {**common, **(SMOKE_STUDENT if args.smoke else {}), **parse_overrides(args.set),
                "distill.teacher": str(teacher["model"])}
@@ -86,13 +91,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         for arm, extra in MAIN_ARMS.items():
             res = run_student(arm, seed, {**student, **extra}, runs, out, test=True, teacher_share_s=share)
             results.setdefault(arm, []).append(res)
-    if args.arms in ("ablation", "all"):
-        chosen = [a.strip() for a in args.ablations.split(",")] if args.ablations else list(ABLATIONS)
-        unknown = [a for a in chosen if a not in ABLATIONS]
-        if unknown:
-            raise SystemExit(f"--ablations: unknown arm {unknown[0]!r}; the arms: {', '.join(ABLATIONS)}")
+    if args.arms == "all":
         for seed in _ints(args.ablation_seeds):
-            for arm in chosen:
+            for arm in ablations:
                 res = run_student(arm, seed, {**student, **ABLATIONS[arm]}, runs, out, test=False,
                                   teacher_share_s=None)
                 results.setdefault(arm, []).append(res)
@@ -106,13 +107,13 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0,1,2", help="training seeds of the main arms (default 0,1,2)")
-    ap.add_argument("--arms", default="main", choices=("main", "ablation", "all"),
-                    help="main: distilled and plain seeds; ablation/all: also the ablation arms")
+    ap.add_argument("--arms", default="main", choices=("main", "all"),
+                    help="main: the distilled and the plain seeds; all: also the ablation arms")
     ap.add_argument("--ablation-seeds", default="0", help="seeds of the ablation arms (default 0)")
     ap.add_argument("--ablations", help=f"comma-separated ablation arms (default all: {', '.join(ABLATIONS)})")
     ap.add_argument("--teacher", help="a finished fmnist-teacher run folder to reuse (default: train one in "
                     "RUNS/teacher, or reuse it when it is there)")
-    ap.add_argument("--runs", help="folder of the run folders (default OUT/runs)")
+    ap.add_argument("--runs", help="folder of the run folders (default runs/fmnist-record; --smoke: OUT/runs)")
     ap.add_argument("--out", help=f"folder of the JSON files (default {FIGURES.relative_to(ROOT)})")
     ap.add_argument("--data", help="data.dataset of every run (default the recipes': fashion-mnist)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -127,16 +128,16 @@ def _ints(text: str) -> List[int]:
     return [int(x) for x in str(text).split(",") if x.strip()]
 
 
-def train_or_reuse(recipe_name: str, overrides: Dict[str, Any], folder: Path) -> Tuple[Dict[str, Any], bool]:
-    """(results.json, whether it was trained now) of the run in ``folder``: reused when finished, resumed
-    from its checkpoint when started, trained otherwise. The trainer reads no test image."""
+def train_or_reuse(recipe_name: str, overrides: Dict[str, Any], folder: Path) -> Tuple[Dict[str, Any], str]:
+    """(results.json, how: "reused" | "resumed" | "trained") of the run in ``folder``: reused when finished,
+    resumed from its checkpoint when started, trained otherwise. The trainer reads no test image."""
     done = folder / "results.json"
     if done.is_file() and (folder / "model").is_dir():
-        return json.loads(done.read_text()), False
+        return json.loads(done.read_text()), "reused"
     recipe = load_recipe(recipe_name, {**overrides, "data.eval_split": None})
     resume = (folder / "checkpoints" / "last.pt").is_file()
     train(recipe, folder, resume=resume, progress=sys.stderr.isatty())
-    return json.loads(done.read_text()), True
+    return json.loads(done.read_text()), "resumed" if resume else "trained"
 
 
 def independent_test(model_dir: Path, recipe_name: str, overrides: Dict[str, Any]) -> Dict[str, Any]:
@@ -157,15 +158,18 @@ def curve(folder: Path) -> List[Dict[str, Any]]:
 
 
 def _record(name: str, recipe: str, seed: Optional[int], overrides: Dict[str, Any], folder: Path,
-            res: Dict[str, Any], trained_now: bool, wall: float) -> Dict[str, Any]:
-    """One run's JSON: what it was, its validation scores and curve, its times."""
+            res: Dict[str, Any], how: str, wall: float) -> Dict[str, Any]:
+    """One run's JSON: what it was, its validation scores and curve, its times. ``wall_s`` is this call's
+    wall time (a reused run: the trainer's), whole only when the run was not resumed (``wall_complete``);
+    ``train_s`` (training time, evaluations and checkpoints excluded) is whole either way."""
+    resumed = how == "resumed"
     return {"name": name, "recipe": recipe, "seed": seed, "overrides": overrides, "run": str(folder),
-            "trained_now": trained_now, "val": res.get("val"), "val_images": res.get("val_images"),
+            "how": how, "resumed": resumed, "wall_complete": not resumed,
+            "val": res.get("val"), "val_images": res.get("val_images"),
             "exported_weights": res.get("exported_weights"), "selected_by": res.get("selected_by"),
             "train_images": res.get("train_images"), "params": res.get("params"), "steps": res.get("steps"),
             "epochs": res.get("epochs"), "train_s": res.get("trained_s"),
-            # the trainer's wall time of its last part (a resumed run: since the resume), or this call's
-            "wall_s": round(wall, 1) if trained_now else res.get("train_wall_s"),
+            "wall_s": round(wall, 1) if how != "reused" else res.get("train_wall_s"),
             "backend": res.get("backend", {}).get("declared"), "teacher": res.get("teacher"),
             "curve": curve(folder), "machine": machine_info(), "code": code_version()}
 
@@ -175,11 +179,13 @@ def run_teacher(args, runs: Path, common: Dict[str, Any], out: Path) -> Dict[str
     folder = Path(args.teacher) if args.teacher else runs / "teacher"
     overrides = {**common, **(SMOKE_TEACHER if args.smoke else {}), **parse_overrides(args.teacher_set)}
     t0 = time.perf_counter()
-    res, now = train_or_reuse(TEACHER, overrides, folder)
-    rec = _record("teacher", TEACHER, None, overrides, folder, res, now, time.perf_counter() - t0)
-    rec["model"] = str(folder / "model")
+    res, how = train_or_reuse(TEACHER, overrides, folder.resolve())
+    rec = _record("teacher", TEACHER, None, overrides, folder.resolve(), res, how, time.perf_counter() - t0)
+    rec["model"] = str(folder.resolve() / "model")
     saved = out / "teacher.json"
-    old = json.loads(saved.read_text()) if saved.is_file() and not now else {}
+    old = json.loads(saved.read_text()) if saved.is_file() and how == "reused" else {}
+    if old.get("run") == rec["run"]:  # the first call's times and resume state stand
+        rec.update({k: old[k] for k in ("how", "resumed", "wall_complete", "wall_s") if k in old})
     # the test split once per exported model: a reused teacher keeps the reading already made
     rec["test"] = old["test"] if old.get("run") == rec["run"] and old.get("test") else \
         independent_test(folder / "model", TEACHER, overrides)
@@ -194,10 +200,12 @@ def run_student(arm: str, seed: int, overrides: Dict[str, Any], runs: Path, out:
     overrides = {**overrides, "train.seed": seed}
     folder = runs / f"{arm}-seed{seed}"
     t0 = time.perf_counter()
-    res, now = train_or_reuse(STUDENT, overrides, folder)
-    rec = _record(arm, STUDENT, seed, overrides, folder, res, now, time.perf_counter() - t0)
+    res, how = train_or_reuse(STUDENT, overrides, folder)
+    rec = _record(arm, STUDENT, seed, overrides, folder, res, how, time.perf_counter() - t0)
     saved = out / f"{arm}-seed{seed}.json"
-    old = json.loads(saved.read_text()) if saved.is_file() and not now else {}
+    old = json.loads(saved.read_text()) if saved.is_file() and how == "reused" else {}
+    if how == "reused" and old.get("run") == rec["run"]:  # the first call's times and resume state stand
+        rec.update({k: old[k] for k in ("how", "resumed", "wall_complete", "wall_s") if k in old})
     if test:
         rec["test"] = old["test"] if old.get("run") == rec["run"] and old.get("test") else \
             independent_test(folder / "model", STUDENT, overrides)
@@ -249,12 +257,14 @@ def summarise(teacher: Dict[str, Any], results: Dict[str, List[Dict[str, Any]]],
     diff = _stats(paired)
     spread = max((arms[a]["test_top1"]["std"] or 0.0) for a in ("distill", "plain") if a in arms) if paired else None
     walls = [w for w in arms.get("distill", {}).get("wall_with_teacher_s", []) if w is not None]
+    whole = all(r.get("wall_complete") for r in results.get("distill", [])) and teacher.get("wall_complete")
     mean_top1 = arms.get("distill", {}).get("test_top1", {}).get("mean")
     targets = {
         "mean_test_top1_at_least": TARGET_TOP1, "mean_test_top1": mean_top1,
         "top1_met": mean_top1 is not None and mean_top1 >= TARGET_TOP1,
         "budget_s_per_seed": BUDGET_S, "max_wall_with_teacher_s": max(walls) if walls else None,
-        "budget_met": bool(walls) and max(walls) <= BUDGET_S,
+        # a resumed run's wall time covers its last part only: then the budget is not judged (None)
+        "budget_met": (bool(walls) and max(walls) <= BUDGET_S) if whole else None,
         # the distilled student beats the plain one, paired by seed, by more than the seeds' spread
         "paired_min_difference": min(paired) if paired else None, "seed_spread": spread,
         "margin_met": bool(paired) and len(paired) > 1 and min(paired) > (spread or 0.0)}
@@ -289,10 +299,11 @@ def _plot(results: Dict[str, List[Dict[str, Any]]], teacher: Dict[str, Any], pat
 
 def _print_summary(summary: Dict[str, Any], out: Path) -> None:
     t = summary["targets"]
+    word = lambda ok: "not judged (a resumed run)" if ok is None else "met" if ok else "NOT met"  # noqa: E731
     if t["mean_test_top1"] is not None:
         print(f"distilled: mean test top-1 {100 * t['mean_test_top1']:.2f}% (target {100 * TARGET_TOP1:g}%: "
-              f"{'met' if t['top1_met'] else 'NOT met'}); budget {'met' if t['budget_met'] else 'NOT met'}; "
-              f"margin over the plain arm {'met' if t['margin_met'] else 'NOT met'}")
+              f"{word(t['top1_met'])}); budget {word(t['budget_met'])}; "
+              f"margin over the plain arm {word(t['margin_met'])}")
     print(f"wrote {out / 'summary.json'}")
 
 

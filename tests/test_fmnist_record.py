@@ -60,6 +60,15 @@ def test_smoke_pipeline_teacher_to_distilled_student_to_json(tmp_path):
     assert summary["code"]["vitkit"] and "fmnist_record.py --smoke" in summary["command"]
     assert (out / "fmnist-record.png").stat().st_size > 0
 
+    # started again, the benchmark reuses every finished run: nothing is trained or tested a second time
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*") if p.is_file()}
+    assert fmnist_record.main(["--smoke", "--data", f"tensors:{data}", "--out", str(out), "--seeds", "0",
+                               "--arms", "all", "--ablations", "soft"]) == 0
+    assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*") if p.is_file()} == stamps
+    again = json.loads((out / "distill-seed0.json").read_text())
+    assert again["test"] == dist["test"] and again["how"] == "trained" and again["wall_s"] == dist["wall_s"]
+    assert json.loads((out / "summary.json").read_text())["arms"] == summary["arms"]
+
 
 def _metrics(run):
     return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines() if line.strip()]
