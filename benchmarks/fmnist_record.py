@@ -171,6 +171,8 @@ def _record(name: str, recipe: str, seed: Optional[int], overrides: Dict[str, An
             "epochs": res.get("epochs"), "train_s": res.get("trained_s"),
             "wall_s": round(wall, 1) if how != "reused" else res.get("train_wall_s"),
             "backend": res.get("backend", {}).get("declared"), "teacher": res.get("teacher"),
+            # a reused folder trained outside this script may have read the test split itself: said, not hidden
+            "trainer_test_top1": res.get("test_top1"),
             "curve": curve(folder), "machine": machine_info(), "code": code_version()}
 
 

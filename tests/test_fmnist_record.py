@@ -44,6 +44,7 @@ def test_smoke_pipeline_teacher_to_distilled_student_to_json(tmp_path):
         assert not [r for r in _metrics(rec["run"]) if r.get("kind") == "test"]
         assert "test_top1" not in json.loads((Path(rec["run"]) / "results.json").read_text())
         assert rec["curve"] and rec["curve"][-1]["final"] and rec["machine"]["cores"] >= 1
+        assert rec["trainer_test_top1"] is None
     for rec in (teacher, dist, plain):
         assert rec["test"]["images"] == 64 and 0.0 <= rec["test"]["top1"] <= 1.0
         assert rec["test"]["path"] == "vitkit.train.evaluate_checkpoint"
