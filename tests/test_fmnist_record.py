@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from _synthetic import write_npz
@@ -73,3 +74,11 @@ def test_smoke_pipeline_teacher_to_distilled_student_to_json(tmp_path):
 
 def _metrics(run):
     return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_an_unknown_ablation_is_refused_before_any_training(tmp_path):
+    import fmnist_record
+
+    with pytest.raises(SystemExit, match="unknown arm 'no-flip'.*no-randaugment"):
+        fmnist_record.main(["--smoke", "--out", str(tmp_path), "--arms", "all", "--ablations", "soft,no-flip"])
+    assert not (tmp_path / "runs").exists()
