@@ -242,6 +242,18 @@ def _stats(values: List[float]) -> Dict[str, Any]:
     return {"n": n, "mean": mean, "std": std, "ci95": ci, "values": values}
 
 
+def _paired_p(d: Dict[str, Any]) -> Optional[float]:
+    """One-sided p-value of a paired t-test that the mean difference is above 0 (None: fewer than 2 pairs, no
+    spread, or no scipy)."""
+    if d["std"] is None or d["std"] == 0:
+        return None
+    try:
+        from scipy.stats import t
+    except ImportError:
+        return None
+    return float(t.sf(d["mean"] / (d["std"] / math.sqrt(d["n"])), d["n"] - 1))
+
+
 def summarise(teacher: Dict[str, Any], results: Dict[str, List[Dict[str, Any]]], seeds: List[int], *,
               command: str, smoke: bool) -> Dict[str, Any]:
     """summary.json: the arms' test and validation scores, the paired differences, the targets, the ablation
@@ -257,6 +269,7 @@ def summarise(teacher: Dict[str, Any], results: Dict[str, List[Dict[str, Any]]],
     plain = {r["seed"]: r for r in results.get("plain", [])}
     paired = [dist[s]["test"]["top1"] - plain[s]["test"]["top1"] for s in seeds if s in dist and s in plain]
     diff = _stats(paired)
+    diff["p_one_sided"] = _paired_p(diff)  # H1: distillation raises the test top-1 (paired t, n - 1 df)
     spread = max((arms[a]["test_top1"]["std"] or 0.0) for a in ("distill", "plain") if a in arms) if paired else None
     walls = [w for w in arms.get("distill", {}).get("wall_with_teacher_s", []) if w is not None]
     whole = all(r.get("wall_complete") for r in results.get("distill", [])) and teacher.get("wall_complete")

@@ -82,3 +82,39 @@ def test_an_unknown_ablation_is_refused_before_any_training(tmp_path):
     with pytest.raises(SystemExit, match="unknown arm 'no-flip'.*no-randaugment"):
         fmnist_record.main(["--smoke", "--out", str(tmp_path), "--arms", "all", "--ablations", "soft,no-flip"])
     assert not (tmp_path / "runs").exists()
+
+
+def test_summary_pairs_seeds_and_judges_the_targets():
+    """Three seeds: the paired differences, their one-sided t-test (scipy's value), the spread margin, the
+    budget (not judged when a seed was resumed) and the ablation table."""
+    import fmnist_record
+    scipy_stats = pytest.importorskip("scipy.stats")
+
+    def rec(arm, seed, top1, val, wall=9000.0, resumed=False):
+        out = {"seed": seed, "val": {"ema": {"top1": val}}, "exported_weights": "ema",
+               "wall_with_teacher_s": wall, "wall_complete": not resumed}
+        return out if top1 is None else {**out, "test": {"top1": top1}}  # an ablation arm reads no test
+
+    dist = [0.952, 0.955, 0.951]
+    plain = [0.940, 0.941, 0.942]
+    results = {"distill": [rec("distill", s, t, 0.96) for s, t in enumerate(dist)],
+               "plain": [rec("plain", s, t, 0.95) for s, t in enumerate(plain)],
+               "soft": [rec("soft", 0, None, 0.957)]}
+    teacher = {"wall_complete": True, "test": {"top1": 0.955}}
+    s = fmnist_record.summarise(teacher, results, [0, 1, 2], command="x", smoke=False)
+    diffs = [a - b for a, b in zip(dist, plain)]
+    d = s["paired_difference_test_top1"]
+    assert d["values"] == diffs and abs(d["mean"] - sum(diffs) / 3) < 1e-12
+    assert abs(d["p_one_sided"] - scipy_stats.ttest_1samp(diffs, 0.0, alternative="greater").pvalue) < 1e-12
+    t = s["targets"]
+    assert t["top1_met"] and t["budget_met"] is True and t["margin_met"]  # min difference 0.009 > spread 0.002
+    assert abs(t["seed_spread"] - scipy_stats.tstd(dist)) < 1e-12
+    assert s["ablation_val_top1"]["soft"] == {"0": 0.957} and "test_top1" not in s["arms"]["soft"]
+    # a close plain seed: the margin is not met; a resumed seed: the budget is not judged; a slow one fails it
+    results["plain"][1] = rec("plain", 1, 0.9545, 0.95)
+    results["distill"][2] = rec("distill", 2, 0.951, 0.96, wall=11000.0, resumed=True)
+    t = fmnist_record.summarise(teacher, results, [0, 1, 2], command="x", smoke=False)["targets"]
+    assert t["margin_met"] is False and t["budget_met"] is None
+    results["distill"][2] = rec("distill", 2, 0.951, 0.96, wall=11000.0)
+    t = fmnist_record.summarise(teacher, results, [0, 1, 2], command="x", smoke=False)["targets"]
+    assert t["budget_met"] is False and t["max_wall_with_teacher_s"] == 11000.0
