@@ -58,7 +58,7 @@ def reproduce(out: PathLike, claim_ids: Optional[Sequence[int]] = None, budget: 
         from .campaign import before_training
         names, design, seeds_of = before_training(prereg, claims, arms, names, budget, out, pilot, jobs, log,
                                                   restore=lambda: _Keeper.restore(out, state, log))
-    fams = sweep.families(names, arms)
+    fams = sweep.families(names, arms, fixed=prereg is not None)  # v3: fixed-rate arms grow their schedules too
     points = sweep.sweep_arms((sweep.stages(fams, arms) or [[]])[0], arms, budget)  # the first round's
     timed_arms = _timed_arms(claims, names)
     keeper = _Keeper(out, state, budget, arms, points, timed_arms, log, restored=prereg is not None)

@@ -58,7 +58,7 @@ def passes(arm: Arm, b: Budget) -> Tuple[float, float]:
     if arm.length == "data":
         return k * b.data_steps * BATCH, (curve or 0) + final
     if arm.length == "mpp":
-        return k * pool * b.mpp_epochs, 0
+        return k * pool * b.mpp_epochs, curve or 0  # v3: its curve (on at most as many images)
     if arm.length == "few_labels":
         return k * b.few_labels * b.few_label_epochs, (curve if curve is not None else
                                                        val * (10 if b.curves else 0)) + final
@@ -119,12 +119,16 @@ def _run_arms(b: Budget) -> Dict[str, Arm]:
 
 
 def _arm_of(run: str, known: Dict[str, Arm]) -> Optional[Arm]:
-    """The arm of a run name ``ARM@lrX`` or ``ARM@lrX-xS`` (S: its schedule's stretch), or None."""
+    """The arm of a run name ``ARM@lrX`` or ``ARM@lrX-xS`` (S: its schedule's stretch), ``ARM@xS`` (a fixed-rate
+    arm's stretched schedule), or None."""
     import re
 
     if run in known:
         return known[run]
     base, _, tag = run.partition("@")
+    x = re.fullmatch(r"x([0-9.]+)", tag)
+    if x is not None and base in known and known[base].lr is not None:
+        return known[base].at(float(known[base].lr), float(x.group(1)))
     m = re.fullmatch(r"lr([0-9.]+e-?[0-9]+)(?:-x([0-9.]+))?", tag)
     if base not in known or m is None:
         return None

@@ -132,6 +132,30 @@ def arm_check_lines(report: Dict[str, Any]) -> List[str]:
     if bad:
         lines += ["", "| arm | rate | what fails |", "|---|---|---|"] + [
             f"| {a} | {c['rate']} | {'; '.join(c['failed'])} |" for a, c in sorted(bad.items())]
+    return lines + parent_check_lines(checks)
+
+
+def parent_check_lines(checks: Dict[str, Any]) -> List[str]:
+    """The fine-tunes against their parents (claim 5): each fine-tune's validation accuracy against its
+    parent's at the parent's resolution (mean over their common seeds); one below it by more than the noise
+    cannot carry a verdict."""
+    rows = {a: c["parent_check"] for a, c in checks.items() if c.get("parent_check")}
+    if not rows:
+        return []
+    z = next(iter(rows.values())).get("z")
+    lines = ["", "**Fine-tunes against their parent** (validation top-1 %, the parent at its own resolution; a "
+             f"fine-tune passes when it is at most {z:g} binomial standard errors of the parent's accuracy below "
+             "it, and one that does not cannot carry a verdict):",
+             "", "| fine-tune | parent | seeds | fine-tune | parent | difference | noise | passes |",
+             "|---" * 8 + "|"]
+    for a, r in sorted(rows.items()):
+        size = f" ({r['parent_img_size']} px)" if r.get("parent_img_size") else ""
+        if not r.get("seeds"):
+            lines.append(f"| {a} | {r['parent']}{size} | 0 | - | - | - | - | no ({r['why']}) |")
+            continue
+        lines.append(f"| {a} | {r['parent']}{size} | {r['seeds']} | {100 * r['val']:.2f} | "
+                     f"{100 * r['parent_val']:.2f} | {100 * r['gap']:+.2f} | {100 * r['noise']:.2f} | "
+                     f"{'yes' if r['ok'] else 'no'} |")
     return lines
 
 
