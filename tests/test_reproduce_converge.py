@@ -217,8 +217,8 @@ def test_fixed_rate_arms_grow_their_schedule_by_the_same_rule():
     chosen, _ = sweep.grow(fams, arms, b, _fixed_train({"token-lr3e-3": 99.0}, []), conv)
     assert chosen["token-lr3e-3"]["stretch"] == b.max_stretch and chosen["token-lr3e-3"]["converged"] is False
     # a stretched fixed arm's run name reads back as its arm (the machine-rate fit reads every run name)
-    from vitkit.reproduce.estimate import _arm_of
-    assert _arm_of("gap-lr1e-2@x4", arms) == arms["gap-lr1e-2"].at(1e-2, 4.0)
+    from vitkit.reproduce.estimate import arm_of
+    assert arm_of("gap-lr1e-2@x4", arms) == arms["gap-lr1e-2"].at(1e-2, 4.0)
 
 
 def test_the_mpp_parent_keeps_a_curve_and_a_failing_parent_gates_its_fine_tune(tmp_path):

@@ -105,7 +105,7 @@ def _v1_runs(report: Dict[str, Any]) -> List[Tuple[int, float]]:
 
 def _run_arms(b: Budget) -> Dict[str, Arm]:
     """Every run name a campaign of ``b`` can have (each arm at every rate of its family's starting grid) ->
-    its arm; a name outside it (a grown grid, a stretched schedule) is read by :func:`_arm_of`."""
+    its arm; a name outside it (a grown grid, a stretched schedule) is read by :func:`arm_of`."""
     from .catalog import plan
     from .sweep import rates
 
@@ -118,7 +118,7 @@ def _run_arms(b: Budget) -> Dict[str, Arm]:
     return out
 
 
-def _arm_of(run: str, known: Dict[str, Arm]) -> Optional[Arm]:
+def arm_of(run: str, known: Dict[str, Arm]) -> Optional[Arm]:
     """The arm of a run name ``ARM@lrX`` or ``ARM@lrX-xS`` (S: its schedule's stretch), ``ARM@xS`` (a fixed-rate
     arm's stretched schedule), or None."""
     import re
@@ -148,7 +148,7 @@ def fit(report: Dict[str, Any], where: str = "report") -> Tuple[float, float]:
                         f"wall time does not cover the campaign; fit to a run of a whole budget")
     b = get_budget(report["budget"], int(report.get("version", 2)))
     known = _run_arms(b)
-    arms = {r: a for r in c["train_s"] for a in [_arm_of(r, known)] if a is not None}
+    arms = {r: a for r in c["train_s"] for a in [arm_of(r, known)] if a is not None}
     unknown = sorted(set(c["train_s"]) - set(arms))
     if unknown:
         raise DataError(f"{where}: run {unknown[0]} is not a run of budget {b.name} in this code version")

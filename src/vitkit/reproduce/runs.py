@@ -26,6 +26,7 @@ from .claims import HALVES, Arm
 from .measure import record_provenance
 
 DESIGN = "design.json"  # OUT/runs/design.json: a v3 campaign's design, made before its first run
+REPLAN = "replan.json"  # OUT/runs/replan.json: its seeds planned again once the sweep has chosen (.replan)
 
 
 def run_folder(root: PathLike, arm: str, seed: int) -> Path:
