@@ -107,3 +107,10 @@ def test_the_replan_is_made_once_kept_in_the_state_and_read_by_the_report(tmp_pa
                        sweeps=sweeps, design=got)
     c = next(c for c in rep["claims"] if c["id"] == off[0])
     assert c["verdict"] == verdict.NOT_TESTABLE and c["tests"][0]["note"].startswith("after the sweep: ")
+    from vitkit.reproduce import markdown
+    lines = markdown.replan_table(rep)
+    assert lines[1].startswith("**Seeds planned again after the sweep**")
+    row = next(x for x in lines if x.startswith(f"| {off[0]} |"))
+    before = got["claims"][str(off[0])]["before_sweep"]
+    assert row.startswith(f"| {off[0]} | {before['seeds']} | {before['power']:.0%} / ") and "not testable" in row
+    assert "**Seeds planned again after the sweep**" in markdown.markdown(rep, {})

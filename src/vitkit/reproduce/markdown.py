@@ -1,7 +1,7 @@
 """report.md from report.json (every number in it comes from the JSON)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import stats
 from .claims import METRIC_LABELS, PERCENT, SPEED, lr_name
@@ -84,7 +84,7 @@ def _head(report: Dict[str, Any]) -> List[str]:
                 "/".join(f"{100 * v:.2f}" for v in vals) for vals in s["val_top1"].values()) + " |")
         lines += sweep_edges(report["sweeps"])
     if report.get("plan"):
-        return lines + primaries(report) + arm_check_lines(report)
+        return lines + primaries(report) + replan_table(report) + arm_check_lines(report)
     lines += ["", "| claim | verdict |", "|---|---|"] + [f"| {c['id']}. {c['title']} | {c['verdict']} |"
                                                         for c in report["claims"]]
     return lines
@@ -116,6 +116,28 @@ def primaries(report: Dict[str, Any]) -> List[str]:
                      f"{_ci(t, m, True) if t.get('estimate') is not None else '-'}{unit} | {lvl} | "
                      f"{'-' if p is None else f'{p:.3g}'} | {pm(t.get('power_planned'), t.get('mde_planned'))} | "
                      f"{pm(t.get('power'), t.get('mde'))} | {t['verdict']}{note} |")
+    return lines
+
+
+def replan_table(report: Dict[str, Any]) -> List[str]:
+    """The seeds planned again once the sweep had chosen every rate and schedule: per claim, before and after."""
+    rec = (report.get("design") or {}).get("replan")
+    if not rec:
+        return []
+    lines = ["", f"**Seeds planned again after the sweep** (the same planner and planning SDs, the arms priced at "
+             f"the schedules the sweep chose, within the hours the sweep left; about {rec['wall_hours']:.1f} h wall "
+             f"at --jobs {rec['jobs']}):", "",
+             "| claim | seeds (design) | power / MDE (design) | seeds (after the sweep) | power / MDE (after) |",
+             "|---" * 5 + "|"]
+    for c, r in rec["claims"].items():
+        unit = "" if int(c) in (9, 10) else " pt"
+
+        def cell(x: Dict[str, Any]) -> Tuple[str, str]:
+            mde = "-" if x.get("mde") is None else (f"{x['mde']:.3g}" if not unit else f"{100 * x['mde']:.2f}")
+            if not x.get("testable"):
+                return f"not testable ({x.get('reason')})", f"- / {mde}{unit}"
+            return str(x["seeds"]), f"{x['power']:.0%} / {mde}{unit}"
+        lines.append(f"| {c} | {' | '.join(cell(r['before']))} | {' | '.join(cell(r['after']))} |")
     return lines
 
 
@@ -167,8 +189,9 @@ def sweep_table(report: Dict[str, Any]) -> List[str]:
              "converged; validation top-1 % per rate at the sweep seeds):", "",
              "| family | chosen | grid grown | schedule | converged | validation top-1 per rate |", "|---" * 6 + "|"]
     for f, s in report["sweeps"].items():
-        per = "; ".join(f"{lr_name(float(k))}: " + "/".join(f"{100 * v:.2f}" for v in vals)
+        per = "; ".join(f"{lr_name(float(k))}: " + "/".join("-" if v is None else f"{100 * v:.2f}" for v in vals)
                         for k, vals in s["val_top1"].items())
+        per += " (fixed rate: its schedule only)" if s.get("fixed") else ""
         edge = f" ({s['edge']} of the grid)" if s.get("edge") else ""
         lines.append(f"| {f} | {lr_name(float(s['lr']))}{edge} | {s.get('extended', 0)} x | "
                      f"x{float(s.get('stretch') or 1):g} | {s.get('converged')} | {per} |")
