@@ -296,3 +296,22 @@ def test_claim5_fine_tunes_must_at_least_match_their_parent():
     xarms = arms_table()
     assert convergence.parent_check("xfer-ft-vit", xarms, {"xfer-ft-vit": {"val_top1": {"0": 0.5}},
                                                            "xfer-vit": {"val_top1": {"0": 0.9}}}, n_val) is None
+
+
+def test_a_fixed_arm_that_is_a_swept_point_trains_once():
+    """Claim 2's GAP arm at 1e-3 is the base ViT's sweep point at 1e-3: the sweep trains it once, under the
+    name the report resolves both arms to, and both families read its measures."""
+    arms = arms_table()
+    b = get_budget("full").with_(lr_sweep=(1e-3, 2e-3, 4e-3), sweep_seeds=(0, 1))
+    names = catalog_plan([1, 2], b)[2]
+    fams = sweep.families(names, arms, fixed=True)
+    log = []
+    conv = lambda ms: convergence.converged_runs(ms, 5000)  # noqa: E731
+    chosen, measured = sweep.grow(fams, arms, b, _fixed_train({}, log), conv)
+    trained = [n for r in log for n in r]
+    assert "vit@lr1e-3" in trained and "gap-lr1e-3" not in trained and "gap-lr1e-2" in trained
+    assert chosen["gap-lr1e-3"]["converged"] and "gap-lr1e-3" not in measured
+    assert sweep.twins({"gap-lr1e-3": arms["gap-lr1e-3"], "vit@lr1e-3": arms["vit"].at_lr(1e-3)}, arms) == {
+        "gap-lr1e-3": "vit@lr1e-3"}
+    _, alias = sweep.resolve(arms, {**chosen, "vit": {**chosen["vit"], "lr": 1e-3, "stretch": 1.0}})
+    assert alias["gap-lr1e-3"] == alias["vit"] == "vit@lr1e-3"  # the run the sweep trained

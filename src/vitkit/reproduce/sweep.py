@@ -116,8 +116,11 @@ def grow(fams: Sequence[str], arms: Mapping[str, Arm], budget: Budget, train: Ca
         stretch, ext, todo = {f: 1.0 for f in stage}, {f: 0 for f in stage}, list(stage)
         while todo:
             table = sweep_arms(todo, arms, budget, grid, stretch, resolve(arms, chosen))
-            got = train(list(table), table, budget.sweep_seeds)
+            twin = twins(table, arms)  # one run of two names (claim 2's GAP arm at 1e-3 is the base ViT's point)
+            got = train([n for n in table if n not in twin], {n: a for n, a in table.items() if n not in twin},
+                        budget.sweep_seeds)
             measured.update(got)
+            got.update({n: got.get(t, []) for n, t in twin.items()})
             picks = choose(todo, arms, budget, {n: [m.get("val_top1") for m in ms] for n, ms in got.items()}, grid,
                            stretch)
             for f in list(todo):
@@ -133,6 +136,19 @@ def grow(fams: Sequence[str], arms: Mapping[str, Arm], budget: Budget, train: Ca
                 chosen[f] = {**rec, "converged": ok, "extended": ext[f]}
                 todo.remove(f)
     return chosen, measured
+
+
+def twins(table: Mapping[str, Arm], arms: Mapping[str, Arm]) -> Dict[str, str]:
+    """{point: the point it is the same run as} among ``table``'s points: the one whose arm comes first in the
+    arm table is trained (as :func:`resolve` names the run), the other reads its measures."""
+    order = {n: i for i, n in enumerate(arms)}
+    names = sorted(table, key=lambda n: (order.get(n.split("@", 1)[0], len(order)), n))
+    out: Dict[str, str] = {}
+    for i, n in enumerate(names):
+        t = next((m for m in names[:i] if m not in out and same_run(table[m], table[n])), None)
+        if t is not None:
+            out[n] = t
+    return out
 
 
 def stages(fams: Sequence[str], arms: Mapping[str, Arm]) -> List[List[str]]:
