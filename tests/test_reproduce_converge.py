@@ -165,3 +165,153 @@ def test_claim7_speed_is_timed_once_and_never_when_reporting(tmp_path, monkeypat
     # read back ever after, also when the campaign goes on
     assert measure.stored_speed(folders, 30, lines.append) == got and calls == [30]
     assert measure.stored_speed(folders, 30, lines.append, time_now=False) == got
+
+
+def _fixed_train(slow, log):
+    """A training stand-in for fixed-rate arms: the arms named in ``slow`` (arm -> stretch at which its curve
+    stops rising) still gain at the end of a shorter schedule; MPP measures no accuracy, only its curve."""
+    def train(names, table, seeds):
+        log.append(sorted(names))
+        out = {}
+        for n in names:
+            a = table[n]
+            base = n.split("@", 1)[0]
+            rise = 0.0 if a.stretch >= slow.get(base, 1.0) else 0.08
+            curve = [[e, 0.8 - rise * max(0, 11 - e) / 11] for e in range(12)]
+            val = None if a.kind == "mpp" else 0.8 + (a.lr or 0.0)
+            out[n] = [{"seed": s, "val_top1": val, "curve": curve} for s in seeds]
+        return out
+    return train
+
+
+def test_fixed_rate_arms_grow_their_schedule_by_the_same_rule():
+    """Claim 2's read-outs and the MPP parent have rates of their own: the v3 sweep trains each at the sweep
+    seeds and doubles its schedule until its curve converges (the cap as for a swept family); a fine-tune of a
+    grown parent starts from the grown run."""
+    arms = arms_table()
+    b = get_budget("full").with_(sweep_seeds=(0, 1))
+    names = catalog_plan([2, 8], b)[2]
+    assert "mpp" not in sweep.families(names, arms) and "gap-lr1e-3" not in sweep.families(names, arms)  # v2
+    fams = sweep.families(names, arms, fixed=True)
+    assert {"mpp", "gap-lr1e-3", "token-lr1e-2", "few-mpp", "few-scratch"} <= set(fams)
+    stages = sweep.stages(fams, arms)
+    assert "mpp" in stages[0] and "few-mpp" in stages[1]  # the fine-tune after its parent's schedule is fixed
+    log = []
+    conv = lambda ms: convergence.converged_runs(ms, 5000)  # noqa: E731
+    chosen, measured = sweep.grow(fams, arms, b, _fixed_train({"mpp": 2.0, "gap-lr1e-2": 4.0}, log), conv)
+    assert chosen["mpp"]["stretch"] == 2.0 and chosen["mpp"]["converged"] and chosen["mpp"]["fixed"]
+    assert chosen["gap-lr1e-2"]["stretch"] == 4.0 and chosen["gap-lr1e-2"]["lr"] == pytest.approx(1e-2)
+    assert chosen["gap-lr1e-3"]["stretch"] == 1.0 and chosen["gap-lr1e-3"]["grid"] == [1e-3]
+    assert chosen["mpp"]["edge"] is None and chosen["mpp"]["extended"] == 0  # one rate: nothing to extend
+    assert "mpp@x2" in measured and "gap-lr1e-2@x4" in measured and "gap-lr1e-2@x2" in measured
+    runs_, alias = sweep.resolve(arms, chosen)
+    assert alias["mpp"] == "mpp@x2" and runs_["mpp@x2"].stretch == 2.0 and runs_["mpp@x2"].lr == 1e-3
+    assert alias["gap-lr1e-3"] == "gap-lr1e-3" and alias["gap-lr1e-2"] == "gap-lr1e-2@x4"
+    assert runs_[alias["few-mpp"]].parent == "mpp@x2"
+    few_round = next(r for r in log if any(n.startswith("few-mpp@") for n in r))
+    assert "mpp@x2" in few_round and "mpp" not in few_round
+    b_tmp = get_budget("full")
+    assert runs.recipe_overrides(runs_["mpp@x2"], 0, b_tmp, __import__("pathlib").Path("/tmp"))[
+        "schedule.epochs"] == 2 * b_tmp.mpp_epochs
+    # the cap: a fixed arm that never converges stops at max_stretch and says so
+    chosen, _ = sweep.grow(fams, arms, b, _fixed_train({"token-lr3e-3": 99.0}, []), conv)
+    assert chosen["token-lr3e-3"]["stretch"] == b.max_stretch and chosen["token-lr3e-3"]["converged"] is False
+    # a stretched fixed arm's run name reads back as its arm (the machine-rate fit reads every run name)
+    from vitkit.reproduce.estimate import arm_of
+    assert arm_of("gap-lr1e-2@x4", arms) == arms["gap-lr1e-2"].at(1e-2, 4.0)
+
+
+def test_the_mpp_parent_keeps_a_curve_and_a_failing_parent_gates_its_fine_tune(tmp_path):
+    b = get_budget("full")
+    arms = arms_table()
+    assert runs.recipe_overrides(arms["mpp"], 0, b, tmp_path)["train.eval_every"] > 0  # v3: a curve
+    assert runs.recipe_overrides(arms["mpp"], 0, get_budget("full", version=2), tmp_path)["train.eval_every"] == 0
+    from vitkit.reproduce.measure import learning_curve
+    rows = [{"kind": "eval", "split": "val", "epoch": e, "mpp_acc": 0.3 + 0.01 * e, "mpp_loss": 1.0} for e in (1, 2)]
+    rows.append({"kind": "eval", "split": "val", "epoch": 2, "final": True, "mpp_acc": 0.9})  # exported weights
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = learning_curve(tmp_path, "mpp_acc")
+    assert [e for e, _ in got] == [1, 2] and [a for _, a in got] == pytest.approx([0.31, 0.32])
+    prereg = rule.load_plan()
+    b = b.with_(seeds=tuple(range(6)))
+    claims, arms, names = catalog_plan([8], b)
+    assert "mpp" in names
+
+    def build(mpp_gain):
+        ms = {}
+        for n in names:
+            f = {"few-mpp": 0.80, "few-scratch": 0.75}.get(n)
+            rise = mpp_gain if n == "mpp" else 0.0
+            k = 7 if n == "few-mpp" else 5
+            ms[n] = [{"seed": s, "test_top1": f and f + 0.002 * ((s * k) % 3), "val_top1": f, "code": None,
+                      "plan": prereg["sha256"], "params": 1, "macs": 1, "train_macs": 1,
+                      "curve": [[e, 0.5 - rise * max(0, 11 - e) / 11] for e in range(12)]} for s in b.seeds]
+        sweeps = {arms[n].family: {"lr": 2e-3, "edge": None, "val_top1": {}} for n in names if arms[n].lr is None}
+        return report.build(claims, arms, {n: n for n in arms}, ms, b, plan=prereg, sweeps=sweeps)
+    ok = build(0.0)
+    assert ok["arm_checks"]["mpp"]["failed"] == [] and ok["claims"][0]["verdict"] == stats.REPRODUCED
+    bad = build(0.05)  # MPP still gaining 5 points of patch accuracy at its end
+    assert bad["arm_checks"]["mpp"]["failed"][0].startswith("not converged")
+    assert "its parent mpp failed the checks" in bad["arm_checks"]["few-mpp"]["failed"]
+    assert bad["claims"][0]["verdict"] == verdict.NO_VERDICT and "few-mpp" in bad["claims"][0]["tests"][0]["note"]
+
+
+def test_claim5_fine_tunes_must_at_least_match_their_parent():
+    """Each of claim 5's fine-tunes is checked against its parent's validation accuracy at the parent's
+    resolution (20 px): one more than the noise below it cannot carry a verdict, and the report prints the
+    check."""
+    from vitkit.reproduce import markdown
+    prereg = rule.load_plan()
+    b = get_budget("full").with_(seeds=tuple(range(6)))
+    claims, arms, names = catalog_plan([5], b)
+    n_val = 5000
+    se = math.sqrt(0.85 * 0.15 / n_val)
+
+    def build(ft20_gap):
+        base = {"res-pre20": 0.85, "res-ft20": 0.85 + ft20_gap, "res-ft28": 0.88, "res-ft28-reinit": 0.86}
+        ms = {}
+        for i, n in enumerate(names):
+            f = base[n]
+            ms[n] = [{"seed": s, "test_top1": f + 0.002 * ((s * (i + 3)) % 3), "val_top1": f + 0.001 * (s % 2),
+                      "code": None, "plan": prereg["sha256"], "params": 1, "macs": 1,
+                      "curve": [[e, f] for e in range(12)]} for s in b.seeds]
+        sweeps = {arms[n].family: {"lr": 2e-3, "edge": None, "val_top1": {}} for n in names if arms[n].lr is None}
+        return report.build(claims, arms, {n: n for n in arms}, ms, b, plan=prereg, sweeps=sweeps)
+    ok = build(-1.5 * se)  # below its parent, but within 2 standard errors: it matches
+    chk = ok["arm_checks"]
+    assert chk["res-ft20"]["parent_check"]["ok"] and chk["res-ft28"]["parent_check"]["ok"]
+    assert chk["res-ft20"]["parent_check"]["gap"] == pytest.approx(-1.5 * se, abs=1e-9)
+    assert chk["res-ft20"]["parent_check"]["parent_img_size"] == 20
+    assert "parent_check" not in chk["res-pre20"] and ok["claims"][0]["verdict"] == stats.REPRODUCED
+    bad = build(-2.5 * se)
+    assert not bad["arm_checks"]["res-ft20"]["parent_check"]["ok"]
+    failed = bad["arm_checks"]["res-ft20"]["failed"]
+    assert any(f.startswith("below its parent res-pre20 on validation") for f in failed)
+    assert bad["claims"][0]["verdict"] == verdict.NO_VERDICT and "res-ft20" in bad["claims"][0]["tests"][0]["note"]
+    lines = markdown.arm_check_lines(bad)
+    assert any(x.startswith("**Fine-tunes against their parent**") for x in lines)
+    row = next(x for x in lines if x.startswith("| res-ft20 | res-pre20 (20 px) | 6 |"))
+    assert row.endswith("| no |") and f"{100 * -2.5 * se:+.2f}" in row
+    # claim 10's fine-tunes learn other classes than their parents: no such check
+    xarms = arms_table()
+    assert convergence.parent_check("xfer-ft-vit", xarms, {"xfer-ft-vit": {"val_top1": {"0": 0.5}},
+                                                           "xfer-vit": {"val_top1": {"0": 0.9}}}, n_val) is None
+
+
+def test_a_fixed_arm_that_is_a_swept_point_trains_once():
+    """Claim 2's GAP arm at 1e-3 is the base ViT's sweep point at 1e-3: the sweep trains it once, under the
+    name the report resolves both arms to, and both families read its measures."""
+    arms = arms_table()
+    b = get_budget("full").with_(lr_sweep=(1e-3, 2e-3, 4e-3), sweep_seeds=(0, 1))
+    names = catalog_plan([1, 2], b)[2]
+    fams = sweep.families(names, arms, fixed=True)
+    log = []
+    conv = lambda ms: convergence.converged_runs(ms, 5000)  # noqa: E731
+    chosen, measured = sweep.grow(fams, arms, b, _fixed_train({}, log), conv)
+    trained = [n for r in log for n in r]
+    assert "vit@lr1e-3" in trained and "gap-lr1e-3" not in trained and "gap-lr1e-2" in trained
+    assert chosen["gap-lr1e-3"]["converged"] and "gap-lr1e-3" not in measured
+    assert sweep.twins({"gap-lr1e-3": arms["gap-lr1e-3"], "vit@lr1e-3": arms["vit"].at_lr(1e-3)}, arms) == {
+        "gap-lr1e-3": "vit@lr1e-3"}
+    _, alias = sweep.resolve(arms, {**chosen, "vit": {**chosen["vit"], "lr": 1e-3, "stretch": 1.0}})
+    assert alias["gap-lr1e-3"] == alias["vit"] == "vit@lr1e-3"  # the run the sweep trained

@@ -74,6 +74,11 @@ def test_the_pilot_end_to_end_tiny(tmp_path, tiny_data, monkeypatch):  # noqa: F
     pil = saved["pilot"]
     assert set(pil["design"]["claims"]) == {str(i) for i in ids} and pil["spreads"]
     assert any("the full budget needs" in x for x in lines)
+    # the honest wording, from this run's own report.json: one sentence a claim, naming its scale and verdict
+    from vitkit.reproduce import wording
+    said = wording.claim_sentences(saved)
+    assert sorted(said) == ids and all(f": {c['verdict']}.** On " in said[c["id"]] for c in saved["claims"])
+    assert "carries no verdict because an arm failed" in said[5]  # the pilot's single-rate fine-tunes
     # claim 7's speed: timed once, 30 rounds, stored with the seed-0 run
     c7 = next(c for c in saved["claims"] if c["id"] == 7)
     t = next(t for t in c7["tests"] if t.get("metric") == "paired_img_per_s")

@@ -51,14 +51,13 @@ def reproduce(out: PathLike, claim_ids: Optional[Sequence[int]] = None, budget: 
     require_extra()
     budget, prereg = _plan(get_budget(budget) if isinstance(budget, str) else budget, plan_file)
     claims, arms, names = plan(claim_ids, budget)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    (out := Path(out)).mkdir(parents=True, exist_ok=True)
     t0, done, design, seeds_of = time.perf_counter(), {}, None, None
     if prereg is not None:
         from .campaign import before_training
         names, design, seeds_of = before_training(prereg, claims, arms, names, budget, out, pilot, jobs, log,
                                                   restore=lambda: _Keeper.restore(out, state, log))
-    fams = sweep.families(names, arms)
+    fams = sweep.families(names, arms, fixed=prereg is not None)  # v3: fixed-rate arms grow their schedules too
     points = sweep.sweep_arms((sweep.stages(fams, arms) or [[]])[0], arms, budget)  # the first round's
     timed_arms = _timed_arms(claims, names)
     keeper = _Keeper(out, state, budget, arms, points, timed_arms, log, restored=prereg is not None)
@@ -75,6 +74,8 @@ def reproduce(out: PathLike, claim_ids: Optional[Sequence[int]] = None, budget: 
 
     chosen, swept = _sweep(fams, arms, budget, train, prereg, log)
     runs, alias = sweep.resolve(arms, chosen)
+    names, design, seeds_of = _replanned(prereg, design, seeds_of, report_only, claims, arms, names, (runs, alias),
+                                         {r: keeper.table[r] for r in swept}, budget, out, log)
     run_names = list(dict.fromkeys(alias[n] for n in names))
     run_seeds = _run_seeds(run_names, alias, names, seeds_of, budget)
     keeper.resolved(run_names, runs, alias, run_seeds)
@@ -102,6 +103,17 @@ def _plan(budget: Budget, plan_file: Optional[PathLike]) -> Tuple[Budget, Option
     from .rule import load_plan
     prereg = load_plan(plan_file)
     return budget.with_(plan_sha=prereg["sha256"]), prereg
+
+
+def _replanned(prereg: Optional[Dict[str, Any]], design: Optional[Dict[str, Any]], seeds_of: Any, report_only: bool,
+               claims: Sequence[Claim], arms: Dict[str, Arm], names: List[str], *rest: Any) -> Tuple[Any, Any, Any]:
+    """(names, design, seeds per arm): under a design, the seeds planned again at the rates and schedules the
+    sweep chose (:func:`.replan.after_sweep`; --report-only reads the campaign's re-plan, never makes one)."""
+    out = rest[-2]
+    if not design or (report_only and not (out / "runs" / "replan.json").is_file()):
+        return names, design, seeds_of
+    from .replan import after_sweep
+    return after_sweep(prereg, design, claims, arms, names, *rest)
 
 
 def _priced(design: Optional[Dict[str, Any]], runs: Dict[str, Arm], seeds: Any, budget: Budget,

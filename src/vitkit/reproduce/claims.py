@@ -71,6 +71,22 @@ class Arm:
         tag = "" if stretch == 1 else f"-x{stretch:g}"
         return replace(self, name=f"{self.name}@lr{lr_name(lr)}{tag}", lr=lr, stretch=float(stretch))
 
+    def at(self, lr: float, stretch: float = 1.0) -> "Arm":
+        """A sweep point of this arm's family: :meth:`at_lr` for an arm whose rate the sweep chooses; an arm of
+        fixed rate (``lr`` must be its own) keeps its name at the budget's schedule and is NAME@xS when its
+        schedule is stretched S times (grown by the same convergence rule as a swept family)."""
+        if self.lr is None:
+            return self.at_lr(lr, stretch)
+        if float(lr) != float(self.lr):
+            raise ConfigError(f"arm {self.name} has the fixed rate {self.lr:g}, not {lr:g}")
+        return self if stretch == 1 else replace(self, name=f"{self.name}@x{stretch:g}", stretch=float(stretch))
+
+    @property
+    def grows(self) -> bool:
+        """A fixed-rate arm whose schedule the v3 sweep grows until it converges: one that trains (a classifier,
+        or masked patch prediction) at a rate of its own."""
+        return self.lr is not None and self.kind in ("train", "mpp") and self.length != "none"
+
 
 @dataclass(frozen=True)
 class Best:

@@ -54,10 +54,13 @@ def converged_runs(measures: Sequence[Mapping[str, Any]], n_val: int, plan: Opti
 
 def arm_checks(report: Mapping[str, Any], arms: Mapping[str, Any], n_val: int,
                plan: Optional[Mapping[str, Any]] = None) -> Dict[str, Dict[str, Any]]:
-    """Per arm of the report that trains a classifier: its convergence (the rule on its mean curve) and its
-    rate (``interior`` of its family's grid or of its selector's group, ``fixed`` when the design fixes it,
-    else the end it sits at); ``failed`` lists what keeps it from carrying a verdict."""
-    r, sweeps = rule_of(plan), report.get("sweeps") or {}
+    """Per arm of the report that trains (a classifier, or the masked patch prediction parent on its curve of
+    accuracy on the corrupted validation patches): its convergence (the rule on its mean curve) and its rate
+    (``interior`` of its family's grid or of its selector's group, ``fixed`` when the design fixes it, else the
+    end it sits at); a fine-tune of a classifier on the same classes: whether it at least matches its parent
+    (:func:`parent_check`). ``failed`` lists what keeps it from carrying a verdict, a parent's failures
+    included (a fine-tune of an arm that failed starts from weights that cannot carry one)."""
+    r, sweeps, values = rule_of(plan), report.get("sweeps") or {}, report.get("values") or {}
     groups: Dict[str, List[float]] = {}
     for a in arms.values():
         if a.group and a.x is not None:
@@ -65,7 +68,7 @@ def arm_checks(report: Mapping[str, Any], arms: Mapping[str, Any], n_val: int,
     out: Dict[str, Dict[str, Any]] = {}
     for name, per_seed in (report.get("curves") or {}).items():
         a = arms.get(name)
-        if a is None or a.kind != "train":
+        if a is None or a.kind not in ("train", "mpp"):
             continue
         conv = plateau(mean_curve(list(per_seed.values())), n_val, r["window"], r["z"])
         rate = _rate(a, sweeps, groups)
@@ -73,11 +76,54 @@ def arm_checks(report: Mapping[str, Any], arms: Mapping[str, Any], n_val: int,
             ([] if rate in ("interior", "fixed") else [f"rate at the {rate} of its grid"])
         out[name] = {"convergence": conv, "rate": rate, "failed": failed}
     for name, a in arms.items():  # an arm that trains but kept no curve cannot show it converged
-        if name in (report.get("values") or {}) and name not in out and a.kind == "train" and \
-                (report["values"][name] or {}).get("val_top1"):
+        vals = values.get(name) or {}
+        if name not in out and ((a.kind == "train" and vals.get("val_top1")) or (a.kind == "mpp" and vals)):
             out[name] = {"convergence": {"converged": False, "points": 0, "why": "no validation curve"},
                          "rate": _rate(a, sweeps, groups), "failed": ["not converged: no validation curve"]}
+    for name in out:
+        got = parent_check(name, arms, values, n_val, r["z"])
+        if got is not None:
+            out[name]["parent_check"] = got
+            if not got["ok"]:
+                out[name]["failed"].append(f"below its parent {got['parent']} on validation: {got['why']}")
+    for name in _parents_first(out, arms):
+        p = arms[name].parent
+        if p in out and out[p]["failed"]:
+            out[name]["failed"].append(f"its parent {p} failed the checks")
     return out
+
+
+def parent_check(name: str, arms: Mapping[str, Any], values: Mapping[str, Any], n_val: int, z: float = Z
+                 ) -> Optional[Dict[str, Any]]:
+    """A fine-tune of a classifier on the parent's own classes (claim 5's) must at least match its parent:
+    the mean over their common seeds of its validation accuracy may fall below the parent's validation
+    accuracy, measured at the parent's resolution, by no more than ``z`` binomial standard errors of the
+    parent's accuracy on ``n_val`` images (the convergence rule's noise). None for any other arm."""
+    a = arms.get(name)
+    parent = arms.get(a.parent) if a is not None and a.parent else None
+    if parent is None or parent.kind != "train" or a.kind != "train" or a.classes != parent.classes:
+        return None
+    mine = (values.get(name) or {}).get("val_top1") or {}
+    theirs = (values.get(a.parent) or {}).get("val_top1") or {}
+    seeds = sorted(set(mine) & set(theirs), key=int)
+    if not seeds:
+        return {"parent": a.parent, "ok": False, "seeds": 0, "z": z, "why": "no seed measured for both"}
+    ft, pa = (sum(float(v[s]) for s in seeds) / len(seeds) for v in (mine, theirs))
+    noise = math.sqrt(max(pa * (1 - pa), 0.0) / n_val)
+    ok = ft >= pa - z * noise
+    size = (parent.model or {}).get("img_size")
+    return {"parent": a.parent, "ok": ok, "seeds": len(seeds), "val": ft, "parent_val": pa, "gap": ft - pa,
+            "noise": noise, "z": z, "parent_img_size": size,
+            "why": "" if ok else f"{100 * (ft - pa):+.2f} pt against its parent's validation accuracy"
+                                 f"{f' at {size} px' if size else ''} (noise {100 * noise:.2f} pt)"}
+
+
+def _parents_first(names: Mapping[str, Any], arms: Mapping[str, Any]) -> List[str]:
+    """``names`` ordered so that a parent comes before its fine-tunes (a failure passes down a chain)."""
+    def depth(n: str) -> int:
+        p = arms[n].parent
+        return 0 if not p or p not in arms else 1 + depth(p)
+    return sorted(names, key=depth)
 
 
 def _rate(a: Any, sweeps: Mapping[str, Any], groups: Mapping[str, List[float]]) -> str:

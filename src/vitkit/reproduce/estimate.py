@@ -58,7 +58,7 @@ def passes(arm: Arm, b: Budget) -> Tuple[float, float]:
     if arm.length == "data":
         return k * b.data_steps * BATCH, (curve or 0) + final
     if arm.length == "mpp":
-        return k * pool * b.mpp_epochs, 0
+        return k * pool * b.mpp_epochs, curve or 0  # v3: its curve (on at most as many images)
     if arm.length == "few_labels":
         return k * b.few_labels * b.few_label_epochs, (curve if curve is not None else
                                                        val * (10 if b.curves else 0)) + final
@@ -105,7 +105,7 @@ def _v1_runs(report: Dict[str, Any]) -> List[Tuple[int, float]]:
 
 def _run_arms(b: Budget) -> Dict[str, Arm]:
     """Every run name a campaign of ``b`` can have (each arm at every rate of its family's starting grid) ->
-    its arm; a name outside it (a grown grid, a stretched schedule) is read by :func:`_arm_of`."""
+    its arm; a name outside it (a grown grid, a stretched schedule) is read by :func:`arm_of`."""
     from .catalog import plan
     from .sweep import rates
 
@@ -118,13 +118,17 @@ def _run_arms(b: Budget) -> Dict[str, Arm]:
     return out
 
 
-def _arm_of(run: str, known: Dict[str, Arm]) -> Optional[Arm]:
-    """The arm of a run name ``ARM@lrX`` or ``ARM@lrX-xS`` (S: its schedule's stretch), or None."""
+def arm_of(run: str, known: Dict[str, Arm]) -> Optional[Arm]:
+    """The arm of a run name ``ARM@lrX`` or ``ARM@lrX-xS`` (S: its schedule's stretch), ``ARM@xS`` (a fixed-rate
+    arm's stretched schedule), or None."""
     import re
 
     if run in known:
         return known[run]
     base, _, tag = run.partition("@")
+    x = re.fullmatch(r"x([0-9.]+)", tag)
+    if x is not None and base in known and known[base].lr is not None:
+        return known[base].at(float(known[base].lr), float(x.group(1)))
     m = re.fullmatch(r"lr([0-9.]+e-?[0-9]+)(?:-x([0-9.]+))?", tag)
     if base not in known or m is None:
         return None
@@ -144,7 +148,7 @@ def fit(report: Dict[str, Any], where: str = "report") -> Tuple[float, float]:
                         f"wall time does not cover the campaign; fit to a run of a whole budget")
     b = get_budget(report["budget"], int(report.get("version", 2)))
     known = _run_arms(b)
-    arms = {r: a for r in c["train_s"] for a in [_arm_of(r, known)] if a is not None}
+    arms = {r: a for r in c["train_s"] for a in [arm_of(r, known)] if a is not None}
     unknown = sorted(set(c["train_s"]) - set(arms))
     if unknown:
         raise DataError(f"{where}: run {unknown[0]} is not a run of budget {b.name} in this code version")

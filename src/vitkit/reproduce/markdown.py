@@ -1,7 +1,7 @@
 """report.md from report.json (every number in it comes from the JSON)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import stats
 from .claims import METRIC_LABELS, PERCENT, SPEED, lr_name
@@ -84,7 +84,7 @@ def _head(report: Dict[str, Any]) -> List[str]:
                 "/".join(f"{100 * v:.2f}" for v in vals) for vals in s["val_top1"].values()) + " |")
         lines += sweep_edges(report["sweeps"])
     if report.get("plan"):
-        return lines + primaries(report) + arm_check_lines(report)
+        return lines + primaries(report) + replan_table(report) + arm_check_lines(report)
     lines += ["", "| claim | verdict |", "|---|---|"] + [f"| {c['id']}. {c['title']} | {c['verdict']} |"
                                                         for c in report["claims"]]
     return lines
@@ -119,6 +119,28 @@ def primaries(report: Dict[str, Any]) -> List[str]:
     return lines
 
 
+def replan_table(report: Dict[str, Any]) -> List[str]:
+    """The seeds planned again once the sweep had chosen every rate and schedule: per claim, before and after."""
+    rec = (report.get("design") or {}).get("replan")
+    if not rec:
+        return []
+    lines = ["", f"**Seeds planned again after the sweep** (the same planner and planning SDs, the arms priced at "
+             f"the schedules the sweep chose, within the hours the sweep left; about {rec['wall_hours']:.1f} h wall "
+             f"at --jobs {rec['jobs']}):", "",
+             "| claim | seeds (design) | power / MDE (design) | seeds (after the sweep) | power / MDE (after) |",
+             "|---" * 5 + "|"]
+    for c, r in rec["claims"].items():
+        unit = "" if int(c) in (9, 10) else " pt"
+
+        def cell(x: Dict[str, Any]) -> Tuple[str, str]:
+            mde = "-" if x.get("mde") is None else (f"{x['mde']:.3g}" if not unit else f"{100 * x['mde']:.2f}")
+            if not x.get("testable"):
+                return f"not testable ({x.get('reason')})", f"- / {mde}{unit}"
+            return str(x["seeds"]), f"{x['power']:.0%} / {mde}{unit}"
+        lines.append(f"| {c} | {' | '.join(cell(r['before']))} | {' | '.join(cell(r['after']))} |")
+    return lines
+
+
 def arm_check_lines(report: Dict[str, Any]) -> List[str]:
     """The arm checks: how many arms converged by the plan's rule at an interior rate, and each that did not
     (an arm of a primary among them leaves its claim without a verdict)."""
@@ -132,6 +154,30 @@ def arm_check_lines(report: Dict[str, Any]) -> List[str]:
     if bad:
         lines += ["", "| arm | rate | what fails |", "|---|---|---|"] + [
             f"| {a} | {c['rate']} | {'; '.join(c['failed'])} |" for a, c in sorted(bad.items())]
+    return lines + parent_check_lines(checks)
+
+
+def parent_check_lines(checks: Dict[str, Any]) -> List[str]:
+    """The fine-tunes against their parents (claim 5): each fine-tune's validation accuracy against its
+    parent's at the parent's resolution (mean over their common seeds); one below it by more than the noise
+    cannot carry a verdict."""
+    rows = {a: c["parent_check"] for a, c in checks.items() if c.get("parent_check")}
+    if not rows:
+        return []
+    z = next(iter(rows.values())).get("z")
+    lines = ["", "**Fine-tunes against their parent** (validation top-1 %, the parent at its own resolution; a "
+             f"fine-tune passes when it is at most {z:g} binomial standard errors of the parent's accuracy below "
+             "it, and one that does not cannot carry a verdict):",
+             "", "| fine-tune | parent | seeds | fine-tune | parent | difference | noise | passes |",
+             "|---" * 8 + "|"]
+    for a, r in sorted(rows.items()):
+        size = f" ({r['parent_img_size']} px)" if r.get("parent_img_size") else ""
+        if not r.get("seeds"):
+            lines.append(f"| {a} | {r['parent']}{size} | 0 | - | - | - | - | no ({r['why']}) |")
+            continue
+        lines.append(f"| {a} | {r['parent']}{size} | {r['seeds']} | {100 * r['val']:.2f} | "
+                     f"{100 * r['parent_val']:.2f} | {100 * r['gap']:+.2f} | {100 * r['noise']:.2f} | "
+                     f"{'yes' if r['ok'] else 'no'} |")
     return lines
 
 
@@ -143,8 +189,9 @@ def sweep_table(report: Dict[str, Any]) -> List[str]:
              "converged; validation top-1 % per rate at the sweep seeds):", "",
              "| family | chosen | grid grown | schedule | converged | validation top-1 per rate |", "|---" * 6 + "|"]
     for f, s in report["sweeps"].items():
-        per = "; ".join(f"{lr_name(float(k))}: " + "/".join(f"{100 * v:.2f}" for v in vals)
+        per = "; ".join(f"{lr_name(float(k))}: " + "/".join("-" if v is None else f"{100 * v:.2f}" for v in vals)
                         for k, vals in s["val_top1"].items())
+        per += " (fixed rate: its schedule only)" if s.get("fixed") else ""
         edge = f" ({s['edge']} of the grid)" if s.get("edge") else ""
         lines.append(f"| {f} | {lr_name(float(s['lr']))}{edge} | {s.get('extended', 0)} x | "
                      f"x{float(s.get('stretch') or 1):g} | {s.get('converged')} | {per} |")

@@ -97,15 +97,15 @@ def validation_top1(folder: Path) -> Optional[float]:
     return float(res["val"][kind]["top1"]) if kind and kind in res.get("val", {}) else None
 
 
-def learning_curve(folder: Path) -> List[List[float]]:
+def learning_curve(folder: Path, key: str = "top1") -> List[List[float]]:
     """[epoch, validation top-1 of the raw weights] after every evaluation of the run, the final one included
-    (one value per epoch)."""
+    (one value per epoch); ``key`` "mpp_acc": masked patch prediction's accuracy on the corrupted patches."""
     from ..train.runlog import read_metrics
 
     path = folder / "metrics.jsonl"
     rows = read_metrics(path) if path.is_file() else []
-    by_epoch = {r["epoch"]: r["top1"] for r in rows
-                if r.get("kind") == "eval" and r.get("split") == "val" and r.get("top1") is not None}
+    by_epoch = {r["epoch"]: r[key] for r in rows if r.get("kind") == "eval" and r.get("split") == "val" and
+                r.get(key) is not None and not r.get("final")}
     return [[e, a] for e, a in sorted(by_epoch.items())]
 
 
@@ -164,8 +164,9 @@ def measure(arm: Arm, seed: int, budget: Budget, folder: Path, probe_recipe=None
         m.update(fewshot(model, train_part, val, budget))
         if arm.analysis:
             m.update(inside(model, val, budget.analysis_images))
-    else:
+    else:  # masked patch prediction: its curve (v3) is read by the convergence rule
         m["val_loss"] = (res.get("val") or {}).get("raw", {}).get("loss")
+        m["curve"] = learning_curve(folder, "mpp_acc")
     write_json_atomic(path, m)
     return m
 

@@ -45,6 +45,7 @@ def build(claims: Sequence[Claim], arms: Dict[str, Arm], alias: Dict[str, str],
     speeds = speeds or {}
     used = sorted({n for c in claims for n in c.arms} | {n for c in claims for t in c.tests for n, _ in t.weights
                                                          if isinstance(n, str)} | _candidates(claims, arms))
+    used = sorted(set(used) | {arms[n].parent for n in used if arms[n].parent})  # parents: their checks pass down
     values, code, curves, missing = {}, {}, {}, {}
     for n in used:
         ms = measures.get(alias.get(n, n), [])

@@ -26,6 +26,7 @@ from .claims import HALVES, Arm
 from .measure import record_provenance
 
 DESIGN = "design.json"  # OUT/runs/design.json: a v3 campaign's design, made before its first run
+REPLAN = "replan.json"  # OUT/runs/replan.json: its seeds planned again once the sweep has chosen (.replan)
 
 
 def run_folder(root: PathLike, arm: str, seed: int) -> Path:
@@ -54,10 +55,10 @@ def _length(arm: Arm, b: Budget) -> Dict[str, Any]:
         return {"data.train_subset": arm.train_images, "schedule.steps": steps,
                 "schedule.warmup_steps": max(1, steps // 10),
                 "train.eval_every": _every(steps * _batch(arm, b) / _images(arm, b), b) if v3 else 0}
-    if arm.length == "mpp":  # masked patch prediction: no accuracy to evaluate (a parent, never in a verdict)
+    if arm.length == "mpp":  # masked patch prediction: v3 keeps its curve (accuracy on the corrupted patches)
         epochs = k * b.mpp_epochs
         return {"schedule.epochs": epochs, "schedule.warmup_epochs": round(0.25 * epochs, 4),
-                "train.eval_every": 0}
+                "train.eval_every": _every(epochs, b) if v3 else 0}
     if arm.length == "few_labels":
         epochs = k * b.few_label_epochs
         return {"data.train_subset": b.few_labels, "schedule.epochs": epochs,

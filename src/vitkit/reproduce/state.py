@@ -23,7 +23,7 @@ from ..errors import DataError
 from ..utils import PathLike, atomic_path
 from .claims import Arm
 from .measure import MEASURES, PROVENANCE, code_id, run_code
-from .runs import DESIGN, init_folder, run_folder
+from .runs import DESIGN, REPLAN, init_folder, run_folder
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 DRAWN = (".png", ".svg", ".pdf")  # a run's plots: drawn from its metrics.jsonl, which the state keeps
@@ -63,7 +63,8 @@ def weights_to_keep(root: PathLike, pairs: Iterable[tuple], table: Mapping[str, 
 
 
 def _members(root: Path, keep: Set[Path]) -> List[Path]:
-    files: List[Path] = [root / "runs" / DESIGN] if (root / "runs" / DESIGN).is_file() else []  # the design
+    files: List[Path] = [root / "runs" / f for f in (DESIGN, REPLAN)  # the design, and its re-plan after the sweep
+                         if (root / "runs" / f).is_file()]
     for folder in sorted((root / "runs").glob("*/seed*")):
         if not folder.is_dir():
             continue
