@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import statistics
+import sys
 import threading
 import time
 import traceback
@@ -161,6 +162,9 @@ def _child(conn, arm: Arm, seed: int, budget: Budget, root: str, threads: int, p
 
     torch.set_num_threads(threads)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # the parent stops a worker with SIGTERM: unwind (finalizers release the worker's semaphores) rather than
+    # die at once, which leaves them for the resource tracker to report as leaked when the parent exits
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     def watch() -> None:
         while os.getppid() == parent:
