@@ -5,9 +5,10 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
+from _cost import assert_cost_matches_flop_counter
 from _weights import randomize, randomize_head
 from vitkit import ConfigError, ViTConfig, create_model, parse_model_name
-from vitkit.models.cost import cost, param_count
+from vitkit.models.cost import param_count
 from vitkit.models.resnet import HybridEmbed, ResNet, StdConv2d, pad_same, same_padding
 
 
@@ -177,15 +178,8 @@ def test_other_resolutions(tiny_hybrid):
 
 
 def test_cost_matches_flop_counter_and_parameters(tiny_hybrid):
-    from torch.utils.flop_counter import FlopCounterMode
-
     for cfg in (tiny_hybrid, tiny_hybrid.replace(backbone_layers=(2, 1, 1), img_size=(48, 32), in_chans=1)):
-        model = vitkit.VisionTransformer(cfg).eval()
-        with FlopCounterMode(display=False) as counter, torch.no_grad():
-            model(torch.randn(1, cfg.in_chans, *cfg.img_size), return_attention=True)
-        c = cost(cfg)
-        assert counter.get_total_flops() == 2 * c.macs and c.macs_breakdown["backbone"] > 0
-        assert param_count(cfg) == model.num_params()
+        assert_cost_matches_flop_counter(cfg)
 
 
 def test_config_and_native_round_trip(tiny_hybrid, tmp_path):

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import vitkit
+from _cost import assert_cost_matches_flop_counter
 from _weights import randomize
 from vitkit import ViTConfig
 from vitkit.checkpoints.formats.hybrid import backbone_fields
-from vitkit.models.cost import cost, param_count
 from vitkit.models.resnet import BasicUnit, ResidualUnit, ResNet
 
 RESNET18_28PX = dict(img_size=28, in_chans=1, num_classes=10, backbone="resnet", backbone_stem="3x3",
@@ -54,15 +54,7 @@ def test_basic_units_start_as_the_identity_and_train():
                                                         backbone_width=64, depth=1, pool="token", class_token=True,
                                                         posemb="learn")])
 def test_cost_matches_flop_counter_and_parameters(fields):
-    from torch.utils.flop_counter import FlopCounterMode
-
-    cfg = ViTConfig(**fields)
-    model = vitkit.VisionTransformer(cfg).eval()
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model(torch.randn(1, cfg.in_chans, *cfg.img_size), return_attention=True)
-    c = cost(cfg)
-    assert counter.get_total_flops() == 2 * c.macs and c.macs_breakdown["backbone"] > 0
-    assert param_count(cfg) == model.num_params()
+    assert_cost_matches_flop_counter(ViTConfig(**fields))
 
 
 def test_round_trip_and_fields_read_from_the_weights(tmp_path):
