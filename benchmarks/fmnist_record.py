@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -227,19 +228,16 @@ def _val_top1(rec: Dict[str, Any]) -> float:
 
 
 def _stats(values: List[float]) -> Dict[str, Any]:
-    """Mean, sample standard deviation and the 95 % t interval of the mean (None where undefined)."""
-    n = len(values)
-    mean = sum(values) / n if n else None
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
-    ci = None
-    if std is not None:
-        try:
-            from scipy.stats import t
-            h = float(t.ppf(0.975, n - 1)) * std / math.sqrt(n)
-            ci = [mean - h, mean + h]
-        except ImportError:  # the interval needs scipy (vitkit's reproduce extra)
-            ci = None
-    return {"n": n, "mean": mean, "std": std, "ci95": ci, "values": values}
+    """Mean, sample standard deviation and the 95 % t interval of the mean (None where undefined; the interval
+    needs scipy, vitkit's reproduce extra): :func:`vitkit.reproduce.stats.summary`'s numbers."""
+    from vitkit.reproduce.stats import summary
+
+    try:
+        s = summary(values)
+    except ImportError:  # no scipy (the reproduce extra): no interval
+        s = {"mean": statistics.fmean(values) if values else None,
+             "std": statistics.stdev(values) if len(values) > 1 else None, "ci": None}
+    return {"n": len(values), "mean": s["mean"], "std": s["std"], "ci95": s["ci"], "values": values}
 
 
 def _paired_p(d: Dict[str, Any]) -> Optional[float]:
@@ -248,10 +246,11 @@ def _paired_p(d: Dict[str, Any]) -> Optional[float]:
     if d["std"] is None or d["std"] == 0:
         return None
     try:
-        from scipy.stats import t
+        from vitkit.reproduce.stats import t_tail
+
+        return t_tail(d["mean"] / (d["std"] / math.sqrt(d["n"])), d["n"] - 1)
     except ImportError:
         return None
-    return float(t.sf(d["mean"] / (d["std"] / math.sqrt(d["n"])), d["n"] - 1))
 
 
 def summarise(teacher: Dict[str, Any], results: Dict[str, List[Dict[str, Any]]], seeds: List[int], *,
