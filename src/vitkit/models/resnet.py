@@ -41,7 +41,6 @@ GN_GROUPS = 32
 STD_STYLES = ("std", "var")
 
 
-
 def same_padding(size: int, kernel: int, stride: int) -> Tuple[int, int]:
     """TF 'SAME' padding (before, after) along one axis: output = ceil(size / stride)."""
     total = max((math.ceil(size / stride) - 1) * stride + kernel - size, 0)
