@@ -162,6 +162,32 @@ def test_plan_seeds_declares_what_cannot_be_powered_and_gives_its_compute_away()
     assert got["claims"][4]["testable"] is False and "do not fit the budget" in got["claims"][4]["reason"]
 
 
+def test_plan_seeds_drops_short_claims_one_at_a_time_so_a_smaller_family_keeps_what_fits():
+    """Claim 2 is short at alpha/3 but reaches 80% at alpha/2 once hopeless claim 3 has left the family;
+    dropping every short claim at once would lose it."""
+    from vitkit.reproduce import stats as P
+
+    prim = {c: {"expect": ">", "effect": 0.02} for c in (1, 2, 3)}
+    sd2 = next(s / 1e4 for s in range(50, 400)
+               if P.power(0.02, s / 1e4, 20, 0.05 / 3) < 0.8 <= P.power(0.02, s / 1e4, 20, 0.05 / 2))
+    sds = {1: 0.005, 2: sd2, 3: 0.2}
+    got = campaign.plan_seeds(prim, sds, {c: [str(c)] for c in prim}, {"1": 1.0, "2": 1.0, "3": 1.0}, budget_s=1e6)
+    c = got["claims"]
+    assert got["testable"] == [1, 2] and got["level"] == 0.05 / 2
+    assert c[2]["testable"] and c[2]["seeds"] == 20 and c[2]["power"] >= 0.8
+    # claim 3 left a family of three: its reason, MDE and power are at that level, and the MDE exceeds its effect
+    assert not c[3]["testable"] and c[3]["level"] == 0.05 / 3 and "one of 3 primaries" in c[3]["reason"]
+    assert c[3]["mde"] > 0.02 and c[3]["power"] == pytest.approx(P.power(0.02, 0.2, 20, 0.05 / 3))
+    # claim 3 powered but too dear: once it leaves for the budget, claim 2 (left out for power in a family of
+    # three) is tried again in the family of two, and fits
+    sds = {1: 0.005, 2: sd2, 3: 0.005}
+    got = campaign.plan_seeds(prim, sds, {c: [str(c)] for c in prim}, {"1": 1.0, "2": 1.0, "3": 1000.0},
+                              budget_s=100.0)
+    c = got["claims"]
+    assert got["testable"] == [1, 2] and c[2]["testable"] and c[2]["power"] >= 0.8
+    assert not c[3]["testable"] and "do not fit the budget" in c[3]["reason"]
+
+
 def test_not_testable_claims_are_declared_before_anything_trains(tmp_path):
     """The full budget's design is written before the first run: the claims it cannot power are named there,
     with their MDE, and their arms are not trained."""

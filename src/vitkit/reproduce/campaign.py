@@ -179,6 +179,12 @@ def plan_seeds(primaries: Mapping[int, Mapping[str, object]], sds: Mapping[int, 
            target: float = 0.8, lo: int = 5, hi: int = 20) -> Dict[str, object]:
     """Seeds per claim for ``target`` power of each primary at level alpha / m, within ``budget_s`` seconds.
 
+    m is the number of claims tested. A claim that cannot reach ``target`` with ``hi`` seeds leaves the family
+    one at a time (the least powered first), and the rest are sized again at the level of the smaller family;
+    then, while their seeds cost more than the budget, the claim whose arms free the most compute leaves, and
+    the claims left out for power are tried again at the new level. A claim left out keeps the level it was
+    judged at (its MDE and power are given at that level).
+
     ``primaries``: claim -> {"expect", "effect"}; ``sds``: claim -> planning SD of its per-seed value (None:
     unknown, not testable); ``arms_of``: claim -> the arms it trains; ``cost``: arm -> seconds per seed.
     Returns {"claims": {claim: {testable, seeds, power, mde, level, reason}}, "arms": {arm: seeds},
@@ -188,6 +194,7 @@ def plan_seeds(primaries: Mapping[int, Mapping[str, object]], sds: Mapping[int, 
     for c in sorted(set(primaries) - set(testable)):
         out[c] = {"testable": False, "reason": "no estimate of its spread (no pilot values)"}
     seeds: Dict[int, int] = {}
+    short_of_power: List[int] = []  # left out for power at the family size of the time
     while True:
         level = alpha / max(1, len(testable))
         seeds, short = {}, []
@@ -198,11 +205,16 @@ def plan_seeds(primaries: Mapping[int, Mapping[str, object]], sds: Mapping[int, 
                 short.append(c)
             else:
                 seeds[c] = n
-        if short:  # needs more than hi seeds even with every other claim's level
-            for c in short:
-                testable.remove(c)
-                out[c] = {"testable": False, "seeds": hi, "reason": f"needs more than {hi} seeds for "
-                          f"{target:.0%} power"}
+        if short:  # one at a time: the claim furthest from the target goes, and the others are tried again at
+            # the looser level of the smaller family (dropping every short claim at once would drop claims
+            # that fit once the family is smaller)
+            worst = min(short, key=lambda c: (P.power(float(primaries[c]["effect"]), float(sds[c]), hi, level,
+                                                      str(primaries[c]["expect"])), -c))
+            out[worst] = {"testable": False, "seeds": hi, "level": level,
+                          "reason": f"needs more than {hi} seeds for {target:.0%} power at level "
+                                    f"{alpha:g}/{len(testable)}, one of {len(testable)} primaries"}
+            testable.remove(worst)
+            short_of_power.append(worst)
             continue
         if _cost(seeds, arms_of, cost) <= budget_s or not testable:
             break
@@ -211,21 +223,26 @@ def plan_seeds(primaries: Mapping[int, Mapping[str, object]], sds: Mapping[int, 
                   for c in testable}
         worst = max(testable, key=lambda c: (saving[c], c))
         testable.remove(worst)
-        out[worst] = {"testable": False, "seeds": seeds[worst], "reason": f"its {seeds[worst]} seeds do not fit "
-                      f"the budget ({saving[worst] / 3600:.1f} h beyond the other claims)"}
+        out[worst] = {"testable": False, "seeds": seeds[worst], "level": level, "reason": f"its {seeds[worst]} "
+                      f"seeds do not fit the budget ({saving[worst] / 3600:.1f} h beyond the other claims)"}
+        # a smaller family has a looser level: the claims left out for power are tried again
+        testable = sorted(testable + short_of_power)
+        for c in short_of_power:
+            del out[c]
+        short_of_power = []
     level = alpha / max(1, len(testable))
     _spend_rest(seeds, primaries, sds, arms_of, cost, budget_s, level, hi)
     for c in testable:
         p = primaries[c]
         out[c] = {"testable": True, "seeds": seeds[c], "reason": "",
                   "power": P.power(float(p["effect"]), float(sds[c]), seeds[c], level, str(p["expect"]))}
-    for c, rec in out.items():
-        rec["level"] = level
+    for c, rec in out.items():  # a claim left out: its MDE and power at the level it was judged at
+        rec.setdefault("level", level)
         if sds.get(c) is not None:
             n = int(rec.get("seeds") or hi)
-            rec["mde"] = P.mde(float(sds[c]), n, level, str(primaries[c]["expect"]), target)
+            rec["mde"] = P.mde(float(sds[c]), n, rec["level"], str(primaries[c]["expect"]), target)
             if not rec["testable"]:
-                rec["power"] = P.power(float(primaries[c]["effect"]), float(sds[c]), n, level,
+                rec["power"] = P.power(float(primaries[c]["effect"]), float(sds[c]), n, rec["level"],
                                      str(primaries[c]["expect"]))
     per_arm: Dict[str, int] = {}
     for c in testable:
