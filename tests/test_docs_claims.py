@@ -67,7 +67,8 @@ UNIT = (r"%|[x×](?!\s?\d)|ms|s|sec|seconds?|min|minutes?|h|hours?|[KMG]i?B|imag
 MEASURED = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?\s?(?:" + UNIT + r")(?![\w/])")
 NOT_MEASURED = re.compile(r"<!--\s*not measured:\s*\S.*?-->")
 RENDERED = {"docs/reproduction/report.md", "docs/reproduction/v1/report.md"} | {  # written by `vitkit reproduce`
-    p.relative_to(ROOT).as_posix() for p in (ROOT / "docs" / "reproduction").glob("quick-*/report.md")}  # (own test)
+    p.relative_to(ROOT).as_posix() for pattern in ("quick-*/report.md", "pilot-*/report.md")  # (own tests)
+    for p in (ROOT / "docs" / "reproduction").glob(pattern)}
 
 
 def unmarked_numbers(text: str):
@@ -196,3 +197,46 @@ def test_committed_reproduction_reports():
     assert not report["missing_seeds"] and len(report["compute"]["code_versions"]) == 1
     for name in figures.values():
         assert (folder / name).is_file(), name
+
+
+def test_committed_v3_pilot_and_the_design_it_sizes(tmp_path):
+    """A v3 pilot (docs/reproduction/pilot-<kind>/): one invocation of the quick budget at one code version on
+    one machine, its report.md rendered from its report.json, the primaries' p-values and their Holm
+    adjustment re-derived from the per-seed values;
+    and design.json, the full budget's design made from that pilot before the campaign's first run, is what
+    the planner makes from the committed report.json (spreads pooled with the plan's prior, the machine rate
+    fitted to the pilot's runs)."""
+    from vitkit.reproduce import campaign, get_budget, rule
+    from vitkit.reproduce.catalog import plan as catalog_plan
+    from vitkit.reproduce.markdown import markdown
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_reproduce_e2e import _rederive_primaries
+
+    pilots = sorted((ROOT / "docs" / "reproduction").glob("pilot-*/report.json"))
+    assert {p.parent.name for p in pilots} >= {"pilot-amd-avx2"}
+    prereg = rule.load_plan()
+    for path in pilots:
+        rep = json.loads(path.read_text())
+        figs = {rec["id"]: rec["figure_file"] for rec in rep["claims"] if rec.get("figure_file")}
+        assert (path.parent / "report.md").read_text() == markdown(rep, figs)
+        prim, ps, holm = _rederive_primaries(rep)  # the primaries' p-values and Holm, from the per-seed values
+        assert prim and rep["tests_in_family"] == len(prim)
+        for t, p, q in zip(prim, ps, holm):
+            assert t["p_one_sided"] == pytest.approx(p, rel=1e-6) and t["p_adjusted"]["primary"] == pytest.approx(q)
+        assert rep["version"] == 3 and rep["budget"] == "quick" and rep["compute"]["complete"]
+        assert rep["plan"]["sha256"] == prereg["sha256"]  # the plan the campaign follows, unchanged since
+        assert len(rep["compute"]["code_versions"]) == 1 and len(rep["compute"]["machines"]) == 1
+        assert all((path.parent / name).is_file() for name in figs.values())
+        budget = get_budget("full").with_(plan_sha=prereg["sha256"])
+        claims, arms, names = catalog_plan(None, budget)
+        campaign.before_training(prereg, claims, arms, names, budget, tmp_path / path.parent.name, path, 2,
+                                 lambda line: None, restore=lambda: None)
+        made = json.loads((tmp_path / path.parent.name / "runs" / "design.json").read_text())
+        committed = json.loads((path.parent / "design.json").read_text())
+        assert {k: v for k, v in made.items() if k != "pilot"} == {k: v for k, v in committed.items() if k != "pilot"}
+        # every claim it leaves out is short of its effect at the level it was judged at, every one it keeps
+        # reaches the plan's power; the full budget tests at least 6 of the 10 claims
+        for c, rec in committed["claims"].items():
+            assert rec["mde"] > rec["effect"] or rec["testable"] or "budget" in rec["reason"], c
+            assert not rec["testable"] or rec["power"] >= prereg["power"], c
+        assert len(committed["testable"]) >= 6
