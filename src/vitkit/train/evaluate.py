@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +15,9 @@ from ..data.loader import eval_batches
 from ..errors import ConfigError, DataError
 from ..utils import PathLike
 from .distributed import Dist, all_reduce_sum
+
+if TYPE_CHECKING:
+    from .sections import DataConfig
 
 TTA_MODES = ("none", "flip")
 
@@ -94,6 +97,18 @@ def _why_unreadable(data: Dataset, i: int) -> Dict[str, str]:
     except ValueError as err:
         return {"path": str(src), "error": str(err)}
     return {"path": str(src), "error": "could not be read during evaluation"}
+
+
+def eval_preprocessing(dc: "DataConfig", config: ViTConfig, in_memory: bool, load_size: int) -> Dict[str, Any]:
+    """The evaluation preprocessing of a model trained on ``dc``'s data (its normalisation at the model's
+    size; ``in_memory``: the training images were decoded whole, else to ``load_size``), as a preset dict."""
+    mean, std = list(dc.mean), list(dc.std)
+    if len(mean) == 1:
+        mean, std = mean * 3, std * 3
+    return {"name": f"vitkit-train:{(dc.dataset or 'data').split(':')[0]}", "size": list(config.img_size),
+            "resize": None if in_memory else load_size, "resize_mode": "squash" if in_memory else "shorter",
+            "interpolation": "bilinear", "backend": "tensor" if in_memory else "pil", "mean": mean, "std": std,
+            "description": "as trained by vitkit"}
 
 
 def transform_for(preprocessing: Optional[Dict[str, Any]], config: ViTConfig, data: Dataset) -> EvalTransform:

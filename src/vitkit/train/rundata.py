@@ -19,18 +19,18 @@ from torch import nn
 from ..config import ViTConfig
 from ..data.augment import BatchAugment, EvalTransform, Normalize
 from ..data.datasets import Dataset, auto_eval_split, open_dataset
-from ..data.loader import EpochSampler, Loader, split_indices
+from ..data.loader import EpochSampler, Loader
 from ..errors import ConfigError
 from ..models import VisionTransformer
-from ..models.kernel_plan import Backend, KernelPlan, bind
+from ..models.kernel_plan import Backend, bind
 from ..models.planner import plan as plan_kernels
 from . import distributed as D
 from .checkpoint import RunState, grad_scaler
-from .evaluate import transform_for
+from .evaluate import eval_preprocessing, transform_for
 from .optim import EMA, Schedule, build_optimizer
 from .recipe import Recipe
-from .sections import DataConfig
-from .selection import Evaluator, hold_out
+from .selection import Evaluator, run_splits
+from .weights import start_model
 
 
 @dataclass(frozen=True)
@@ -74,37 +74,8 @@ def open_run_data(recipe: Recipe, given: Optional[Dict[str, Dataset]] = None) ->
     if dc.cache and not train_full.in_memory:
         train_full = train_full.to_memory()
         test = test.to_memory() if test is not None and not test.in_memory else test
-    # the same class-stratified hold-out for every objective (MPP too): a pre-training that never reads
-    # labels must still leave out exactly the validation images its fine-tunes are selected on
-    train, val = hold_out(train_full, dc.val_size, dc.val_fraction, dc.val_seed)
-    if dc.train_subset:  # few labels: a seeded, class-stratified subset of the training images
-        train = _stratified_subset(train, dc.train_subset, r.train.seed + 1, "data.train_subset", "train")
-    if dc.test_subset and test is not None:  # a short run's test: the same stratified images in every run
-        test = _stratified_subset(test, dc.test_subset, 0, "data.test_subset", "test")
+    train, val, test = run_splits(train_full, test, dc, r.train.seed + 1)
     return RunData(list(train_full.classes), train, val, test, load_size, split)
-
-
-def _stratified_subset(ds: Dataset, k: int, seed: int, key: str, split: str) -> Dataset:
-    """A seeded, class-stratified subset of ``k`` of ``ds``'s images (all of them when ``k`` is its size)."""
-    n = len(ds)
-    if not 0 < k <= n:
-        raise ConfigError(f"{key}={k} but the {'training' if split == 'train' else split} split has {n} images")
-    if k == n:
-        return ds
-    _, keep = split_indices(n, k / n, seed, ds.labels)
-    return ds.subset(keep, split)
-
-
-def eval_preprocessing(dc: DataConfig, config: ViTConfig, in_memory: bool, load_size: int) -> Dict[str, Any]:
-    """The evaluation preprocessing of a model trained on ``dc``'s data (its normalisation at the model's
-    size; ``in_memory``: the training images were decoded whole, else to ``load_size``), as a preset dict."""
-    mean, std = list(dc.mean), list(dc.std)
-    if len(mean) == 1:
-        mean, std = mean * 3, std * 3
-    return {"name": f"vitkit-train:{(dc.dataset or 'data').split(':')[0]}", "size": list(config.img_size),
-            "resize": None if in_memory else load_size, "resize_mode": "squash" if in_memory else "shorter",
-            "interpolation": "bilinear", "backend": "tensor" if in_memory else "pil", "mean": mean, "std": std,
-            "description": "as trained by vitkit"}
 
 
 @dataclass(frozen=True)
@@ -206,24 +177,37 @@ class RunSetup:
 
 def build_run(recipe: Recipe, out: Path, backend: Backend, dist: D.Dist, objective: Any,
               given: Optional[Dict[str, Dataset]] = None) -> Tuple[RunSetup, RunState]:
-    """The set-up and the initial state of a run of the resolved ``recipe`` (seeded by ``train.seed``)."""
+    """The set-up and the initial state of a run of the resolved ``recipe`` (seeded by ``train.seed``), built
+    in one pass: data, sampler, model (wrapped by the objective, distributed, kernels planned), evaluation,
+    augmentation, optimiser, EMA, schedule."""
     r, t = recipe, recipe.train
     torch.manual_seed(t.seed)
     data = open_run_data(r, given)
-    vit, notes = _vit(r, data)
-    config = vit.config
-    if t.grad_checkpointing:
-        vit.set_grad_checkpointing(True)
-    model = objective.wrap(vit, r)
-    model.to(dist.device)
-    plan = _plan(vit, model, t.precision, dist.device, backend)
-    wrapped = D.wrap(model, dist, t.distributed)
-    norm = Normalize(r.data.mean, r.data.std, channels=config.in_chans)
-    eval_tf = transform_for(eval_preprocessing(r.data, config, data.train.in_memory, data.load_size), config,
-                            data.train)  # as `vitkit eval` reads it
     sampler = EpochSampler(len(data.train), r.optim.batch_size, shuffle=True, seed=t.seed, rank=dist.rank,
                            world=dist.world, repeats=r.augment.repeats)
+    loader = Loader(data.train, sampler, r.data.workers)
+    vit, notes = start_model(r, len(data.classes), data.train.channels)
+    config = vit.config
+    if r.schedule.patch_drop_end and not config.patch_drop:  # (an end of 0 without patch dropout: nothing to do)
+        raise ConfigError(f"schedule.patch_drop_end={r.schedule.patch_drop_end} schedules patch dropout, but the "
+                          f"model has none: set model.patch_drop to the starting rate (e.g. --set "
+                          f"model.patch_drop=0.5)")
+    if t.grad_checkpointing:
+        vit.set_grad_checkpointing(True)
+    model = objective.wrap(vit, r).to(dist.device)
+    # the kernels of the run, planned once for its device, precision and shapes (timing what no measurement
+    # covers yet) and bound to the ViT and any module the objective wraps it with
+    low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(t.precision)
+    plan = vit.set_kernel_plan(plan_kernels(config, (torch.float32,) + ((low,) if low else ()), dist.device,
+                                            backend=backend))
+    bind(model, plan)
+    wrapped = D.wrap(model, dist, t.distributed)
+    preprocessing = eval_preprocessing(r.data, config, data.train.in_memory, data.load_size)
+    eval_tf = transform_for(preprocessing, config, data.train)  # as `vitkit eval` reads it
+    norm = Normalize(r.data.mean, r.data.std, channels=config.in_chans)
+    augment = BatchAugment(r.augment, config.img_size, len(data.classes), norm)
     optimizer = build_optimizer(wrapped, r.optim, dist.device)
+    schedule = Schedule.from_config(r.schedule, r.optim.lr, len(sampler))
     ema = EMA(model, t.ema, t.ema_warmup) if t.ema > 0 else None
     ema_model = None
     if ema is not None:  # a plain copy that receives the averaged weights, computing with the same plan
@@ -232,42 +216,10 @@ def build_run(recipe: Recipe, out: Path, backend: Backend, dist: D.Dist, objecti
         bind(ema_model, ema_vit.set_kernel_plan(plan))
     run = RunSetup(recipe=r, out=out, backend=backend, dist=dist, data=data, objective=objective, vit=vit, model=model,
                    wrapped=wrapped, forward_model=torch.compile(wrapped) if t.compile else wrapped,
-                   ema_model=ema_model, init_notes=notes, normalize=norm,
-                   augment=BatchAugment(r.augment, config.img_size, len(data.classes), norm), eval_tf=eval_tf,
+                   ema_model=ema_model, init_notes=notes, normalize=norm, augment=augment, eval_tf=eval_tf,
                    evaluator=Evaluator(eval_tf, dist.device, dist, t.precision, r.data.eval_batch_size,
                                        r.data.workers),
-                   loader=Loader(data.train, sampler, r.data.workers), steps_per_epoch=len(sampler),
-                   schedule=Schedule.from_config(r.schedule, r.optim.lr, len(sampler)))
-    s = r.schedule
-    if s.patch_drop_end and not config.patch_drop:  # (an end of 0 without patch dropout: nothing to do)
-        raise ConfigError(f"schedule.patch_drop_end={s.patch_drop_end} schedules patch dropout, but the model has "
-                          f"none: set model.patch_drop to the starting rate (e.g. --set model.patch_drop=0.5)")
+                   loader=loader, steps_per_epoch=len(sampler), schedule=schedule)
     state = RunState(wrapped, optimizer, ema=ema, scaler=grad_scaler(t.precision),
                      steps_per_epoch=run.steps_per_epoch, total_steps=run.total_steps)
     return run, state
-
-
-def _plan(vit: VisionTransformer, model: nn.Module, precision: str, device: torch.device, backend: Backend
-          ) -> KernelPlan:
-    """The kernels of the run, planned once for its device, precision and shapes (timing what no measurement
-    covers yet) and bound to ``model`` (the ViT and any module the objective wraps it with)."""
-    low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    plan = vit.set_kernel_plan(plan_kernels(vit.config, (torch.float32,) + ((low,) if low else ()), device,
-                                            backend=backend))
-    bind(model, plan)
-    return plan
-
-
-def _vit(r: Recipe, data: RunData) -> Tuple[VisionTransformer, List[str]]:
-    """The ViT of the recipe, for the data's classes and channels: new, or from ``init.checkpoint`` (with the
-    notes of what loading it adapted)."""
-    n_cls, chans = len(data.classes), data.train.channels
-    if not r.init.checkpoint:
-        return VisionTransformer(r.model_config(num_classes=n_cls, in_chans=chans)), []
-
-    def target(base):
-        fields_in_chans = r.model.get("in_chans", "auto")
-        return r.model_config(num_classes=n_cls, in_chans=None if fields_in_chans == "auto" else chans, base=base)
-    from .weights import load_init
-
-    return load_init(r.init.checkpoint, target, head=r.init.head, num_heads=r.init.num_heads)

@@ -41,6 +41,31 @@ def hold_out(data: Dataset, val_size: Optional[int], val_fraction: float, seed: 
     return data.subset(tr, "train"), data.subset(va, "val")
 
 
+def run_splits(train_full: Dataset, test: Optional[Dataset], dc: Any, seed: int
+               ) -> Tuple[Dataset, Optional[Dataset], Optional[Dataset]]:
+    """(train, validation or None, test or None) of a run from its full training split and its test split,
+    by the recipe's data section ``dc``: the validation hold-out (:func:`hold_out`, the same for every
+    objective, MPP included: a pre-training that never reads labels must still leave out exactly the
+    validation images its fine-tunes are selected on), then the optional class-stratified cuts,
+    ``data.train_subset`` (few labels, seeded by ``seed``) and ``data.test_subset`` (a short run's test: the
+    same images in every run)."""
+    from ..data.loader import split_indices
+
+    train, val = hold_out(train_full, dc.val_size, dc.val_fraction, dc.val_seed)
+    for key, k, cut_seed in (("train", dc.train_subset, seed), ("test", dc.test_subset, 0)):
+        ds = train if key == "train" else test
+        if not k or ds is None:
+            continue
+        n = len(ds)
+        if not 0 < k <= n:
+            raise ConfigError(f"data.{key}_subset={k} but the {'training' if key == 'train' else key} split has "
+                              f"{n} images")
+        if k < n:
+            ds = ds.subset(split_indices(n, k / n, cut_seed, ds.labels)[1], key)
+        train, test = (ds, test) if key == "train" else (train, ds)
+    return train, val, test
+
+
 @dataclass
 class Evaluator:
     """Accuracy of a model on a split, in the run's evaluation preprocessing and precision."""

@@ -231,10 +231,10 @@ class Trainer:
         if d.enabled:  # one collective: divergence anywhere, and the slowest process's clock
             agreed = D.all_reduce_max(torch.tensor([float(bad), trained_s], dtype=torch.float64), d)
             bad, trained_s = bool(agreed[0] > 0), float(agreed[1])
-        if bad:
-            self._diverged(step, lr, stats, last_good)
-        state.end_step(trained_s, run.model)
-        return lr, stats, x.shape[0], now
+        if not bad:
+            state.end_step(trained_s, run.model)
+            return lr, stats, x.shape[0], now
+        raise self._diverged(step, lr, stats, last_good)
 
     def _log_train_line(self, acc_sum: torch.Tensor, seen: int, elapsed: float, lr: float,
                         stats: Dict[str, torch.Tensor], bar: Any) -> None:
@@ -251,7 +251,10 @@ class Trainer:
             bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{100 * rec['acc']:.1f}%", lr=f"{lr:.2e}",
                             img_s=f"{rec['img_per_s']:.0f}", refresh=False)
 
-    def _diverged(self, step: int, lr: float, stats: Dict[str, torch.Tensor], last_good: int) -> None:
+    def _diverged(self, step: int, lr: float, stats: Dict[str, torch.Tensor], last_good: int
+                  ) -> TrainingDiverged:
+        """The error of a step whose loss or gradient norm is not finite (after writing its ``diverged`` line),
+        naming the last good checkpoint to resume from; the caller raises it."""
         where = self.run.out / "checkpoints" / "last.pt"
         has = where.is_file()
         msg = (f"training diverged at step {step + 1}: loss {float(stats['loss']):.4g}, gradient norm "
@@ -261,7 +264,7 @@ class Trainer:
                 if has else "No checkpoint was written yet: lower the learning rate or use fp32 and start again.")
         if self.log is not None:
             self.log.write({"kind": "diverged", "step": step + 1, "loss": float(stats["loss"]), "lr": lr})
-        raise TrainingDiverged(msg)
+        return TrainingDiverged(msg)
 
 
 def train(recipe: Recipe, out: PathLike, *, resume: bool = False, progress: bool = True, objective: Any = None

@@ -7,11 +7,25 @@ new class count: Section 3.2 of the paper).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from ..config import ViTConfig
 from ..models import VisionTransformer
 from ..utils import PathLike
+
+if TYPE_CHECKING:
+    from .recipe import Recipe
+
+
+def start_model(recipe: "Recipe", num_classes: int, in_chans: int) -> Tuple[VisionTransformer, List[str]]:
+    """The ViT a run of ``recipe`` starts from, for ``num_classes`` classes of ``in_chans``-channel images: new
+    at the recipe's configuration, or ``init.checkpoint``'s weights adapted to it (with the notes of what
+    loading adapted)."""
+    if recipe.init.checkpoint:
+        chans = None if recipe.model.get("in_chans", "auto") == "auto" else in_chans  # auto: the checkpoint's
+        return load_init(recipe.init.checkpoint, lambda base: recipe.model_config(num_classes, chans, base=base),
+                         head=recipe.init.head, num_heads=recipe.init.num_heads)
+    return VisionTransformer(recipe.model_config(num_classes=num_classes, in_chans=in_chans)), []
 
 
 def load_init(path: PathLike, target: Callable[[ViTConfig], ViTConfig], *, head: str = "auto",
