@@ -197,17 +197,9 @@ def plan_seeds(primaries: Mapping[int, Mapping[str, object]], sds: Mapping[int, 
     short_of_power: List[int] = []  # left out for power at the family size of the time
     while True:
         level = alpha / max(1, len(testable))
-        seeds, short = {}, []
-        for c in testable:
-            p = primaries[c]
-            n = P.seeds_for(float(p["effect"]), float(sds[c]), level, str(p["expect"]), target, lo, hi)
-            if n is None:
-                short.append(c)
-            else:
-                seeds[c] = n
-        if short:  # one at a time: the claim furthest from the target goes, and the others are tried again at
-            # the looser level of the smaller family (dropping every short claim at once would drop claims
-            # that fit once the family is smaller)
+        seeds, short = _seeds_at(testable, primaries, sds, level, target, lo, hi)
+        if short:  # one at a time: the claim furthest from the target goes, the others are tried again at the
+            # looser level of the smaller family (dropping all at once would drop claims that fit there)
             worst = min(short, key=lambda c: (P.power(float(primaries[c]["effect"]), float(sds[c]), hi, level,
                                                       str(primaries[c]["expect"])), -c))
             out[worst] = {"testable": False, "seeds": hi, "level": level,
@@ -236,7 +228,33 @@ def plan_seeds(primaries: Mapping[int, Mapping[str, object]], sds: Mapping[int, 
         p = primaries[c]
         out[c] = {"testable": True, "seeds": seeds[c], "reason": "",
                   "power": P.power(float(p["effect"]), float(sds[c]), seeds[c], level, str(p["expect"]))}
-    for c, rec in out.items():  # a claim left out: its MDE and power at the level it was judged at
+    _mde_and_power(out, primaries, sds, level, target, hi)
+    per_arm = {a: max(seeds[c] for c in testable if a in arms_of[c])
+               for a in {a for c in testable for a in arms_of[c]}}
+    return {"claims": dict(sorted(out.items())), "arms": dict(sorted(per_arm.items())),
+            "cost_s": _cost(seeds, arms_of, cost), "budget_s": float(budget_s), "testable": sorted(testable),
+            "level": level, "target": target}
+
+
+def _seeds_at(testable: Sequence[int], primaries, sds, level: float, target: float, lo: int,
+              hi: int) -> Tuple[Dict[int, int], List[int]]:
+    """The seeds each claim needs for ``target`` power at ``level``, and the claims no count up to ``hi`` powers."""
+    seeds: Dict[int, int] = {}
+    short: List[int] = []
+    for c in testable:
+        p = primaries[c]
+        n = P.seeds_for(float(p["effect"]), float(sds[c]), level, str(p["expect"]), target, lo, hi)
+        if n is None:
+            short.append(c)
+        else:
+            seeds[c] = n
+    return seeds, short
+
+
+def _mde_and_power(out: Dict[int, Dict[str, object]], primaries, sds, level: float, target: float,
+                   hi: int) -> None:
+    """Every claim's MDE at its seeds, and a left-out claim's power, at the level it was judged at."""
+    for c, rec in out.items():
         rec.setdefault("level", level)
         if sds.get(c) is not None:
             n = int(rec.get("seeds") or hi)
@@ -244,13 +262,6 @@ def plan_seeds(primaries: Mapping[int, Mapping[str, object]], sds: Mapping[int, 
             if not rec["testable"]:
                 rec["power"] = P.power(float(primaries[c]["effect"]), float(sds[c]), n, rec["level"],
                                      str(primaries[c]["expect"]))
-    per_arm: Dict[str, int] = {}
-    for c in testable:
-        for a in arms_of[c]:
-            per_arm[a] = max(per_arm.get(a, 0), seeds[c])
-    return {"claims": dict(sorted(out.items())), "arms": dict(sorted(per_arm.items())),
-            "cost_s": _cost(seeds, arms_of, cost), "budget_s": float(budget_s), "testable": sorted(testable),
-            "level": level, "target": target}
 
 
 def _spend_rest(seeds: Dict[int, int], primaries, sds, arms_of, cost, budget_s: float, level: float,
