@@ -239,6 +239,28 @@ def test_distillation_teaches_the_student_what_the_teacher_predicts(task, full_r
     assert res["test_top1"] > 0.85, res["test_top1"]
 
 
+def test_periodic_evaluations_of_the_raw_weights_only(task, full_run, tmp_path):
+    """train.eval_ema false: the periodic evaluations score the raw weights only, with the same numbers as a
+    run that scores both (evaluating takes nothing from training); the final evaluation still scores both
+    and the exported model is the same."""
+    _, _, recipe = task
+    out = tmp_path / "raw-only"
+    _vitkit("train", "-r", recipe, "--out", out, "--no-progress", "--set", "train.eval_ema=false")
+
+    def evals(folder):
+        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        return [r for r in rows if r["kind"] == "eval"]
+    both, raw = evals(full_run[0]), evals(out)
+    assert len(raw) == len(both) == 6
+    assert all("top1_ema" not in r for r in raw[:-1]) and all("top1_ema" in r for r in both)
+    assert [(r["step"], r["top1"], r["loss"]) for r in raw] == [(r["step"], r["top1"], r["loss"]) for r in both]
+    assert raw[-1]["top1_ema"] == both[-1]["top1_ema"]
+    a, b = (json.loads((f / "results.json").read_text()) for f in (full_run[0], out))
+    assert (a["exported_weights"], a["test_top1"]) == (b["exported_weights"], b["test_top1"])
+    wa, wb = (load_file(str(f / "model" / "model.safetensors")) for f in (full_run[0], out))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
 def test_time_budget_compresses_the_schedule_and_ends_the_run(task, tmp_path):
     """schedule.minutes: the lr follows training time when it runs ahead of the step count, and the run
     stops when the budget is spent (a fake clock: every step takes one second)."""

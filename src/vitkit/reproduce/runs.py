@@ -98,6 +98,8 @@ def recipe_overrides(arm: Arm, seed: int, budget: Budget, root: Path, classes: O
     ov.update(validation_overrides(budget.val_size))
     ov.update(evaluation_overrides(budget.test_images))
     ov.update({"train.seed": seed, "train.ckpt_every": 0, "train.predictions": 0, "name": f"reproduce-{arm.name}"})
+    if budget.version >= 3:  # the convergence rule reads the raw weights' curve: the EMA's is not evaluated
+        ov["train.eval_ema"] = False
     # every run of a campaign computes with the same kernels, on any machine: the declared backend's fixed fields,
     # the rest pinned (gemm=aten,attention=fused,int8=x86), never a per-machine measurement
     ov["train.backend"] = current_backend().pinned().spec

@@ -60,8 +60,10 @@ class Classification:
         return TrainStep(run.forward_model, state.optimizer, scaler=state.scaler, **step_options(run))
 
     def validate(self, run: RunSetup, state: RunState, **extra: Any) -> Dict[str, Any]:
-        """The metrics line of a periodic evaluation: both kinds of weights on the validation split."""
-        scores = {kind: run.evaluator(self.readout(m), run.data.val) for kind, m in run.weights(state)}
+        """The metrics line of a periodic evaluation: both kinds of weights on the validation split (the raw
+        weights only with ``train.eval_ema`` off)."""
+        pairs = run.weights(state) if run.recipe.train.eval_ema else [("raw", run.forward_model)]
+        scores = {kind: run.evaluator(self.readout(m), run.data.val) for kind, m in pairs}
         return eval_record(state.step, round(state.step / run.steps_per_epoch, 4), "val", scores, **extra)
 
     def results(self, run: RunSetup, evaluator) -> Dict[str, Any]:

@@ -85,6 +85,8 @@ class TrainConfig:
     ema: float = 0.0  # Polyak / EMA decay of the weights (the paper: 0.9999); 0 = off
     ema_warmup: bool = True  # decay min(ema, (1 + t) / (10 + t)) early on, so short runs benefit too
     eval_every: float = 1.0  # epochs between evaluations (0 = only at the end)
+    eval_ema: bool = True  # those evaluations score the EMA weights too (false: the raw weights only; the final
+    # evaluation on validation still scores both, as the exported weights are chosen there)
     ckpt_every: int = 500  # steps between checkpoints (0 = end of epochs and run only)
     log_every: int = 50  # steps between metric lines
     deterministic: bool = False  # torch deterministic algorithms (exact resume on GPU too); pins the backend
