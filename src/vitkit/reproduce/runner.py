@@ -105,12 +105,11 @@ def run_all(names: Sequence[str], arms: Dict[str, Arm], budget: Budget, root: Pa
 
 def _run_parallel(order: List[Tuple[str, int]], arms: Dict[str, Arm], budget: Budget, root: PathLike, jobs: int,
                   prog: _Progress) -> Dict[str, List[Dict[str, Any]]]:
-    """One spawned process per run, at most ``jobs`` at once, each with its share of the cores. Ctrl-C, a
+    """One new process per run, at most ``jobs`` at once, each with its share of the cores. Ctrl-C, a
     kill (SIGTERM) or a failed run stops the others at once (each resumes from its last checkpoint)."""
-    import multiprocessing
     from multiprocessing.connection import wait
 
-    ctx = multiprocessing.get_context("spawn")
+    ctx = _worker_context()
     threads = max(1, (os.cpu_count() or 1) // jobs)
     pending, out = list(order), {}
     running: Dict[Any, Tuple[Any, Tuple[str, int]]] = {}  # parent end of the pipe -> (process, run)
@@ -124,7 +123,7 @@ def _run_parallel(order: List[Tuple[str, int]], arms: Dict[str, Arm], budget: Bu
                     prog.start(name, seed)
                     here, there = ctx.Pipe(duplex=False)
                     proc = ctx.Process(target=_child, args=(there, arms[name], seed, budget, str(root), threads,
-                                                            os.getpid()), daemon=True)
+                                                            os.getpid(), dict(os.environ)), daemon=True)
                     proc.start()
                     there.close()
                     running[here] = (proc, (name, seed))
@@ -152,22 +151,61 @@ def _run_parallel(order: List[Tuple[str, int]], arms: Dict[str, Arm], budget: Bu
     return out
 
 
-def _child(conn, arm: Arm, seed: int, budget: Budget, root: str, threads: int, parent: int) -> None:
-    """A worker: its share of the cores; Ctrl-C in the terminal reaches the whole process group and only the
-    parent acts on it; the worker ends itself when the parent is gone (a killed ``vitkit reproduce`` leaves no
-    run training behind it)."""
+# what every run imports, loaded once by the process the workers fork from (torch.optim imports torch._dynamo
+# and sympy when the first optimiser is built: 2-4 s a run otherwise); a module that fails to import is skipped
+PRELOAD = ["torch", "torch._dynamo", "matplotlib.pyplot", "vitkit.train.trainer", "vitkit.reproduce.runner",
+           "vitkit.reproduce.measure"]
+
+
+def _worker_context():
+    """Where ``forkserver`` exists (Linux), each worker forks from one server process that has imported
+    :data:`PRELOAD` (it computes nothing, so no thread pool is forked); elsewhere each worker is spawned
+    and imports them itself. Either way a run gets a new process: nothing of one run reaches the next."""
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # no effect once this process's server runs (it has them already)
+    return ctx
+
+
+def _gone(parent: int, first_ppid: int) -> bool:
+    """Whether ``vitkit reproduce`` (pid ``parent``) has ended: this worker was re-parented (its parent, the
+    command or the fork server, which exits with the command, ended) or that pid no longer exists."""
+    if os.getppid() != first_ppid:
+        return True
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    return False
+
+
+def _child(conn, arm: Arm, seed: int, budget: Budget, root: str, threads: int, parent: int,
+           env: Dict[str, str]) -> None:
+    """A worker: the command's environment as it is now (a fork server keeps the one it started with); its
+    share of the cores; Ctrl-C in the terminal reaches the whole process group and only the parent acts on
+    it; the worker ends itself when the parent is gone (a killed ``vitkit reproduce`` leaves no run training
+    behind it)."""
     import signal
 
     import torch
 
+    os.environ.clear()
+    os.environ.update(env)
     torch.set_num_threads(threads)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # the parent stops a worker with SIGTERM: unwind (finalizers release the worker's semaphores) rather than
     # die at once, which leaves them for the resource tracker to report as leaked when the parent exits
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
+    first_ppid = os.getppid()
+
     def watch() -> None:
-        while os.getppid() == parent:
+        while not _gone(parent, first_ppid):
             time.sleep(1.0)
         os._exit(1)
     threading.Thread(target=watch, daemon=True).start()
