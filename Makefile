@@ -36,8 +36,14 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --no-compile -e '.[plots]'
 	touch $@
 
+# The test environment (also the one `vitkit reproduce` and the benchmarks run in) is byte-compiled once, in
+# parallel, after its install: where PYTHONDONTWRITEBYTECODE is set (as on CI's machines) Python never caches
+# what it compiles on import, and every new process would compile torch._dynamo and sympy again (about 5 s;
+# torch.optim imports them when the first optimiser is built). A file that does not compile (some packages
+# ship sources for other Python versions) is left to be compiled on import, as without this step.
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install -q --no-compile -e '.[test]'
+	$(BIN)/python -m compileall -q -q -j 0 "$$($(call PURELIB,$(VENV)))" || :
 	touch $@
 
 venv: $(VENV)/.installed
