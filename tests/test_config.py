@@ -117,3 +117,24 @@ def test_register_model():
     assert model.config.name == "unit-test-vit" and len(model.blocks) == 2
     assert model(torch.randn(3, 1, 28, 28)).shape == (3, 10)
     assert "unit-test-vit" in list_models()
+
+
+@pytest.mark.parametrize("arch", ["S/16", "R50+B/16", "vit_base_r50_s16_384", "deit_tiny_distilled_patch16_224",
+                                  "vit_small_patch14_dinov2", "google/siglip-base-patch16-224", None])
+def test_model_section_resolves_as_the_name_and_the_base_do(arch):
+    """A model section (a recipe's ``model``) gives the config its name gives with its fields on top, or the
+    base config's with them on top; "auto" class / channel counts take the values given, else the name's."""
+    from vitkit.config import config_from_name, section_config
+
+    fields = {"num_classes": "auto", "in_chans": "auto", "drop_path": 0.1, "img_size": 224}
+    got = section_config({"arch": arch, **fields}, num_classes=7, in_chans=1)
+    want = (config_from_name(arch, drop_path=0.1, img_size=224, num_classes=7, in_chans=1) if arch
+            else ViTConfig(drop_path=0.1, img_size=(224, 224), num_classes=7, in_chans=1))
+    assert got == want and got.img_size == (224, 224) and got.num_classes == 7 and got.in_chans == 1
+    named = section_config({"arch": arch}) if arch else ViTConfig()
+    assert section_config({"arch": arch, "num_classes": "auto"}).num_classes == named.num_classes
+    base = ViTConfig(width=96, depth=2, num_heads=4, mlp_dim=192, num_classes=3)
+    on_base = section_config({"arch": arch, **fields}, num_classes=None, in_chans=None, base=base)
+    assert on_base == base.replace(drop_path=0.1, img_size=224)  # the base's classes and channels kept
+    with pytest.raises(ConfigError, match="drop_path"):
+        section_config({"arch": arch, "drop_path": "lots"})

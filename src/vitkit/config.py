@@ -402,3 +402,29 @@ def config_from_name(name: str, **overrides: Any) -> ViTConfig:
     checked = check_fields(overrides)
     fields.update({k: checked[k] if v is None else v for k, v in overrides.items()})  # None: "none" for names
     return ViTConfig(**fields)
+
+
+AUTO_FIELDS = ("num_classes", "in_chans")  # fields a model section may leave to the dataset ("auto")
+
+
+def section_config(section: Dict[str, Any], num_classes: Optional[int] = None, in_chans: Optional[int] = None,
+                   base: Optional[ViTConfig] = None) -> ViTConfig:
+    """The ViTConfig of a model section (a recipe's ``model``: ``arch``, a model name, plus any config field):
+    ``base`` (a checkpoint's config) or the ``arch`` name (neither: the defaults), with the section's fields
+    on top. ``num_classes`` / ``in_chans`` that are "auto" (or absent) take the values given here (None: the
+    name's or the base's). Resolved in one pass: the fields checked, then the name, then the config built."""
+    fields = {k: v for k, v in section.items() if k != "arch"}
+    for key, value in zip(AUTO_FIELDS, (num_classes, in_chans)):
+        if fields.get(key, "auto") == "auto":
+            if value is not None:
+                fields[key] = value
+            else:
+                fields.pop(key, None)
+    checked = check_fields(fields)
+    given = {k: checked[k] if v is None else v for k, v in fields.items()}  # None: "none" for names
+    if base is not None:
+        return dataclasses.replace(base, **given)
+    arch = section.get("arch")
+    start = parse_model_name(arch) if arch else {}
+    start.update(given)
+    return ViTConfig(**start)

@@ -63,12 +63,15 @@ def parse_model_name(name: str) -> Dict[str, Any]:
     """
     if name in REGISTERED:
         return dict(REGISTERED[name], name=name)
+    s = name.strip().lower()
+    s = re.sub(r"^(google|facebook)/", "", s)
+    hybrid = _HYBRID_RE.match(s) or _TIMM_HYBRID_RE.match(s)  # (no descendant's name is a hybrid's)
+    if hybrid:
+        return _parse_hybrid(name, hybrid)
     from .families import family_fields
     family = family_fields(name)
     if family:
         return dict(family[1], name=family[0])
-    s = name.strip().lower()
-    s = re.sub(r"^(google|facebook)/", "", s)
     deit = re.match(r"^deit[-_/ .]+(.+)$", s)
     if deit:  # DeiT's models are the ViT sizes; the distilled ones add the distillation token
         rest = re.sub(r"(^|[-_/ .])distilled(?=$|[-_/ .])", r"\1", deit.group(1))
@@ -78,9 +81,6 @@ def parse_model_name(name: str) -> Dict[str, Any]:
         if distilled:
             fields["distill_token"] = True
         return fields
-    hybrid = _HYBRID_RE.match(s) or _TIMM_HYBRID_RE.match(s)
-    if hybrid:
-        return _parse_hybrid(name, hybrid)
     tokens = [t for t in re.split(r"[-_/ .]+", s) if t]
     if tokens and tokens[0] == "vit":
         tokens = tokens[1:]

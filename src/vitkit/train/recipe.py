@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import yaml
 
-from ..config import ViTConfig, check_fields, coerce_field, config_from_name
+from ..config import AUTO_FIELDS, ViTConfig, check_fields, coerce_field, config_from_name, section_config
 from ..data.augment import AugmentConfig
 from ..errors import ConfigError, NotFoundError
 from ..utils import PathLike, atomic_path
@@ -42,7 +42,6 @@ from .sections import (
 
 _RECIPE_PACKAGE = "vitkit.recipes"
 DEFAULT_RECIPE = "fmnist-demo"  # what `vitkit train` and load_recipe() train without a recipe (make demo)
-AUTO_FIELDS = ("num_classes", "in_chans")  # model fields a recipe may leave to the dataset ("auto")
 
 
 @dataclass
@@ -160,20 +159,9 @@ class Recipe:
     def model_config(self, num_classes: Optional[int] = None, in_chans: Optional[int] = None,
                      base: Optional[ViTConfig] = None) -> ViTConfig:
         """The ViTConfig: ``base`` (a checkpoint's) or the ``arch`` name, with the recipe's fields on top;
-        ``num_classes`` / ``in_chans`` "auto" (or absent) come from the dataset."""
-        fields = {k: v for k, v in self.model.items() if k != "arch"}
-        for key, value in (("num_classes", num_classes), ("in_chans", in_chans)):
-            if fields.get(key, "auto") == "auto":
-                if value is not None:
-                    fields[key] = value
-                else:
-                    fields.pop(key, None)
-        if base is not None:
-            return base.replace(**fields)
-        arch = self.model.get("arch")
-        return config_from_name(arch, **fields) if arch else ViTConfig(**fields)
-
-
+        ``num_classes`` / ``in_chans`` "auto" (or absent) come from the dataset
+        (:func:`vitkit.config.section_config`)."""
+        return section_config(self.model, num_classes, in_chans, base=base)
 
 
 def _plain(v: Any) -> Any:

@@ -7,9 +7,9 @@ new class count: Section 3.2 of the paper).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from ..config import ViTConfig
+from ..config import section_config
 from ..models import VisionTransformer
 from ..utils import PathLike
 
@@ -19,27 +19,21 @@ if TYPE_CHECKING:
 
 def start_model(recipe: "Recipe", num_classes: int, in_chans: int) -> Tuple[VisionTransformer, List[str]]:
     """The ViT a run of ``recipe`` starts from, for ``num_classes`` classes of ``in_chans``-channel images: new
-    at the recipe's configuration, or ``init.checkpoint``'s weights adapted to it (with the notes of what
-    loading adapted)."""
-    if recipe.init.checkpoint:
-        chans = None if recipe.model.get("in_chans", "auto") == "auto" else in_chans  # auto: the checkpoint's
-        return load_init(recipe.init.checkpoint, lambda base: recipe.model_config(num_classes, chans, base=base),
-                         head=recipe.init.head, num_heads=recipe.init.num_heads)
-    return VisionTransformer(recipe.model_config(num_classes=num_classes, in_chans=in_chans)), []
-
-
-def load_init(path: PathLike, target: Callable[[ViTConfig], ViTConfig], *, head: str = "auto",
-              num_heads: Optional[int] = None) -> Tuple[VisionTransformer, List[str]]:
-    """Read ``path``, build ``VisionTransformer(target(checkpoint_config))`` and load the adapted weights.
-    Returns the model (train mode) and the list of adaptations made."""
+    at the recipe's configuration, or ``init.checkpoint``'s weights adapted to it (position embeddings resized,
+    a new head zero-initialised ...; with the notes of what loading adapted). The checkpoint, if any, is read
+    first (by vitkit's loader: nothing in it is executed), then the configuration resolved once on top of it."""
     from ..checkpoints import build, read_weights
 
-    ckpt = read_weights(path, num_heads=num_heads)
-    cfg = target(ckpt.config)
-    model = VisionTransformer(cfg)
-    model = build(ckpt, model=model, head=head, strict=True)
-    notes = list(model.meta.notes)
-    return model.train(), notes
+    init = recipe.init
+    ckpt = read_weights(init.checkpoint, num_heads=init.num_heads) if init.checkpoint else None
+    if ckpt is not None and recipe.model.get("in_chans", "auto") == "auto":
+        in_chans = None  # auto: the checkpoint's
+    config = section_config(recipe.model, num_classes, in_chans, base=ckpt.config if ckpt is not None else None)
+    model = VisionTransformer(config)
+    if ckpt is None:
+        return model, []
+    model = build(ckpt, model=model, head=init.head, strict=True)
+    return model.train(), list(model.meta.notes)
 
 
 def load_for_eval(path: PathLike) -> Tuple[VisionTransformer, Optional[List[str]], Optional[Dict[str, Any]]]:
