@@ -262,6 +262,22 @@ def test_pretrain_mpp_resumes_exactly(quadrants, mpp_run, monkeypatch):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_mpp_periodic_evaluations_follow_eval_ema(quadrants):
+    """train.eval_ema holds for masked patch prediction too: its periodic evaluation scores the EMA weights
+    beside the raw ones, or (false) the raw weights only; the raw scores are the same either way."""
+    from vitkit.train import Trainer
+    from vitkit.train.mpp import MaskedPatchObjective
+
+    d, data = quadrants
+    recs = {}
+    for flag in (True, False):
+        t = Trainer(_recipe(data, **{"train.eval_ema": flag}), d / f"eval-ema-{flag}", progress=False,
+                    objective=MaskedPatchObjective())
+        recs[flag] = t.run.objective.validate(t.run, t.state)
+    assert "mpp_loss_ema" in recs[True] and not any(k.endswith("_ema") for k in recs[False])
+    assert recs[True]["mpp_loss"] == recs[False]["mpp_loss"]
+
+
 def test_mpp_never_reads_labels(quadrants):
     """The objective ignores labels (shuffled labels, same weights); the labels only choose the validation
     hold-out, which is the same class-stratified split a classifier holds out, so the fine-tunes are chosen

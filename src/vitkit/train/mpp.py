@@ -105,7 +105,7 @@ class MaskedPatchObjective:
     def validate(self, run: RunSetup, state: RunState, **extra: Any) -> Dict[str, Any]:
         rec: Dict[str, Any] = {"kind": "eval", "split": "val", "step": state.step,
                                "epoch": round(state.step / run.steps_per_epoch, 4)}
-        for kind, model in run.weights(state):
+        for kind, model in run.weights(state, periodic=True):
             for k, v in self.score(run, model, run.data.val).items():
                 if k != "n":
                     rec[k + ("" if kind == "raw" else "_" + kind)] = v

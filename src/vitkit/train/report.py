@@ -62,8 +62,7 @@ class Classification:
     def validate(self, run: RunSetup, state: RunState, **extra: Any) -> Dict[str, Any]:
         """The metrics line of a periodic evaluation: both kinds of weights on the validation split (the raw
         weights only with ``train.eval_ema`` off)."""
-        pairs = run.weights(state) if run.recipe.train.eval_ema else [("raw", run.forward_model)]
-        scores = {kind: run.evaluator(self.readout(m), run.data.val) for kind, m in pairs}
+        scores = {kind: run.evaluator(self.readout(m), run.data.val) for kind, m in run.weights(state, periodic=True)}
         return eval_record(state.step, round(state.step / run.steps_per_epoch, 4), "val", scores, **extra)
 
     def results(self, run: RunSetup, evaluator) -> Dict[str, Any]:

@@ -152,11 +152,12 @@ class RunSetup:
         """The evaluation preprocessing of the trained model (the recipe's normalisation at its size)."""
         return eval_preprocessing(self.recipe.data, self.config, self.data.train.in_memory, self.data.load_size)
 
-    def weights(self, state: RunState) -> Iterator[Tuple[str, nn.Module]]:
+    def weights(self, state: RunState, periodic: bool = False) -> Iterator[Tuple[str, nn.Module]]:
         """(kind, module) of the weights a run may export: ``raw`` (the trained module) and, with EMA on,
-        ``ema`` (the plain copy, given the averaged weights now; collective under FSDP)."""
+        ``ema`` (the plain copy, given the averaged weights now; collective under FSDP). ``periodic``: those a
+        periodic evaluation scores (the raw weights only under ``train.eval_ema: false``)."""
         yield "raw", self.forward_model
-        if state.ema is not None:
+        if state.ema is not None and not (periodic and not self.recipe.train.eval_ema):
             self.ema_model.load_state_dict({k: D.full_tensor(v) for k, v in state.ema.shadow.items()})
             yield "ema", self.ema_model
 
