@@ -285,3 +285,14 @@ def test_siglip_so400m_at_384_reads_27_whole_patches(name):
         vitkit.create_model("vit_so400m_patch14_siglip_224", img_size=384)
     with pytest.raises(ConfigError, match="crop_remainder=True .* a hybrid"):
         vitkit.create_model("R50+B/16", crop_remainder=True)
+
+
+def test_no_descendant_name_reads_as_a_hybrid():
+    # parse_model_name tries the hybrid patterns before the descendants' table: a name in both would be misread
+    from vitkit.families import FAMILIES
+    from vitkit.variants import hybrid_match, parse_model_name
+    assert len(FAMILIES) >= 40 and hybrid_match("r50+b/16") and hybrid_match("vit_base_r50_s16_224")
+    for name in FAMILIES:
+        s = name.lower().removeprefix("google/").removeprefix("facebook/")
+        assert hybrid_match(s) is None, name
+        assert parse_model_name(name)["name"] == name

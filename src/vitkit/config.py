@@ -246,8 +246,7 @@ class ViTConfig:
     # --- (de)serialisation ----------------------------------------------------
     def replace(self, **overrides: Any) -> "ViTConfig":
         """A copy with ``overrides`` (config fields, checked for type) set."""
-        checked = check_fields(overrides)
-        return dataclasses.replace(self, **{k: checked[k] if v is None else v for k, v in overrides.items()})
+        return dataclasses.replace(self, **_given(overrides))
 
     def to_dict(self) -> Dict[str, Any]:
         """The fields as plain JSON values (pairs as lists): what vitkit.json stores."""
@@ -391,6 +390,12 @@ def check_fields(d: Dict[str, Any], where: str = "") -> Dict[str, Any]:
     return out
 
 
+def _given(overrides: Dict[str, Any]) -> Dict[str, Any]:
+    """``overrides`` checked as config fields, with None standing for a field's "none" name (e.g. posemb)."""
+    checked = check_fields(overrides)
+    return {k: checked[k] if v is None else v for k, v in overrides.items()}
+
+
 def register_model(name: str, **config: Any) -> None:
     """Register a named configuration (e.g. a small model for 28 px images)."""
     check_fields(config)
@@ -399,8 +404,7 @@ def register_model(name: str, **config: Any) -> None:
 
 def config_from_name(name: str, **overrides: Any) -> ViTConfig:
     fields = parse_model_name(name)
-    checked = check_fields(overrides)
-    fields.update({k: checked[k] if v is None else v for k, v in overrides.items()})  # None: "none" for names
+    fields.update(_given(overrides))
     return ViTConfig(**fields)
 
 
@@ -420,8 +424,7 @@ def section_config(section: Dict[str, Any], num_classes: Optional[int] = None, i
                 fields[key] = value
             else:
                 fields.pop(key, None)
-    checked = check_fields(fields)
-    given = {k: checked[k] if v is None else v for k, v in fields.items()}  # None: "none" for names
+    given = _given(fields)
     if base is not None:
         return dataclasses.replace(base, **given)
     arch = section.get("arch")

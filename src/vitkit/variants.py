@@ -65,7 +65,7 @@ def parse_model_name(name: str) -> Dict[str, Any]:
         return dict(REGISTERED[name], name=name)
     s = name.strip().lower()
     s = re.sub(r"^(google|facebook)/", "", s)
-    hybrid = _HYBRID_RE.match(s) or _TIMM_HYBRID_RE.match(s)  # (no descendant's name is a hybrid's)
+    hybrid = hybrid_match(s)  # before the descendants' table: no descendant's name is a hybrid's (tested)
     if hybrid:
         return _parse_hybrid(name, hybrid)
     from .families import family_fields
@@ -108,6 +108,12 @@ def parse_model_name(name: str) -> Dict[str, Any]:
 _HYBRID_RE = re.compile(r"^r(?P<depth>\d+)(?:x(?P<wf>\d+))?\+(?P<vit>.+)$")  # R50+B/16, R50x1+ViT-B_16
 _TIMM_HYBRID_RE = re.compile(  # vit_base_r50_s16_224
     r"^vit_(?P<size>tiny|small|base|large|huge)_r(?P<depth>\d+)_s(?P<patch>\d+)(?:_(?P<res>\d+))?$")
+
+
+def hybrid_match(name: str) -> Optional["re.Match"]:
+    """The match of a (lower-case, organisation-free) name against the hybrid patterns (R50+B/16,
+    vit_base_r50_s16_224), or None."""
+    return _HYBRID_RE.match(name) or _TIMM_HYBRID_RE.match(name)
 
 
 def _parse_hybrid(name: str, m: "re.Match") -> Dict[str, Any]:

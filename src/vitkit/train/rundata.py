@@ -157,7 +157,7 @@ class RunSetup:
         ``ema`` (the plain copy, given the averaged weights now; collective under FSDP). ``periodic``: those a
         periodic evaluation scores (the raw weights only under ``train.eval_ema: false``)."""
         yield "raw", self.forward_model
-        if state.ema is not None and not (periodic and not self.recipe.train.eval_ema):
+        if state.ema is not None and (not periodic or self.recipe.train.eval_ema):
             self.ema_model.load_state_dict({k: D.full_tensor(v) for k, v in state.ema.shadow.items()})
             yield "ema", self.ema_model
 
