@@ -6,7 +6,9 @@ comparison without distillation and the ablations, with every number written to 
     .venv/bin/python benchmarks/fmnist_record.py --smoke --data tensors:FILE --out /tmp/rec   # seconds
 
 What it runs, one after another (each run step-driven, so a killed invocation continues where it stopped:
-a finished run folder is reused, a started one resumed from its checkpoint):
+a finished run folder is reused, a started one resumed from its checkpoint; every invocation that trains a
+run adds its wall time to the run's ledger, ``RUN.wall.json`` beside the folder, so a run spread over several
+invocations, on one machine or carried between machines of one kind, still has its whole wall time):
 
 1. the teacher, recipe ``fmnist-teacher``, once (``--teacher DIR`` reuses a finished run folder instead);
 2. per seed (``--seeds``): ``fmnist-record`` (hard distillation through its distillation token from the
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import statistics
 import sys
 import time
@@ -70,6 +73,8 @@ SMOKE_STUDENT = {"model.width": 32, "model.depth": 1, "model.num_heads": 2, "mod
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
+    # a stop (``kill``, a lease's end) unwinds like Ctrl-C, so the run's ledger keeps the wall time it spent
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     argv = sys.argv[1:] if argv is None else argv
     command = "python benchmarks/fmnist_record.py " + " ".join(argv)
     out = Path(args.out) if args.out else FIGURES
@@ -131,14 +136,51 @@ def _ints(text: str) -> List[int]:
 
 def train_or_reuse(recipe_name: str, overrides: Dict[str, Any], folder: Path) -> Tuple[Dict[str, Any], str]:
     """(results.json, how: "reused" | "resumed" | "trained") of the run in ``folder``: reused when finished,
-    resumed from its checkpoint when started, trained otherwise. The trainer reads no test image."""
+    resumed from its checkpoint when started, trained otherwise. The trainer reads no test image. A call that
+    trains opens a segment in the run's ledger before it starts and closes it with its wall time when it
+    ends, finished or stopped (an exception, Ctrl-C, SIGTERM); a process killed outright leaves it open."""
     done = folder / "results.json"
     if done.is_file() and (folder / "model").is_dir():
         return json.loads(done.read_text()), "reused"
     recipe = load_recipe(recipe_name, {**overrides, "data.eval_split": None})
     resume = (folder / "checkpoints" / "last.pt").is_file()
-    train(recipe, folder, resume=resume, progress=sys.stderr.isatty())
+    segments = _segments(folder) + [{"resumed": resume, "wall_s": None, "ended": None}]
+    _write_segments(folder, segments)
+    t0 = time.perf_counter()
+    try:
+        train(recipe, folder, resume=resume, progress=sys.stderr.isatty())
+    finally:
+        segments[-1].update(wall_s=round(time.perf_counter() - t0, 1),
+                            ended="finished" if done.is_file() else "stopped")
+        _write_segments(folder, segments)
     return json.loads(done.read_text()), "resumed" if resume else "trained"
+
+
+def _ledger(folder: Path) -> Path:
+    return folder.parent / f"{folder.name}.wall.json"
+
+
+def _segments(folder: Path) -> List[Dict[str, Any]]:
+    path = _ledger(folder)
+    return list(json.loads(path.read_text())["segments"]) if path.is_file() else []
+
+
+def _write_segments(folder: Path, segments: List[Dict[str, Any]]) -> None:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(_ledger(folder), {"run": str(folder), "segments": segments})
+
+
+def wall_account(folder: Path) -> Optional[Dict[str, Any]]:
+    """The run's wall time over every invocation that trained it (None: no ledger, e.g. a folder trained
+    outside this script). Whole (``wall_complete``) when its first segment started the run afresh and every
+    segment was closed; a resumed run's sum also holds each restart and the steps redone since the last
+    checkpoint, so it is never less than one uninterrupted run would have taken."""
+    segments = _segments(folder)
+    if not segments:
+        return None
+    whole = not segments[0]["resumed"] and all(s["wall_s"] is not None for s in segments)
+    return {"wall_s": round(sum(s["wall_s"] or 0.0 for s in segments), 1), "segments": len(segments),
+            "wall_complete": whole}
 
 
 def independent_test(model_dir: Path, recipe_name: str, overrides: Dict[str, Any]) -> Dict[str, Any]:
@@ -159,18 +201,22 @@ def curve(folder: Path) -> List[Dict[str, Any]]:
 
 
 def _record(name: str, recipe: str, seed: Optional[int], overrides: Dict[str, Any], folder: Path,
-            res: Dict[str, Any], how: str, wall: float) -> Dict[str, Any]:
-    """One run's JSON: what it was, its validation scores and curve, its times. ``wall_s`` is this call's
-    wall time (a reused run: the trainer's), whole only when the run was not resumed (``wall_complete``);
-    ``train_s`` (training time, evaluations and checkpoints excluded) is whole either way."""
+            res: Dict[str, Any], how: str) -> Dict[str, Any]:
+    """One run's JSON: what it was, its validation scores and curve, its times. ``wall_s`` is the run's wall
+    time over every invocation that trained it (:func:`wall_account`; without a ledger, the trainer's last
+    process, whole only when the run was not resumed), ``wall_complete`` whether it is whole; ``train_s``
+    (training time, evaluations and checkpoints excluded) is whole either way."""
     resumed = how == "resumed"
+    account = wall_account(folder) or {"wall_s": res.get("train_wall_s"), "segments": None,
+                                       "wall_complete": not resumed}
     return {"name": name, "recipe": recipe, "seed": seed, "overrides": overrides, "run": str(folder),
-            "how": how, "resumed": resumed, "wall_complete": not resumed,
+            "how": how, "resumed": resumed or bool(account["segments"] and account["segments"] > 1),
+            "wall_complete": account["wall_complete"], "segments": account["segments"],
             "val": res.get("val"), "val_images": res.get("val_images"),
             "exported_weights": res.get("exported_weights"), "selected_by": res.get("selected_by"),
             "train_images": res.get("train_images"), "params": res.get("params"), "steps": res.get("steps"),
             "epochs": res.get("epochs"), "train_s": res.get("trained_s"),
-            "wall_s": round(wall, 1) if how != "reused" else res.get("train_wall_s"),
+            "wall_s": account["wall_s"],
             "backend": res.get("backend", {}).get("declared"), "teacher": res.get("teacher"),
             # a reused folder trained outside this script may have read the test split itself: said, not hidden
             "trainer_test_top1": res.get("test_top1"),
@@ -181,14 +227,12 @@ def run_teacher(args, runs: Path, common: Dict[str, Any], out: Path) -> Dict[str
     """The teacher, trained once (or reused), its exported weights tested once; teacher.json."""
     folder = Path(args.teacher) if args.teacher else runs / "teacher"
     overrides = {**common, **(SMOKE_TEACHER if args.smoke else {}), **parse_overrides(args.teacher_set)}
-    t0 = time.perf_counter()
     res, how = train_or_reuse(TEACHER, overrides, folder.resolve())
-    rec = _record("teacher", TEACHER, None, overrides, folder.resolve(), res, how, time.perf_counter() - t0)
+    rec = _record("teacher", TEACHER, None, overrides, folder.resolve(), res, how)
     rec["model"] = str(folder.resolve() / "model")
     saved = out / "teacher.json"
     old = json.loads(saved.read_text()) if saved.is_file() and how == "reused" else {}
-    if old.get("run") == rec["run"]:  # the first call's times and resume state stand
-        rec.update({k: old[k] for k in ("how", "resumed", "wall_complete", "wall_s") if k in old})
+    _keep_first(rec, old)
     # the test split once per exported model: a reused teacher keeps the reading already made
     rec["test"] = old["test"] if old.get("run") == rec["run"] and old.get("test") else \
         independent_test(folder / "model", TEACHER, overrides)
@@ -202,13 +246,11 @@ def run_student(arm: str, seed: int, overrides: Dict[str, Any], runs: Path, out:
     """One student run of ``arm`` at ``seed`` (test read once, by the exported folder, when ``test``)."""
     overrides = {**overrides, "train.seed": seed}
     folder = runs / f"{arm}-seed{seed}"
-    t0 = time.perf_counter()
     res, how = train_or_reuse(STUDENT, overrides, folder)
-    rec = _record(arm, STUDENT, seed, overrides, folder, res, how, time.perf_counter() - t0)
+    rec = _record(arm, STUDENT, seed, overrides, folder, res, how)
     saved = out / f"{arm}-seed{seed}.json"
     old = json.loads(saved.read_text()) if saved.is_file() and how == "reused" else {}
-    if how == "reused" and old.get("run") == rec["run"]:  # the first call's times and resume state stand
-        rec.update({k: old[k] for k in ("how", "resumed", "wall_complete", "wall_s") if k in old})
+    _keep_first(rec, old)
     if test:
         rec["test"] = old["test"] if old.get("run") == rec["run"] and old.get("test") else \
             independent_test(folder / "model", STUDENT, overrides)
@@ -220,6 +262,13 @@ def run_student(arm: str, seed: int, overrides: Dict[str, Any], runs: Path, out:
     print(f"{arm} seed {seed}: validation top-1 {100 * val:.2f}%"
           + (f", test top-1 {100 * rec['test']['top1']:.2f}%" if test else ""), flush=True)
     return rec
+
+
+def _keep_first(rec: Dict[str, Any], old: Dict[str, Any]) -> None:
+    """A reused run's record keeps how it was first made and, without a ledger, that call's times."""
+    if old.get("run") == rec["run"]:
+        keys = ("how",) if rec["segments"] else ("how", "resumed", "wall_complete", "wall_s")
+        rec.update({k: old[k] for k in keys if k in old})
 
 
 def _val_top1(rec: Dict[str, Any]) -> float:
@@ -277,7 +326,7 @@ def summarise(teacher: Dict[str, Any], results: Dict[str, List[Dict[str, Any]]],
         "mean_test_top1_at_least": TARGET_TOP1, "mean_test_top1": mean_top1,
         "top1_met": mean_top1 is not None and mean_top1 >= TARGET_TOP1,
         "budget_s_per_seed": BUDGET_S, "max_wall_with_teacher_s": max(walls) if walls else None,
-        # a resumed run's wall time covers its last part only: then the budget is not judged (None)
+        # judged only when every distilled seed's and the teacher's wall time is whole (their ledgers)
         "budget_met": (bool(walls) and max(walls) <= BUDGET_S) if whole else None,
         # the distilled student beats the plain one, paired by seed, by more than the seeds' spread
         "paired_min_difference": min(paired) if paired else None, "seed_spread": spread,
@@ -313,7 +362,7 @@ def _plot(results: Dict[str, List[Dict[str, Any]]], teacher: Dict[str, Any], pat
 
 def _print_summary(summary: Dict[str, Any], out: Path) -> None:
     t = summary["targets"]
-    word = lambda ok: "not judged (a resumed run)" if ok is None else "met" if ok else "NOT met"  # noqa: E731
+    word = lambda ok: "not judged (a wall time not whole)" if ok is None else "met" if ok else "NOT met"  # noqa: E731
     if t["mean_test_top1"] is not None:
         print(f"distilled: mean test top-1 {100 * t['mean_test_top1']:.2f}% (target {100 * TARGET_TOP1:g}%: "
               f"{word(t['top1_met'])}); budget {word(t['budget_met'])}; "

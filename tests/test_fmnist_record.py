@@ -118,3 +118,57 @@ def test_summary_pairs_seeds_and_judges_the_targets():
     results["distill"][2] = rec("distill", 2, 0.951, 0.96, wall=11000.0)
     t = fmnist_record.summarise(teacher, results, [0, 1, 2], command="x", smoke=False)["targets"]
     assert t["budget_met"] is False and t["max_wall_with_teacher_s"] == 11000.0
+
+
+def test_a_run_spread_over_invocations_keeps_its_whole_wall_time(tmp_path, monkeypatch):
+    """The ledger beside a run folder: an invocation stopped mid-run (Ctrl-C, SIGTERM) closes its segment with
+    its wall time, the next one resumes and adds its own, and the run's wall time is their sum, whole; a
+    process killed outright leaves its segment open, and then the wall time is not whole. A run started
+    outside the ledger (a checkpoint, no ledger) is never whole."""
+    import fmnist_record
+
+    calls = []
+
+    def fake_train(recipe, folder, resume, progress):  # stands in for vitkit.train.train
+        calls.append(resume)
+        (folder / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (folder / "checkpoints" / "last.pt").write_bytes(b"x")
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # the first invocation is stopped
+        (folder / "model").mkdir(exist_ok=True)
+        (folder / "metrics.jsonl").write_text("")
+        (folder / "results.json").write_text(json.dumps({"trained_s": 1.0}))
+
+    monkeypatch.setattr(fmnist_record, "train", fake_train)
+    run = tmp_path / "runs" / "distill-seed0"
+    with pytest.raises(KeyboardInterrupt):
+        fmnist_record.train_or_reuse("fmnist-record", {}, run)
+    first = fmnist_record.wall_account(run)
+    assert first["segments"] == 1 and first["wall_complete"] and first["wall_s"] >= 0.0
+    assert json.loads((tmp_path / "runs" / "distill-seed0.wall.json").read_text())["segments"][0]["ended"] == "stopped"
+    res, how = fmnist_record.train_or_reuse("fmnist-record", {}, run)
+    assert how == "resumed" and calls == [False, True] and res == {"trained_s": 1.0}
+    led = json.loads((tmp_path / "runs" / "distill-seed0.wall.json").read_text())["segments"]
+    assert [s["ended"] for s in led] == ["stopped", "finished"] and [s["resumed"] for s in led] == [False, True]
+    whole = fmnist_record.wall_account(run)
+    assert whole["segments"] == 2 and whole["wall_complete"]
+    assert whole["wall_s"] == pytest.approx(sum(s["wall_s"] for s in led), abs=0.051)
+    rec = fmnist_record._record("distill", "fmnist-record", 0, {}, run, res, how)
+    assert rec["resumed"] and rec["wall_complete"] and rec["wall_s"] == whole["wall_s"] and rec["segments"] == 2
+    # reused: nothing is trained and the ledger is untouched
+    assert fmnist_record.train_or_reuse("fmnist-record", {}, run)[1] == "reused" and len(calls) == 2
+
+    # a segment left open (the process was killed outright): the wall time is not whole
+    killed = tmp_path / "runs" / "plain-seed0"
+    fmnist_record._write_segments(killed, [{"resumed": False, "wall_s": None, "ended": None}])
+    (killed / "checkpoints").mkdir(parents=True)
+    (killed / "checkpoints" / "last.pt").write_bytes(b"x")
+    fmnist_record.train_or_reuse("fmnist-record", {}, killed)
+    assert calls[-1] is True and fmnist_record.wall_account(killed)["wall_complete"] is False
+    # a checkpoint from before the ledger: resumed, never whole
+    outside = tmp_path / "runs" / "soft-seed0"
+    (outside / "checkpoints").mkdir(parents=True)
+    (outside / "checkpoints" / "last.pt").write_bytes(b"x")
+    fmnist_record.train_or_reuse("fmnist-record", {}, outside)
+    assert fmnist_record.wall_account(outside) == {"wall_s": pytest.approx(0.0, abs=5.0), "segments": 1,
+                                                   "wall_complete": False}
