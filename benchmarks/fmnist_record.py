@@ -42,8 +42,10 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from vitkit.archive import read_archive, write_archive
 from vitkit.bench.machine import machine_info
 from vitkit.cli._util import parse_overrides
+from vitkit.errors import DataError
 from vitkit.train import evaluate_checkpoint, load_recipe, train
 from vitkit.train.runlog import read_metrics
 from vitkit.utils import write_json_atomic
@@ -88,7 +90,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     unknown = [a for a in ablations if a not in ABLATIONS]
     if unknown:  # before any training
         raise SystemExit(f"--ablations: unknown arm {unknown[0]!r}; the arms: {', '.join(ABLATIONS)}")
+    if args.state and Path(args.state).is_file():
+        try:
+            restored, _ = read_archive(args.state, runs, "runs", what="record state")
+        except DataError as err:
+            raise SystemExit(str(err)) from None
+        print(f"{args.state}: {restored} files restored into {runs}", flush=True)
+
+    def save() -> None:  # the state archive, rewritten after every run and when the invocation stops
+        if args.state:
+            write_archive(args.state, state_members(runs, out))
+    try:
+        return _run_all(args, command, out, runs, common, seeds, ablations, save)
+    finally:
+        save()
+
+
+def _run_all(args, command: str, out: Path, runs: Path, common: Dict[str, Any], seeds: List[int],
+             ablations: List[str], save) -> int:
     teacher = run_teacher(args, runs, common, out)
+    save()
     student = {**common, **(SMOKE_STUDENT if args.smoke else {}), **parse_overrides(args.set),
                "distill.teacher": str(teacher["model"])}
     share = teacher["wall_s"] / max(len(seeds), 1)  # each seed's part of the one teacher
@@ -97,12 +118,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         for arm, extra in MAIN_ARMS.items():
             res = run_student(arm, seed, {**student, **extra}, runs, out, test=True, teacher_share_s=share)
             results.setdefault(arm, []).append(res)
+            save()
     if args.arms == "all":
         for seed in _ints(args.ablation_seeds):
             for arm in ablations:
                 res = run_student(arm, seed, {**student, **ABLATIONS[arm]}, runs, out, test=False,
                                   teacher_share_s=None)
                 results.setdefault(arm, []).append(res)
+                save()
     summary = summarise(teacher, results, seeds, command=command, smoke=args.smoke)
     write_json_atomic(out / "summary.json", summary)
     _plot(results, teacher, out / "fmnist-record.png")
@@ -126,6 +149,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="recipe overrides of every student run (e.g. schedule.epochs=100)")
     ap.add_argument("--teacher-set", action="append", default=[], metavar="KEY=VALUE",
                     help="recipe overrides of the teacher's run")
+    ap.add_argument("--state", metavar="FILE.tar.gz",
+                    help="the runs' portable state, for a record longer than one machine's lease: restored into "
+                         "RUNS before anything trains (a file already there wins), rewritten after every run and "
+                         "when the invocation stops (records and ledgers; the teacher's weights; a run's weights "
+                         "until its JSON is written; an unfinished run's last checkpoint)")
     ap.add_argument("--smoke", action="store_true", help="tiny models for a few steps (a test of the pipeline)")
     return ap
 
@@ -154,6 +182,28 @@ def train_or_reuse(recipe_name: str, overrides: Dict[str, Any], folder: Path) ->
                             ended="finished" if done.is_file() else "stopped")
         _write_segments(folder, segments)
     return json.loads(done.read_text()), "resumed" if resume else "trained"
+
+
+def state_members(runs: Path, out: Path) -> List[Tuple[str, Path]]:
+    """What the state archive holds, as (name, file): every run's records and ledger; weights where a later
+    invocation reads them (the teacher's, which the students load; a finished run's until its JSON in ``out``
+    is written, i.e. before its one test reading); an unfinished run's last checkpoint, which resumes it.
+    Plots are drawn again, temporary files skipped."""
+    files = sorted(f for f in runs.glob("*.wall.json") if f.is_file())
+    for folder in sorted(p for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []:
+        finished = (folder / "results.json").is_file()
+        weights = folder.name == "teacher" or not (out / f"{folder.name}.json").is_file()
+        for f in sorted(folder.rglob("*")):
+            rel = f.relative_to(folder)
+            if f.is_symlink() or not f.is_file() or f.name.startswith(".") or f.suffix in (".png", ".svg"):
+                continue
+            if rel.parts[0] == "checkpoints":
+                keep = not finished and rel.as_posix() == "checkpoints/last.pt"
+            else:
+                keep = weights or f.suffix not in (".safetensors", ".pt", ".pth", ".bin")
+            if keep:
+                files.append(f)
+    return [("runs/" + f.relative_to(runs).as_posix(), f) for f in files]
 
 
 def _ledger(folder: Path) -> Path:
@@ -234,7 +284,7 @@ def run_teacher(args, runs: Path, common: Dict[str, Any], out: Path) -> Dict[str
     old = json.loads(saved.read_text()) if saved.is_file() and how == "reused" else {}
     _keep_first(rec, old)
     # the test split once per exported model: a reused teacher keeps the reading already made
-    rec["test"] = old["test"] if old.get("run") == rec["run"] and old.get("test") else \
+    rec["test"] = old["test"] if _same_run(rec, old) and old.get("test") else \
         independent_test(folder / "model", TEACHER, overrides)
     write_json_atomic(saved, rec)
     print(f"teacher: test top-1 {100 * rec['test']['top1']:.2f}% ({rec['run']})", flush=True)
@@ -252,7 +302,7 @@ def run_student(arm: str, seed: int, overrides: Dict[str, Any], runs: Path, out:
     old = json.loads(saved.read_text()) if saved.is_file() and how == "reused" else {}
     _keep_first(rec, old)
     if test:
-        rec["test"] = old["test"] if old.get("run") == rec["run"] and old.get("test") else \
+        rec["test"] = old["test"] if _same_run(rec, old) and old.get("test") else \
             independent_test(folder / "model", STUDENT, overrides)
     if teacher_share_s is not None and rec["wall_s"] is not None:
         rec["teacher_share_s"] = round(teacher_share_s, 1)
@@ -264,9 +314,17 @@ def run_student(arm: str, seed: int, overrides: Dict[str, Any], runs: Path, out:
     return rec
 
 
+def _same_run(rec: Dict[str, Any], old: Dict[str, Any]) -> bool:
+    """Whether ``old`` (the JSON already in OUT) records the run ``rec`` was just read from: the same folder
+    name, validation scores and training time, wherever the runs folder now lies (a state restored on
+    another machine) -- so a run's test split is read once, not once per machine."""
+    return bool(old) and Path(old.get("run", "")).name == Path(rec["run"]).name and \
+        old.get("val") == rec["val"] and old.get("train_s") == rec["train_s"]
+
+
 def _keep_first(rec: Dict[str, Any], old: Dict[str, Any]) -> None:
     """A reused run's record keeps how it was first made and, without a ledger, that call's times."""
-    if old.get("run") == rec["run"]:
+    if _same_run(rec, old):
         keys = ("how",) if rec["segments"] else ("how", "resumed", "wall_complete", "wall_s")
         rec.update({k: old[k] for k in keys if k in old})
 

@@ -172,3 +172,52 @@ def test_a_run_spread_over_invocations_keeps_its_whole_wall_time(tmp_path, monke
     fmnist_record.train_or_reuse("fmnist-record", {}, outside)
     assert fmnist_record.wall_account(outside) == {"wall_s": pytest.approx(0.0, abs=5.0), "segments": 1,
                                                    "wall_complete": False}
+
+
+def test_the_record_goes_on_from_its_state_on_another_machine(tmp_path, monkeypatch):
+    """--state: stopped after the teacher (SIGTERM-like), the archive holds the teacher's weights and records
+    and no checkpoint of a finished run; a fresh runs folder given only the archive reuses the teacher (its
+    test read once) and trains the students from its weights; a hostile archive is one clear line."""
+    import fmnist_record
+
+    data = write_npz(tmp_path / "q.npz", n_train=120, n_test=32, size=28)
+    state, out = tmp_path / "state.tar.gz", tmp_path / "out"
+    args = ["--smoke", "--data", f"tensors:{data}", "--out", str(out), "--seeds", "0", "--state", str(state)]
+    real = fmnist_record.run_student
+
+    def stop(*a, **k):
+        raise SystemExit(143)
+    monkeypatch.setattr(fmnist_record, "run_student", stop)
+    with pytest.raises(SystemExit):
+        fmnist_record.main(args + ["--runs", str(tmp_path / "first")])
+    import tarfile
+    with tarfile.open(state) as tar:
+        names = sorted(m.name for m in tar.getmembers())
+    assert "runs/teacher/model/model.safetensors" in names and "runs/teacher.wall.json" in names
+    assert "runs/teacher/results.json" in names and not [n for n in names if "checkpoints" in n or n.endswith(".png")]
+    teacher = json.loads((out / "teacher.json").read_text())
+
+    monkeypatch.setattr(fmnist_record, "run_student", real)
+    tested = []
+    monkeypatch.setattr(fmnist_record, "independent_test",
+                        lambda model_dir, *a, _real=fmnist_record.independent_test: tested.append(model_dir) or
+                        _real(model_dir, *a))
+    second = tmp_path / "second"
+    assert fmnist_record.main(args + ["--runs", str(second)]) == 0
+    assert [Path(p).parent.name for p in tested] == ["distill-seed0", "plain-seed0"]  # the teacher's test: once
+    again = json.loads((out / "teacher.json").read_text())
+    assert again["test"] == teacher["test"] and again["wall_s"] == teacher["wall_s"]
+    assert json.loads((second / "teacher.wall.json").read_text())["segments"][0]["ended"] == "finished"
+    dist = json.loads((out / "distill-seed0.json").read_text())
+    assert dist["how"] == "trained" and dist["wall_complete"] and "test" in dist
+    with tarfile.open(state) as tar:  # the tested students' weights are no longer carried
+        names = sorted(m.name for m in tar.getmembers())
+    assert "runs/distill-seed0/results.json" in names and "runs/distill-seed0/model/model.safetensors" not in names
+
+    bad = tmp_path / "bad.tar.gz"
+    with tarfile.open(bad, "w:gz") as tar:
+        info = tarfile.TarInfo("runs/../../evil.py")
+        tar.addfile(info, __import__("io").BytesIO(b""))
+    with pytest.raises(SystemExit, match="lies outside the runs/ folder of a record state"):
+        fmnist_record.main(args[:-1] + [str(bad), "--runs", str(tmp_path / "third")])
+    assert not (tmp_path / "third").exists() and not (tmp_path / "evil.py").exists()

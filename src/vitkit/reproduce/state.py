@@ -12,22 +12,19 @@ and owners, so the same state gives the same bytes.
 """
 from __future__ import annotations
 
-import gzip
 import json
-import shutil
-import tarfile
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Set
 
+from ..archive import read_archive, write_archive
 from ..errors import DataError
-from ..utils import PathLike, atomic_path
+from ..utils import PathLike
 from .claims import Arm
 from .measure import MEASURES, PROVENANCE, code_id, run_code
 from .runs import DESIGN, REPLAN, init_folder, run_folder
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 DRAWN = (".png", ".svg", ".pdf")  # a run's plots: drawn from its metrics.jsonl, which the state keeps
-MAX_BYTES = 4 << 30  # what an archive may unpack to: a campaign's records and a few models are far below it
 
 
 def base_name(run: str) -> str:
@@ -88,19 +85,10 @@ def save_state(root: PathLike, path: PathLike, keep: Set[Path]) -> Dict[str, int
     """Write the archive of ``root``'s runs to ``path`` (atomically); returns what it holds."""
     root = Path(root)
     files = _members(root, {Path(k) for k in keep})
-    weights = 0
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as gz, \
-                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for f in files:
-                info = tarfile.TarInfo(f.relative_to(root).as_posix())
-                info.size, info.mode, info.mtime = f.stat().st_size, 0o644, 0
-                weights += f.suffix in WEIGHT_SUFFIXES
-                with open(f, "rb") as src:
-                    tar.addfile(info, src)
+    size = write_archive(path, [(f.relative_to(root).as_posix(), f) for f in files])
     runs = {f.parent for f in files if f.name == "results.json"}
-    return {"files": len(files), "finished_runs": len(runs), "weight_files": weights,
-            "bytes": Path(path).stat().st_size}
+    return {"files": len(files), "finished_runs": len(runs),
+            "weight_files": sum(f.suffix in WEIGHT_SUFFIXES for f in files), "bytes": size}
 
 
 def load_state(path: PathLike, root: PathLike) -> Dict[str, object]:
@@ -108,42 +96,9 @@ def load_state(path: PathLike, root: PathLike) -> Dict[str, object]:
     folder may be further on). Refuses, before writing anything, an archive that is not one, or holds a link,
     a path outside ``runs/`` or more than it should unpack to. Returns the counts and the code versions of the
     archive's runs as they now stand in ``root``."""
-    path, root = Path(path), Path(root)
+    restored, files = read_archive(path, Path(root) / "runs", "runs", what="campaign state")
     try:
-        with tarfile.open(path, "r:gz") as tar:
-            members = tar.getmembers()
-            _check(path, members)
-            restored = skipped = 0
-            codes = set()
-            for m in members:
-                if m.isdir():
-                    continue
-                dest = root.joinpath(*PurePosixPath(m.name).parts)
-                if dest.exists():
-                    skipped += 1
-                else:
-                    with atomic_path(dest) as tmp, open(tmp, "wb") as out:
-                        shutil.copyfileobj(tar.extractfile(m), out)
-                    restored += 1
-                if dest.name == PROVENANCE:  # the code version of the run as it is now in root
-                    codes.add(code_id(run_code(json.loads(dest.read_text()))))
-            codes = sorted(codes)
-    except (tarfile.TarError, EOFError, OSError, ValueError, UnicodeDecodeError) as err:
-        if isinstance(err, DataError):
-            raise
+        codes = sorted({code_id(run_code(json.loads(f.read_text()))) for f in files if f.name == PROVENANCE})
+    except (OSError, ValueError) as err:
         raise DataError(f"{path}: not a readable campaign state ({type(err).__name__}: {err})") from None
-    return {"restored": restored, "already_here": skipped, "code_versions": codes}
-
-
-def _check(path: Path, members: List[tarfile.TarInfo]) -> None:
-    total = 0
-    for m in members:
-        parts = PurePosixPath(m.name).parts
-        if not (m.isfile() or m.isdir()):
-            raise DataError(f"{path}: {m.name!r} is a link or a device, which a campaign state never holds")
-        if m.name.startswith("/") or ".." in parts or not parts or parts[0] != "runs" or "\\" in m.name:
-            raise DataError(f"{path}: {m.name!r} lies outside the runs/ folder of a campaign state")
-        total += m.size
-    if total > MAX_BYTES:
-        raise DataError(f"{path}: would unpack to {total / 2**30:.1f} GiB, more than a campaign state holds "
-                        f"({MAX_BYTES / 2**30:.0f} GiB)")
+    return {"restored": restored, "already_here": len(files) - restored, "code_versions": codes}
