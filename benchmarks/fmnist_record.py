@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from vitkit.archive import read_archive, write_archive
-from vitkit.bench.machine import machine_info
+from vitkit.bench.machine import hardware, machine_info
 from vitkit.cli._util import parse_overrides
 from vitkit.errors import DataError
 from vitkit.train import evaluate_checkpoint, load_recipe, train
@@ -172,7 +172,7 @@ def train_or_reuse(recipe_name: str, overrides: Dict[str, Any], folder: Path) ->
         return json.loads(done.read_text()), "reused"
     recipe = load_recipe(recipe_name, {**overrides, "data.eval_split": None})
     resume = (folder / "checkpoints" / "last.pt").is_file()
-    segments = _segments(folder) + [{"resumed": resume, "wall_s": None, "ended": None}]
+    segments = _segments(folder) + [{"resumed": resume, "wall_s": None, "ended": None, "machine": hardware()}]
     _write_segments(folder, segments)
     t0 = time.perf_counter()
     try:
@@ -230,7 +230,7 @@ def wall_account(folder: Path) -> Optional[Dict[str, Any]]:
         return None
     whole = not segments[0]["resumed"] and all(s["wall_s"] is not None for s in segments)
     return {"wall_s": round(sum(s["wall_s"] or 0.0 for s in segments), 1), "segments": len(segments),
-            "wall_complete": whole}
+            "wall_complete": whole, "machines": sorted({s.get("machine") or "?" for s in segments})}
 
 
 def independent_test(model_dir: Path, recipe_name: str, overrides: Dict[str, Any]) -> Dict[str, Any]:
@@ -258,10 +258,11 @@ def _record(name: str, recipe: str, seed: Optional[int], overrides: Dict[str, An
     (training time, evaluations and checkpoints excluded) is whole either way."""
     resumed = how == "resumed"
     account = wall_account(folder) or {"wall_s": res.get("train_wall_s"), "segments": None,
-                                       "wall_complete": not resumed}
+                                       "wall_complete": not resumed, "machines": None}
     return {"name": name, "recipe": recipe, "seed": seed, "overrides": overrides, "run": str(folder),
             "how": how, "resumed": resumed or bool(account["segments"] and account["segments"] > 1),
             "wall_complete": account["wall_complete"], "segments": account["segments"],
+            "trained_on": account["machines"],  # the kind of machine of each invocation that trained it
             "val": res.get("val"), "val_images": res.get("val_images"),
             "exported_weights": res.get("exported_weights"), "selected_by": res.get("selected_by"),
             "train_images": res.get("train_images"), "params": res.get("params"), "steps": res.get("steps"),
@@ -386,6 +387,9 @@ def summarise(teacher: Dict[str, Any], results: Dict[str, List[Dict[str, Any]]],
         "budget_s_per_seed": BUDGET_S, "max_wall_with_teacher_s": max(walls) if walls else None,
         # judged only when every distilled seed's and the teacher's wall time is whole (their ledgers)
         "budget_met": (bool(walls) and max(walls) <= BUDGET_S) if whole else None,
+        # the kinds of machine those wall times were spent on (the budget is stated for one kind)
+        "budget_machines": sorted({m for r in [teacher, *results.get("distill", [])]
+                                   for m in r.get("trained_on") or []}),
         # the distilled student beats the plain one, paired by seed, by more than the seeds' spread
         "paired_min_difference": min(paired) if paired else None, "seed_spread": spread,
         "margin_met": bool(paired) and len(paired) > 1 and min(paired) > (spread or 0.0)}

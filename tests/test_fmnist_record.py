@@ -108,6 +108,7 @@ def test_summary_pairs_seeds_and_judges_the_targets():
     assert abs(d["p_one_sided"] - scipy_stats.ttest_1samp(diffs, 0.0, alternative="greater").pvalue) < 1e-12
     t = s["targets"]
     assert t["top1_met"] and t["budget_met"] is True and t["margin_met"]  # min difference 0.009 > spread 0.002
+    assert t["budget_machines"] == []  # these records name no machine
     assert abs(t["seed_spread"] - scipy_stats.tstd(dist)) < 1e-12
     assert s["ablation_val_top1"]["soft"] == {"0": 0.957} and "test_top1" not in s["arms"]["soft"]
     # a close plain seed: the margin is not met; a resumed seed: the budget is not judged; a slow one fails it
@@ -126,6 +127,7 @@ def test_a_run_spread_over_invocations_keeps_its_whole_wall_time(tmp_path, monke
     process killed outright leaves its segment open, and then the wall time is not whole. A run started
     outside the ledger (a checkpoint, no ledger) is never whole."""
     import fmnist_record
+    from vitkit.bench.machine import hardware
 
     calls = []
 
@@ -155,6 +157,7 @@ def test_a_run_spread_over_invocations_keeps_its_whole_wall_time(tmp_path, monke
     assert whole["wall_s"] == pytest.approx(sum(s["wall_s"] for s in led), abs=0.051)
     rec = fmnist_record._record("distill", "fmnist-record", 0, {}, run, res, how)
     assert rec["resumed"] and rec["wall_complete"] and rec["wall_s"] == whole["wall_s"] and rec["segments"] == 2
+    assert rec["trained_on"] == [hardware()]  # the kind of machine of every invocation that trained it
     # reused: nothing is trained and the ledger is untouched
     assert fmnist_record.train_or_reuse("fmnist-record", {}, run)[1] == "reused" and len(calls) == 2
 
@@ -171,7 +174,7 @@ def test_a_run_spread_over_invocations_keeps_its_whole_wall_time(tmp_path, monke
     (outside / "checkpoints" / "last.pt").write_bytes(b"x")
     fmnist_record.train_or_reuse("fmnist-record", {}, outside)
     assert fmnist_record.wall_account(outside) == {"wall_s": pytest.approx(0.0, abs=5.0), "segments": 1,
-                                                   "wall_complete": False}
+                                                   "wall_complete": False, "machines": [hardware()]}
 
 
 def test_the_record_goes_on_from_its_state_on_another_machine(tmp_path, monkeypatch):
@@ -179,6 +182,7 @@ def test_the_record_goes_on_from_its_state_on_another_machine(tmp_path, monkeypa
     and no checkpoint of a finished run; a fresh runs folder given only the archive reuses the teacher (its
     test read once) and trains the students from its weights; a hostile archive is one clear line."""
     import fmnist_record
+    from vitkit.bench.machine import hardware
 
     data = write_npz(tmp_path / "q.npz", n_train=120, n_test=32, size=28)
     state, out = tmp_path / "state.tar.gz", tmp_path / "out"
@@ -210,6 +214,7 @@ def test_the_record_goes_on_from_its_state_on_another_machine(tmp_path, monkeypa
     assert json.loads((second / "teacher.wall.json").read_text())["segments"][0]["ended"] == "finished"
     dist = json.loads((out / "distill-seed0.json").read_text())
     assert dist["how"] == "trained" and dist["wall_complete"] and "test" in dist
+    assert json.loads((out / "summary.json").read_text())["targets"]["budget_machines"] == [hardware()]
     with tarfile.open(state) as tar:  # the tested students' weights are no longer carried
         names = sorted(m.name for m in tar.getmembers())
     assert "runs/distill-seed0/results.json" in names and "runs/distill-seed0/model/model.safetensors" not in names
