@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from vitkit.archive import read_archive, write_archive
+from vitkit.archive import DRAWN, WEIGHT_SUFFIXES, read_archive, write_archive
 from vitkit.bench.machine import hardware, machine_info
 from vitkit.cli._util import parse_overrides
 from vitkit.errors import DataError
@@ -195,12 +195,12 @@ def state_members(runs: Path, out: Path) -> List[Tuple[str, Path]]:
         weights = folder.name == "teacher" or not (out / f"{folder.name}.json").is_file()
         for f in sorted(folder.rglob("*")):
             rel = f.relative_to(folder)
-            if f.is_symlink() or not f.is_file() or f.name.startswith(".") or f.suffix in (".png", ".svg"):
+            if f.is_symlink() or not f.is_file() or f.name.startswith(".") or f.suffix in DRAWN:
                 continue
             if rel.parts[0] == "checkpoints":
                 keep = not finished and rel.as_posix() == "checkpoints/last.pt"
             else:
-                keep = weights or f.suffix not in (".safetensors", ".pt", ".pth", ".bin")
+                keep = weights or f.suffix not in WEIGHT_SUFFIXES
             if keep:
                 files.append(f)
     return [("runs/" + f.relative_to(runs).as_posix(), f) for f in files]

@@ -18,6 +18,8 @@ from .errors import DataError
 from .utils import PathLike, atomic_path
 
 MAX_BYTES = 4 << 30  # what an archive may unpack to: records and a few models are far below it
+WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")  # a model's files: kept only while still read
+DRAWN = (".png", ".svg", ".pdf")  # plots: drawn again from the records a state keeps, never archived
 
 
 def write_archive(path: PathLike, members: Sequence[Tuple[str, Path]]) -> int:

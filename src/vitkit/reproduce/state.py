@@ -16,15 +16,12 @@ import json
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Set
 
-from ..archive import read_archive, write_archive
+from ..archive import DRAWN, WEIGHT_SUFFIXES, read_archive, write_archive
 from ..errors import DataError
 from ..utils import PathLike
 from .claims import Arm
 from .measure import MEASURES, PROVENANCE, code_id, run_code
 from .runs import DESIGN, REPLAN, init_folder, run_folder
-
-WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
-DRAWN = (".png", ".svg", ".pdf")  # a run's plots: drawn from its metrics.jsonl, which the state keeps
 
 
 def base_name(run: str) -> str:
