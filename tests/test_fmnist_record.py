@@ -226,3 +226,24 @@ def test_the_record_goes_on_from_its_state_on_another_machine(tmp_path, monkeypa
     with pytest.raises(SystemExit, match="lies outside the runs/ folder of a record state"):
         fmnist_record.main(args[:-1] + [str(bad), "--runs", str(tmp_path / "third")])
     assert not (tmp_path / "third").exists() and not (tmp_path / "evil.py").exists()
+
+
+def test_price_times_every_arm_and_prices_a_seed_from_its_own_measurements(tmp_path):
+    import fmnist_record_price as price
+
+    data = write_npz(tmp_path / "q.npz", n_train=200, n_test=64, size=28)
+    out = tmp_path / "price.json"
+    assert price.main(["--smoke", "--data", f"tensors:{data}", "--out", str(out), "--steps", "4", "--warm", "2"]) == 0
+    p = json.loads(out.read_text())
+    assert set(p["timed"]) == {"teacher", "distill-on", "distill-off", "plain-on", "plain-off"}
+    for t in p["timed"].values():
+        assert t["s_per_step"] > 0 and t["to_step"] - t["from_step"] >= 2 and t["from_step"] >= 2
+    # the estimates are the recipes' steps times the measured costs: the teacher's throughout, a student's
+    # mean over its patch-dropout schedule (the recipe's rate until 80 % of the run, then falling to none)
+    t, d = p["timed"], p["arms"]["distill"]
+    assert p["teacher"]["estimate_s"] == pytest.approx(p["teacher"]["steps"] * t["teacher"]["s_per_step"], abs=0.1)
+    on, off = t["distill-on"]["s_per_step"], t["distill-off"]["s_per_step"]
+    assert d["patch_drop_from"] == 0.8 and d["s_per_step"] == pytest.approx(0.8 * on + 0.2 * (on + off) / 2, abs=1e-5)
+    assert d["estimate_s"] == pytest.approx(d["steps"] * d["s_per_step"], abs=0.1)
+    assert p["seed_estimate_s"] == pytest.approx(d["estimate_s"] + p["teacher"]["estimate_s"] / 3, abs=0.2)
+    assert p["budget_s"] == 3 * 3600 and p["machine"]["cores"] >= 1 and "--smoke" in p["command"]
