@@ -23,6 +23,8 @@ ALLOWED = {
         "the benchmark takes --set KEY=VALUE exactly as the training commands do",
     "benchmarks/fmnist_record.py: vitkit.cli._util.parse_overrides":
         "the benchmark takes --set / --teacher-set KEY=VALUE exactly as the training commands do",
+    "benchmarks/fmnist_record_price.py: vitkit.cli._util.parse_overrides":
+        "it takes the record's --set / --teacher-set KEY=VALUE, priced as the record would train them",
     "tests/test_train_logging.py: vitkit.cli._util.parse_overrides": "the test of the CLI's --set parser itself",
 }
 
