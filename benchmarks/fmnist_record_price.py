@@ -65,10 +65,10 @@ def main(argv: Optional[List[str]] = None) -> int:
            "overrides": {"student": parse_overrides(args.set), "teacher": parse_overrides(args.teacher_set)},
            "timing_steps": args.steps, "warm_steps": args.warm, "timed": timed,
            "teacher": teacher, "arms": arms, "seeds": args.seeds, "teacher_share_s": round(share, 1),
-           "seed_estimate_s": round(seed_s, 1), "budget_s": record.BUDGET_S,
+           "seed_estimate_s": round(seed_s, 1), "seed_estimate_h": round(seed_s / 3600, 2), "budget_s": record.BUDGET_S,
            "seed_fraction_of_budget": round(seed_s / record.BUDGET_S, 3),
-           "record_estimate_s": round(teacher["estimate_s"] + args.seeds * sum(a["estimate_s"] for a in arms.values()),
-                                      1),
+           "record_estimate_h": round((teacher["estimate_s"] + args.seeds * sum(a["estimate_s"] for a in arms.values()))
+                                      / 3600, 2),
            "excludes": "validation passes, checkpoints, the exported models' test passes"}
     path = Path(args.out) if args.out else record.FIGURES / "price.json"
     write_json_atomic(path, out)
@@ -119,6 +119,7 @@ def run_cost(recipe, steps_per_epoch: int, on: float, off: Optional[float] = Non
         frm, end = s.patch_drop_from, off + (on - off) * s.patch_drop_end / rate
         mean = frm * on + (1.0 - frm) * (on + end) / 2
     return {"steps": steps, "epochs": s.epochs, "s_per_step": round(mean, 5), "estimate_s": round(steps * mean, 1),
+            "estimate_h": round(steps * mean / 3600, 2),
             "patch_drop_from": frm, "precision": recipe.train.precision}
 
 if __name__ == "__main__":
