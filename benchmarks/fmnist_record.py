@@ -84,7 +84,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit("--smoke writes to --out only (never over the committed results): give --out")
     # the run folders (checkpoints: large, never committed): runs/ is ignored by git; a smoke run keeps its own
     runs = (Path(args.runs) if args.runs else out / "runs" if args.smoke else ROOT / "runs" / "fmnist-record").resolve()
-    common = {**(SMOKE if args.smoke else {}), **({"data.dataset": args.data} if args.data else {})}
+    teacher_set, student_set = run_overrides(args)  # a bad --set fails here, before any training
     seeds = _ints(args.seeds)
     ablations = [a.strip() for a in args.ablations.split(",")] if args.ablations else list(ABLATIONS)
     unknown = [a for a in ablations if a not in ABLATIONS]
@@ -101,17 +101,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.state:
             write_archive(args.state, state_members(runs, out))
     try:
-        return _run_all(args, command, out, runs, common, seeds, ablations, save)
+        return _run_all(args, command, out, runs, (teacher_set, student_set), seeds, ablations, save)
     finally:
         save()
 
 
-def _run_all(args, command: str, out: Path, runs: Path, common: Dict[str, Any], seeds: List[int],
-             ablations: List[str], save) -> int:
-    teacher = run_teacher(args, runs, common, out)
+def run_overrides(args) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """The teacher's and the students' recipe overrides from the command line: one place, so the price
+    script (benchmarks/fmnist_record_price.py) times the runs exactly as the record trains them."""
+    common = {**(SMOKE if args.smoke else {}), **({"data.dataset": args.data} if args.data else {})}
+    return ({**common, **(SMOKE_TEACHER if args.smoke else {}), **parse_overrides(args.teacher_set)},
+            {**common, **(SMOKE_STUDENT if args.smoke else {}), **parse_overrides(args.set)})
+
+
+def _run_all(args, command: str, out: Path, runs: Path, overrides: Tuple[Dict[str, Any], Dict[str, Any]],
+             seeds: List[int], ablations: List[str], save) -> int:
+    teacher = run_teacher(args, runs, overrides[0], out)
     save()
-    student = {**common, **(SMOKE_STUDENT if args.smoke else {}), **parse_overrides(args.set),
-               "distill.teacher": str(teacher["model"])}
+    student = {**overrides[1], "distill.teacher": str(teacher["model"])}
     share = teacher["wall_s"] / max(len(seeds), 1)  # each seed's part of the one teacher
     results: Dict[str, List[Dict[str, Any]]] = {}
     for seed in seeds:
@@ -274,10 +281,9 @@ def _record(name: str, recipe: str, seed: Optional[int], overrides: Dict[str, An
             "curve": curve(folder), "machine": machine_info(), "code": code_version()}
 
 
-def run_teacher(args, runs: Path, common: Dict[str, Any], out: Path) -> Dict[str, Any]:
+def run_teacher(args, runs: Path, overrides: Dict[str, Any], out: Path) -> Dict[str, Any]:
     """The teacher, trained once (or reused), its exported weights tested once; teacher.json."""
     folder = Path(args.teacher) if args.teacher else runs / "teacher"
-    overrides = {**common, **(SMOKE_TEACHER if args.smoke else {}), **parse_overrides(args.teacher_set)}
     res, how = train_or_reuse(TEACHER, overrides, folder.resolve())
     rec = _record("teacher", TEACHER, None, overrides, folder.resolve(), res, how)
     rec["model"] = str(folder.resolve() / "model")

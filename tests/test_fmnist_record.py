@@ -10,6 +10,7 @@ import torch
 
 from _synthetic import write_npz
 from vitkit.checkpoints import load_weights
+from vitkit.errors import UsageError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -247,3 +248,26 @@ def test_price_times_every_arm_and_prices_a_seed_from_its_own_measurements(tmp_p
     assert d["estimate_s"] == pytest.approx(d["steps"] * d["s_per_step"], abs=0.1)
     assert p["seed_estimate_s"] == pytest.approx(d["estimate_s"] + p["teacher"]["estimate_s"] / 3, abs=0.2)
     assert p["budget_s"] == 3 * 3600 and p["machine"]["cores"] >= 1 and "--smoke" in p["command"]
+
+
+def test_the_price_and_the_record_build_the_same_overrides_from_the_same_flags():
+    import fmnist_record
+    import fmnist_record_price
+
+    flags = ["--smoke", "--data", "tensors:x.npz", "--set", "schedule.epochs=7", "--teacher-set", "optim.lr=0.5"]
+    teacher, student = fmnist_record.run_overrides(fmnist_record._parser().parse_args(flags))
+    assert (teacher, student) == fmnist_record.run_overrides(fmnist_record_price._parser().parse_args(flags))
+    # each run gets its own --set and its own tiny model, both the shared data and smoke settings
+    assert teacher["optim.lr"] == 0.5 and "schedule.epochs" not in teacher
+    assert student["schedule.epochs"] == 7 and student.get("optim.lr") != 0.5
+    assert teacher["model.backbone_layers"] == [1, 1] and student["model.depth"] == 1
+    assert teacher["data.dataset"] == student["data.dataset"] == "tensors:x.npz"
+    assert fmnist_record.run_overrides(fmnist_record._parser().parse_args([])) == ({}, {})
+
+
+def test_a_bad_override_is_refused_before_the_teacher_trains(tmp_path, monkeypatch):
+    import fmnist_record
+
+    monkeypatch.setattr(fmnist_record, "train_or_reuse", lambda *a, **k: pytest.fail("trained"))
+    with pytest.raises(UsageError, match="expects key=value"):
+        fmnist_record.main(["--smoke", "--out", str(tmp_path), "--set", "no-equals-sign"])
