@@ -11,9 +11,9 @@ run adds its wall time to the run's ledger, ``RUN.wall.json`` beside the folder,
 invocations, on one machine or carried between machines of one kind, still has its whole wall time):
 
 1. the teacher, recipe ``fmnist-teacher``, once (``--teacher DIR`` reuses a finished run folder instead);
-2. per seed (``--seeds``): ``fmnist-record`` (hard distillation through its distillation token from the
-   teacher's exported weights) and, paired by seed, the same recipe without distillation (no teacher, no
-   distillation token);
+2. per seed (``--seeds``): the students' recipe (``--recipe``, default ``fmnist-record``: hard distillation
+   through its distillation token from the teacher's exported weights) and, paired by seed, the same recipe
+   without distillation (no teacher, no distillation token);
 3. with ``--arms all``, for each ``--ablation-seeds``: soft distillation (DeiT's tau 3,
    alpha 0.1) and the recipe without each augmentation (RandAugment, Mixup, CutMix, random erasing,
    pad-crop + flip), judged on validation only.
@@ -23,7 +23,7 @@ The protocol: every run holds out the same 5,000 validation images; the trainer 
 the test split by vitkit's independent path (:func:`vitkit.train.evaluate_checkpoint`, what ``vitkit eval``
 runs); the ablation runs never read the test split.
 
-Written under ``--out`` (default ``docs/figures/training/fmnist-record``): ``teacher.json``,
+Written under ``--out`` (default ``docs/figures/training/RECIPE``): ``teacher.json``,
 ``{arm}-seed{N}.json`` per run (validation curve, validation scores of the raw and EMA weights, the exported
 weights' test accuracy, training and wall time and, for the main arms, the wall time including this seed's
 share of the teacher's) and ``summary.json`` (per-arm means and spreads, the paired differences, the
@@ -52,7 +52,7 @@ from vitkit.utils import write_json_atomic
 from vitkit.version import code_version
 
 ROOT = Path(__file__).resolve().parents[1]
-FIGURES = ROOT / "docs" / "figures" / "training" / "fmnist-record"
+FIGURES = ROOT / "docs" / "figures" / "training"  # FIGURES / RECIPE: the default --out of a recipe's record
 TEACHER, STUDENT = "fmnist-teacher", "fmnist-record"
 TARGET_TOP1 = 0.95  # mean of the seeds' test top-1, exported weights
 BUDGET_S = 3 * 3600  # per seed, its share of the teacher's training included
@@ -79,11 +79,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     argv = sys.argv[1:] if argv is None else argv
     command = "python benchmarks/fmnist_record.py " + " ".join(argv)
-    out = Path(args.out) if args.out else FIGURES
+    out = Path(args.out) if args.out else FIGURES / args.recipe
     if args.smoke and not args.out:
         raise SystemExit("--smoke writes to --out only (never over the committed results): give --out")
     # the run folders (checkpoints: large, never committed): runs/ is ignored by git; a smoke run keeps its own
-    runs = (Path(args.runs) if args.runs else out / "runs" if args.smoke else ROOT / "runs" / "fmnist-record").resolve()
+    runs = (Path(args.runs) if args.runs else out / "runs" if args.smoke else ROOT / "runs" / args.recipe).resolve()
     teacher_set, student_set = run_overrides(args)  # a bad --set fails here, before any training
     seeds = _ints(args.seeds)
     ablations = [a.strip() for a in args.ablations.split(",")] if args.ablations else list(ABLATIONS)
@@ -116,32 +116,34 @@ def run_overrides(args) -> Tuple[Dict[str, Any], Dict[str, Any]]:
 
 def _run_all(args, command: str, out: Path, runs: Path, overrides: Tuple[Dict[str, Any], Dict[str, Any]],
              seeds: List[int], ablations: List[str], save) -> int:
-    teacher = run_teacher(args, runs, overrides[0], out)
+    teacher = run_teacher(args, runs, overrides[0], out, command)
     save()
     student = {**overrides[1], "distill.teacher": str(teacher["model"])}
     share = teacher["wall_s"] / max(len(seeds), 1)  # each seed's part of the one teacher
     results: Dict[str, List[Dict[str, Any]]] = {}
     for seed in seeds:
         for arm, extra in MAIN_ARMS.items():
-            res = run_student(arm, seed, {**student, **extra}, runs, out, test=True, teacher_share_s=share)
+            res = run_student(arm, seed, {**student, **extra}, runs, out, test=True, teacher_share_s=share,
+                              recipe=args.recipe, command=command)
             results.setdefault(arm, []).append(res)
             save()
     if args.arms == "all":
         for seed in _ints(args.ablation_seeds):
             for arm in ablations:
                 res = run_student(arm, seed, {**student, **ABLATIONS[arm]}, runs, out, test=False,
-                                  teacher_share_s=None)
+                                  teacher_share_s=None, recipe=args.recipe, command=command)
                 results.setdefault(arm, []).append(res)
                 save()
-    summary = summarise(teacher, results, seeds, command=command, smoke=args.smoke)
+    summary = summarise(teacher, results, seeds, command=command, smoke=args.smoke, name=args.recipe)
     write_json_atomic(out / "summary.json", summary)
-    _plot(results, teacher, out / "fmnist-record.png")
+    _plot(results, teacher, out / f"{args.recipe}.png", args.recipe)
     _print_summary(summary, out)
     return 0
 
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipe", default=STUDENT, help=f"the students' recipe (default {STUDENT})")
     ap.add_argument("--seeds", default="0,1,2", help="training seeds of the main arms (default 0,1,2)")
     ap.add_argument("--arms", default="main", choices=("main", "all"),
                     help="main: the distilled and the plain seeds; all: also the ablation arms")
@@ -149,8 +151,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--ablations", help=f"comma-separated ablation arms (default all: {', '.join(ABLATIONS)})")
     ap.add_argument("--teacher", help="a finished fmnist-teacher run folder to reuse (default: train one in "
                     "RUNS/teacher, or reuse it when it is there)")
-    ap.add_argument("--runs", help="folder of the run folders (default runs/fmnist-record; --smoke: OUT/runs)")
-    ap.add_argument("--out", help=f"folder of the JSON files (default {FIGURES.relative_to(ROOT)})")
+    ap.add_argument("--runs", help="folder of the run folders (default runs/RECIPE; --smoke: OUT/runs)")
+    ap.add_argument("--out", help=f"folder of the JSON files (default {FIGURES.relative_to(ROOT)}/RECIPE)")
     ap.add_argument("--data", help="data.dataset of every run (default the recipes': fashion-mnist)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="recipe overrides of every student run (e.g. schedule.epochs=100)")
@@ -258,7 +260,7 @@ def curve(folder: Path) -> List[Dict[str, Any]]:
 
 
 def _record(name: str, recipe: str, seed: Optional[int], overrides: Dict[str, Any], folder: Path,
-            res: Dict[str, Any], how: str) -> Dict[str, Any]:
+            res: Dict[str, Any], how: str, command: Optional[str]) -> Dict[str, Any]:
     """One run's JSON: what it was, its validation scores and curve, its times. ``wall_s`` is the run's wall
     time over every invocation that trained it (:func:`wall_account`; without a ledger, the trainer's last
     process, whole only when the run was not resumed), ``wall_complete`` whether it is whole; ``train_s``
@@ -278,14 +280,15 @@ def _record(name: str, recipe: str, seed: Optional[int], overrides: Dict[str, An
             "backend": res.get("backend", {}).get("declared"), "teacher": res.get("teacher"),
             # a reused folder trained outside this script may have read the test split itself: said, not hidden
             "trainer_test_top1": res.get("test_top1"),
-            "curve": curve(folder), "machine": machine_info(), "code": code_version()}
+            "curve": curve(folder), "machine": machine_info(), "code": code_version(), "command": command}
 
 
-def run_teacher(args, runs: Path, overrides: Dict[str, Any], out: Path) -> Dict[str, Any]:
+def run_teacher(args, runs: Path, overrides: Dict[str, Any], out: Path, command: Optional[str] = None
+                ) -> Dict[str, Any]:
     """The teacher, trained once (or reused), its exported weights tested once; teacher.json."""
     folder = Path(args.teacher) if args.teacher else runs / "teacher"
     res, how = train_or_reuse(TEACHER, overrides, folder.resolve())
-    rec = _record("teacher", TEACHER, None, overrides, folder.resolve(), res, how)
+    rec = _record("teacher", TEACHER, None, overrides, folder.resolve(), res, how, command)
     rec["model"] = str(folder.resolve() / "model")
     saved = out / "teacher.json"
     old = json.loads(saved.read_text()) if saved.is_file() and how == "reused" else {}
@@ -299,18 +302,20 @@ def run_teacher(args, runs: Path, overrides: Dict[str, Any], out: Path) -> Dict[
 
 
 def run_student(arm: str, seed: int, overrides: Dict[str, Any], runs: Path, out: Path, *, test: bool,
-                teacher_share_s: Optional[float]) -> Dict[str, Any]:
-    """One student run of ``arm`` at ``seed`` (test read once, by the exported folder, when ``test``)."""
+                teacher_share_s: Optional[float], recipe: str = STUDENT, command: Optional[str] = None
+                ) -> Dict[str, Any]:
+    """One student run of ``arm`` at ``seed`` of ``recipe`` (test read once, by the exported folder, when
+    ``test``); ``command``: the invocation that wrote its record."""
     overrides = {**overrides, "train.seed": seed}
     folder = runs / f"{arm}-seed{seed}"
-    res, how = train_or_reuse(STUDENT, overrides, folder)
-    rec = _record(arm, STUDENT, seed, overrides, folder, res, how)
+    res, how = train_or_reuse(recipe, overrides, folder)
+    rec = _record(arm, recipe, seed, overrides, folder, res, how, command)
     saved = out / f"{arm}-seed{seed}.json"
     old = json.loads(saved.read_text()) if saved.is_file() and how == "reused" else {}
     _keep_first(rec, old)
     if test:
         rec["test"] = old["test"] if _same_run(rec, old) and old.get("test") else \
-            independent_test(folder / "model", STUDENT, overrides)
+            independent_test(folder / "model", recipe, overrides)
     if teacher_share_s is not None and rec["wall_s"] is not None:
         rec["teacher_share_s"] = round(teacher_share_s, 1)
         rec["wall_with_teacher_s"] = round(rec["wall_s"] + teacher_share_s, 1)
@@ -368,7 +373,7 @@ def _paired_p(d: Dict[str, Any]) -> Optional[float]:
 
 
 def summarise(teacher: Dict[str, Any], results: Dict[str, List[Dict[str, Any]]], seeds: List[int], *,
-              command: str, smoke: bool) -> Dict[str, Any]:
+              command: str, smoke: bool, name: str = STUDENT) -> Dict[str, Any]:
     """summary.json: the arms' test and validation scores, the paired differences, the targets, the ablation
     table, the machine line, the command and the code."""
     arms: Dict[str, Any] = {}
@@ -400,13 +405,13 @@ def summarise(teacher: Dict[str, Any], results: Dict[str, List[Dict[str, Any]]],
         "paired_min_difference": min(paired) if paired else None, "seed_spread": spread,
         "margin_met": bool(paired) and len(paired) > 1 and min(paired) > (spread or 0.0)}
     ablation = {arm: {str(r["seed"]): _val_top1(r) for r in recs} for arm, recs in results.items()}
-    return {"name": "fmnist-record", "smoke": smoke, "teacher": {k: teacher.get(k) for k in (
+    return {"name": name, "smoke": smoke, "teacher": {k: teacher.get(k) for k in (
                 "run", "model", "test", "val", "exported_weights", "train_s", "wall_s", "params")},
             "arms": arms, "paired_difference_test_top1": diff, "targets": targets,
             "ablation_val_top1": ablation, "machine": machine_info(), "code": code_version(), "command": command}
 
 
-def _plot(results: Dict[str, List[Dict[str, Any]]], teacher: Dict[str, Any], path: Path) -> None:
+def _plot(results: Dict[str, List[Dict[str, Any]]], teacher: Dict[str, Any], path: Path, title: str) -> None:
     """The validation curves of the main arms, one line per seed, and the teacher's test accuracy."""
     import matplotlib
     matplotlib.use("Agg")
@@ -420,7 +425,7 @@ def _plot(results: Dict[str, List[Dict[str, Any]]], teacher: Dict[str, Any], pat
                 ax.plot(*zip(*pts), style, marker="o", ms=2, label=f"{arm}, seed {rec['seed']}")
     ax.axhline(100 * teacher["test"]["top1"], color="gray", lw=0.8, ls=":", label="teacher, test")
     ax.axhline(100 * TARGET_TOP1, color="red", lw=0.8, ls=":", label=f"target {100 * TARGET_TOP1:g} %")
-    ax.set(xlabel="epoch", ylabel="validation top-1 (%), raw weights", title="fmnist-record")
+    ax.set(xlabel="epoch", ylabel="validation top-1 (%), raw weights", title=title)
     ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -50,16 +50,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         student_set["distill.teacher"] = str(Path(tmp, "teacher", "model"))
         for arm, extra in record.MAIN_ARMS.items():
             for end, held in HELD.items():
-                timed[f"{arm}-{end}"] = time_steps(record.STUDENT, {**student_set, **extra, **held, **length},
+                timed[f"{arm}-{end}"] = time_steps(args.recipe, {**student_set, **extra, **held, **length},
                                                    Path(tmp, f"{arm}-{end}"), args.warm)
     spe = timed["teacher"]["steps_per_epoch"]
     teacher = run_cost(load_recipe(record.TEACHER, teacher_set), spe, timed["teacher"]["s_per_step"])
-    arms = {arm: run_cost(load_recipe(record.STUDENT, {**student_set, **extra}), spe,
+    arms = {arm: run_cost(load_recipe(args.recipe, {**student_set, **extra}), spe,
                           timed[f"{arm}-on"]["s_per_step"], timed[f"{arm}-off"]["s_per_step"])
             for arm, extra in record.MAIN_ARMS.items()}
     share = teacher["estimate_s"] / args.seeds
     seed_s = arms["distill"]["estimate_s"] + share
-    out = {"command": command, "machine": machine_info(), "code": code_version(), "smoke": args.smoke,
+    out = {"command": command, "recipe": args.recipe, "machine": machine_info(), "code": code_version(),
+           "smoke": args.smoke,
            "overrides": {"student": parse_overrides(args.set), "teacher": parse_overrides(args.teacher_set)},
            "timing_steps": args.steps, "warm_steps": args.warm, "timed": timed,
            "teacher": teacher, "arms": arms, "seeds": args.seeds, "teacher_share_s": round(share, 1),
@@ -68,7 +69,7 @@ def main(argv: Optional[List[str]] = None) -> int:
            "record_estimate_h": round((teacher["estimate_s"] + args.seeds * sum(a["estimate_s"] for a in arms.values()))
                                       / 3600, 2),
            "excludes": "validation passes, checkpoints, the exported models' test passes"}
-    path = Path(args.out) if args.out else record.FIGURES / "price.json"
+    path = Path(args.out) if args.out else record.FIGURES / args.recipe / "price.json"
     write_json_atomic(path, out)
     for name, t in timed.items():
         print(f"{name:12s} {t['s_per_step']:.4f} s/step")
@@ -80,13 +81,14 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipe", default=record.STUDENT, help=f"the students' recipe (default {record.STUDENT})")
     ap.add_argument("--steps", type=int, default=40, help="timed steps per run (default 40)")
     ap.add_argument("--warm", type=int, default=20, help="steps run before the timing starts (default 20)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds sharing the one teacher (default 3)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="every student run")
     ap.add_argument("--teacher-set", action="append", default=[], metavar="KEY=VALUE", help="the teacher run")
     ap.add_argument("--data", help="data.dataset of every run (default the recipes': fashion-mnist)")
-    ap.add_argument("--out", help="the JSON file (default docs/figures/training/fmnist-record/price.json)")
+    ap.add_argument("--out", help="the JSON file (default docs/figures/training/RECIPE/price.json)")
     ap.add_argument("--smoke", action="store_true", help="the record's tiny models (a test of the pipeline)")
     return ap
 

@@ -156,7 +156,7 @@ def test_a_run_spread_over_invocations_keeps_its_whole_wall_time(tmp_path, monke
     whole = fmnist_record.wall_account(run)
     assert whole["segments"] == 2 and whole["wall_complete"]
     assert whole["wall_s"] == pytest.approx(sum(s["wall_s"] for s in led), abs=0.051)
-    rec = fmnist_record._record("distill", "fmnist-record", 0, {}, run, res, how)
+    rec = fmnist_record._record("distill", "fmnist-record", 0, {}, run, res, how, "python benchmarks/fmnist_record.py")
     assert rec["resumed"] and rec["wall_complete"] and rec["wall_s"] == whole["wall_s"] and rec["segments"] == 2
     assert rec["trained_on"] == [hardware()]  # the kind of machine of every invocation that trained it
     # reused: nothing is trained and the ledger is untouched
@@ -271,3 +271,37 @@ def test_a_bad_override_is_refused_before_the_teacher_trains(tmp_path, monkeypat
     monkeypatch.setattr(fmnist_record, "train_or_reuse", lambda *a, **k: pytest.fail("trained"))
     with pytest.raises(UsageError, match="expects key=value"):
         fmnist_record.main(["--smoke", "--out", str(tmp_path), "--set", "no-equals-sign"])
+
+
+def test_another_student_recipe_runs_the_same_record_under_its_own_name(tmp_path):
+    import fmnist_record
+
+    data = write_npz(tmp_path / "q.npz", n_train=200, n_test=64, size=28)
+    out = tmp_path / "out"
+    argv = ["--recipe", "fmnist-record-v2", "--smoke", "--data", f"tensors:{data}", "--out", str(out), "--seeds", "0"]
+    assert fmnist_record.main(argv) == 0
+    dist = json.loads((out / "distill-seed0.json").read_text())
+    plain = json.loads((out / "plain-seed0.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    # every record names the recipe it trained and the command that wrote it; the runs live under OUT/runs
+    for rec in (dist, plain):
+        assert rec["recipe"] == "fmnist-record-v2" and rec["command"].endswith(" ".join(argv))
+        assert Path(rec["run"]).parent == (out / "runs").resolve()
+        # the second recipe's augmentation, as the trainer resolved it (recipe.yaml of the run)
+        saved = (Path(rec["run"]) / "recipe.yaml").read_text()
+        assert "randaugment: null" in saved and "mixup: 0.0" in saved and "cutmix: 0.0" in saved
+    assert json.loads((out / "teacher.json").read_text())["command"] == summary["command"] == dist["command"]
+    assert summary["name"] == "fmnist-record-v2" and (out / "fmnist-record-v2.png").stat().st_size > 0
+    assert dist["teacher"] and plain["teacher"] is None
+
+
+def test_the_second_record_recipe_differs_from_the_first_only_in_augmentation_and_length():
+    from vitkit.train import load_recipe
+
+    first, second = load_recipe("fmnist-record"), load_recipe("fmnist-record-v2")
+    assert (first.model, first.optim, first.distill, first.data) == (second.model, second.optim, second.distill,
+                                                                     second.data)
+    assert (first.train.precision, first.train.ema) == (second.train.precision, second.train.ema)
+    long = load_recipe("fmnist-long").augment  # the lighter augmentation is fmnist-long's
+    assert second.augment == long and first.augment != long
+    assert second.schedule.epochs > first.schedule.epochs and second.schedule.patch_drop_from == 0.8
