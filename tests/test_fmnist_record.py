@@ -15,7 +15,7 @@ from vitkit.errors import UsageError
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 
-def test_smoke_pipeline_teacher_to_distilled_student_to_json(tmp_path):
+def test_smoke_pipeline_teacher_to_distilled_student_to_json(tmp_path, monkeypatch):
     import fmnist_record
 
     data = write_npz(tmp_path / "q.npz", n_train=200, n_test=64, size=28)
@@ -63,13 +63,18 @@ def test_smoke_pipeline_teacher_to_distilled_student_to_json(tmp_path):
     assert summary["code"]["vitkit"] and "fmnist_record.py --smoke" in summary["command"]
     assert (out / "fmnist-record.png").stat().st_size > 0
 
-    # started again, the benchmark reuses every finished run: nothing is trained or tested a second time
+    # started again (here on "another machine"), the benchmark reuses every finished run: nothing is trained or
+    # tested a second time
+    monkeypatch.setattr(fmnist_record, "machine_info", lambda: {"cores": 64, "date": "later"})
     stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*") if p.is_file()}
     assert fmnist_record.main(["--smoke", "--data", f"tensors:{data}", "--out", str(out), "--seeds", "0",
                                "--arms", "all", "--ablations", "soft"]) == 0
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*") if p.is_file()} == stamps
     again = json.loads((out / "distill-seed0.json").read_text())
     assert again["test"] == dist["test"] and again["how"] == "trained" and again["wall_s"] == dist["wall_s"]
+    # each record keeps the machine line of the invocation that wrote it, not the reusing one's
+    assert again["machine"] == dist["machine"]
+    assert json.loads((out / "teacher.json").read_text())["machine"] == teacher["machine"]
     assert json.loads((out / "summary.json").read_text())["arms"] == summary["arms"]
 
 
