@@ -335,10 +335,12 @@ def _same_run(rec: Dict[str, Any], old: Dict[str, Any]) -> bool:
 
 
 def _keep_first(rec: Dict[str, Any], old: Dict[str, Any]) -> None:
-    """A reused run's record keeps how it was first made, on which machine (the one that wrote it and read its
-    test split; ``trained_on`` names those that trained it) and, without a ledger, that call's times."""
+    """A reused run's record keeps how it was first made, by which command on which machine (the invocation
+    that wrote it and read its test split; ``trained_on`` names the machines that trained it) and, without a
+    ledger, that call's times."""
     if _same_run(rec, old):
-        keys = ("how", "machine") if rec["segments"] else ("how", "machine", "resumed", "wall_complete", "wall_s")
+        first = ("how", "machine", "command")
+        keys = first if rec["segments"] else first + ("resumed", "wall_complete", "wall_s")
         rec.update({k: old[k] for k in keys if k in old})
 
 

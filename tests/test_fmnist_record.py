@@ -68,12 +68,13 @@ def test_smoke_pipeline_teacher_to_distilled_student_to_json(tmp_path, monkeypat
     monkeypatch.setattr(fmnist_record, "machine_info", lambda: {"cores": 64, "date": "later"})
     stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*") if p.is_file()}
     assert fmnist_record.main(["--smoke", "--data", f"tensors:{data}", "--out", str(out), "--seeds", "0",
-                               "--arms", "all", "--ablations", "soft"]) == 0
+                               "--arms", "all", "--ablations", "soft", "--ablation-seeds", "0"]) == 0
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*") if p.is_file()} == stamps
     again = json.loads((out / "distill-seed0.json").read_text())
     assert again["test"] == dist["test"] and again["how"] == "trained" and again["wall_s"] == dist["wall_s"]
-    # each record keeps the machine line of the invocation that wrote it, not the reusing one's
-    assert again["machine"] == dist["machine"]
+    # each record keeps the machine line and the command of the invocation that wrote it, not the reusing one's
+    assert again["machine"] == dist["machine"] and again["command"] == dist["command"]
+    assert dist["command"].endswith("--ablations soft")
     assert json.loads((out / "teacher.json").read_text())["machine"] == teacher["machine"]
     assert json.loads((out / "summary.json").read_text())["arms"] == summary["arms"]
 
